@@ -1,0 +1,383 @@
+"""The key-value contract: the only thing the rendezvous engine sees of a backend.
+
+The contract is etcd-shaped and deliberately small:
+
+* reads (:meth:`KVBackend.get`, :meth:`KVBackend.get_prefix`) return values with their
+  create and mod revisions, their lease, and the store revision the read was taken at;
+* writes are conditional (:meth:`KVBackend.put_if`, :meth:`KVBackend.delete_if`) and return a
+  :class:`WriteResult` saying whether they applied, so callers never infer success by
+  re-reading or comparing bytes;
+* liveness is a lease (:meth:`KVBackend.grant`, ``keepalive``, ``revoke``): keys written with
+  a lease vanish when it expires, judged by the server's clock alone;
+* progress is a watch (:meth:`KVBackend.watch_prefix`): ordered PUT/DELETE events, resumable
+  from a revision, failing with :class:`~backends.errors.CompactedError` when history is gone.
+
+Every method raises only errors of :mod:`backends.errors`.
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
+
+from backends.errors import BackendClosedError, BackendError
+
+if TYPE_CHECKING:
+    from backends.session import Session
+
+__all__ = [
+    "ABSENT",
+    "Absent",
+    "EventType",
+    "KVBackend",
+    "KeyValue",
+    "Lease",
+    "RangeResult",
+    "ReadResult",
+    "Watch",
+    "WatchEvent",
+    "WriteResult",
+    "QueueWatch",
+]
+
+
+class Absent(enum.Enum):
+    """Marker type for "the key must not exist" in conditional writes."""
+
+    ABSENT = "absent"
+
+    def __repr__(self) -> str:
+        return "ABSENT"
+
+
+ABSENT = Absent.ABSENT
+"""Pass as ``expected`` to :meth:`KVBackend.put_if` to create a key only if it is absent."""
+
+NO_LEASE = 0
+"""Lease id meaning "not bound to a lease"."""
+
+
+@dataclass(frozen=True)
+class KeyValue:
+    """One key as stored.
+
+    Attributes:
+        key: the key.
+        value: the value bytes (empty for a DELETE event).
+        create_revision: store revision at which the key was created (0 for a DELETE event).
+        mod_revision: store revision of the last write to the key (the deletion, for a DELETE).
+        version: number of writes since creation (0 for a DELETE event).
+        lease: id of the lease the key is bound to, or 0.
+    """
+
+    key: str
+    value: bytes
+    create_revision: int
+    mod_revision: int
+    version: int = 1
+    lease: int = NO_LEASE
+
+
+@dataclass(frozen=True)
+class ReadResult:
+    """Result of :meth:`KVBackend.get`: the key (or None) and the store revision of the read."""
+
+    revision: int
+    kv: KeyValue | None
+
+
+@dataclass(frozen=True)
+class RangeResult:
+    """Result of :meth:`KVBackend.get_prefix`: keys in key order, read at one store revision."""
+
+    revision: int
+    kvs: tuple[KeyValue, ...]
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    """Result of a conditional write.
+
+    Attributes:
+        applied: whether the write happened.
+        revision: the store revision after the operation (the write's revision if applied).
+        current: the key as it is after the operation: the new value if a put applied, None
+            if a delete applied; if not applied, what the key holds now (None if absent).
+    """
+
+    applied: bool
+    revision: int
+    current: KeyValue | None
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A granted lease: its id and the TTL the server granted, in seconds."""
+
+    id: int
+    ttl: float
+
+
+class EventType(enum.Enum):
+    """Kind of change a watch reports."""
+
+    PUT = "put"
+    DELETE = "delete"
+
+
+@dataclass(frozen=True)
+class WatchEvent:
+    """One change under a watched prefix.
+
+    For DELETE events ``kv.value`` is empty and ``kv.mod_revision`` is the deletion revision.
+    """
+
+    type: EventType
+    kv: KeyValue
+
+    @property
+    def revision(self) -> int:
+        """Store revision at which this change happened."""
+        return self.kv.mod_revision
+
+
+class Watch(abc.ABC):
+    """A live watch on a prefix; events arrive in revision order.
+
+    Use as a context manager, or call :meth:`cancel` when done.
+    """
+
+    @abc.abstractmethod
+    def get(self, timeout: float | None = None) -> list[WatchEvent]:
+        """Wait up to ``timeout`` seconds (None: forever) for events.
+
+        Returns:
+            The events that arrived, in revision order; an empty list when the timeout passed.
+
+        Raises:
+            CompactedError: the history from the requested revision is gone.
+            BackendConnectionError: the watch was lost and could not be resumed.
+            BackendClosedError: the watch (or its backend) was cancelled/closed.
+        """
+
+    @abc.abstractmethod
+    def cancel(self) -> None:
+        """Stop the watch; idempotent. A blocked :meth:`get` raises BackendClosedError."""
+
+    @property
+    @abc.abstractmethod
+    def last_revision(self) -> int:
+        """Revision of the last event returned by :meth:`get` (0 if none yet)."""
+
+    def __enter__(self) -> "Watch":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.cancel()
+
+    def events(self, deadline: float, clock: Callable[[], float] = time.monotonic) -> Iterator[WatchEvent]:
+        """Yield events one by one until the monotonic ``deadline`` passes.
+
+        Raises what :meth:`get` raises.
+        """
+        while True:
+            remaining = deadline - clock()
+            if remaining <= 0:
+                return
+            yield from self.get(timeout=remaining)
+
+
+class QueueWatch(Watch):
+    """A :class:`Watch` fed by a producer thread through a queue.
+
+    Backends push event batches with :meth:`deliver` and a terminal error with :meth:`fail`;
+    the consumer reads with :meth:`get`. ``on_cancel`` is called once when cancelled so the
+    backend can drop its server-side watch.
+    """
+
+    _CLOSED = object()
+
+    def __init__(self, start_revision: int, on_cancel: Callable[[], None] | None = None) -> None:
+        self._queue: "queue.SimpleQueue[object]" = queue.SimpleQueue()
+        self._on_cancel = on_cancel
+        self._cancel_lock = threading.Lock()
+        self._cancelled = False
+        self._error: BaseException | None = None
+        self._last_revision = max(start_revision - 1, 0)
+        self._delivered_revision = self._last_revision
+
+    @property
+    def last_revision(self) -> int:
+        return self._last_revision
+
+    @property
+    def delivered_revision(self) -> int:
+        """Revision of the last event handed to :meth:`deliver` (what a resume starts after)."""
+        return self._delivered_revision
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled
+
+    def deliver(self, events: Sequence[WatchEvent]) -> None:
+        """Producer side: append events; events at or below the last delivered revision are dropped."""
+        fresh = [event for event in events if event.revision > self._delivered_revision]
+        if fresh and not self._cancelled:
+            self._delivered_revision = fresh[-1].revision
+            self._queue.put(fresh)
+
+    def fail(self, error: BackendError) -> None:
+        """Producer side: end the watch with ``error``; :meth:`get` raises it after queued events."""
+        self._queue.put(error)
+
+    def get(self, timeout: float | None = None) -> list[WatchEvent]:
+        if self._error is not None:
+            raise self._error
+        deadline = None if timeout is None else time.monotonic() + timeout
+        batch: list[WatchEvent] = []
+        while True:
+            try:
+                if batch:
+                    item = self._queue.get_nowait()
+                else:
+                    remaining = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+                    item = self._queue.get(timeout=remaining)
+            except queue.Empty:
+                break
+            if isinstance(item, list):
+                batch.extend(item)
+                continue
+            error = BackendClosedError("The watch was cancelled.") if item is self._CLOSED else item
+            assert isinstance(error, BaseException)
+            self._error = error
+            if batch:
+                break
+            raise error
+        if batch:
+            self._last_revision = batch[-1].revision
+        return batch
+
+    def cancel(self) -> None:
+        with self._cancel_lock:
+            if self._cancelled:
+                return
+            self._cancelled = True
+        self._queue.put(self._CLOSED)
+        if self._on_cancel is not None:
+            self._on_cancel()
+
+
+class KVBackend(abc.ABC):
+    """The key-value contract every backend implements natively.
+
+    Keys are ``str`` (stored as UTF-8), values ``bytes``. Implementations are safe to call
+    from many threads at once. Every method raises only :class:`~backends.errors.BackendError`
+    subclasses; after :meth:`close` they raise :class:`~backends.errors.BackendClosedError`.
+    """
+
+    #: Largest value, in bytes, that a write accepts; larger ones raise ValueTooLargeError.
+    max_value_bytes: int = 1024 * 1024
+
+    # -- reads -------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def get(self, key: str) -> ReadResult:
+        """Read one key."""
+
+    @abc.abstractmethod
+    def get_prefix(self, prefix: str) -> RangeResult:
+        """Read every key starting with ``prefix``, in key order, at one revision."""
+
+    # -- writes ------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def put(self, key: str, value: bytes, *, lease: int = NO_LEASE) -> int:
+        """Write ``key`` unconditionally; returns the write's revision.
+
+        Raises:
+            ValueTooLargeError: ``value`` exceeds :attr:`max_value_bytes`.
+            LeaseNotFoundError: ``lease`` does not exist.
+        """
+
+    @abc.abstractmethod
+    def put_if(
+        self, key: str, value: bytes, expected: int | Absent, *, lease: int = NO_LEASE
+    ) -> WriteResult:
+        """Write ``key`` only if its mod revision equals ``expected`` (or it is absent, for ABSENT).
+
+        Raises:
+            ValueTooLargeError: ``value`` exceeds :attr:`max_value_bytes`.
+            LeaseNotFoundError: ``lease`` does not exist.
+        """
+
+    @abc.abstractmethod
+    def delete(self, key: str) -> WriteResult:
+        """Delete ``key``; ``applied`` says whether it existed."""
+
+    @abc.abstractmethod
+    def delete_if(self, key: str, expected: int) -> WriteResult:
+        """Delete ``key`` only if its mod revision equals ``expected``."""
+
+    @abc.abstractmethod
+    def delete_prefix(self, prefix: str) -> int:
+        """Delete every key under ``prefix``; returns how many were deleted."""
+
+    # -- leases ------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def grant(self, ttl: float) -> Lease:
+        """Create a lease that expires ``ttl`` seconds from now unless kept alive.
+
+        Raises:
+            ValueError: ``ttl`` is not positive.
+        """
+
+    @abc.abstractmethod
+    def keepalive(self, lease_id: int) -> float:
+        """Renew the lease to its full TTL; returns the TTL granted.
+
+        Raises:
+            LeaseNotFoundError: the lease expired or was revoked.
+        """
+
+    @abc.abstractmethod
+    def revoke(self, lease_id: int) -> bool:
+        """Revoke the lease and delete its keys; False if it had already expired or was unknown."""
+
+    # -- watches and history -----------------------------------------------------------------
+    @abc.abstractmethod
+    def watch_prefix(self, prefix: str, start_revision: int | None = None) -> Watch:
+        """Watch every key under ``prefix``.
+
+        Args:
+            start_revision: first revision to report; None means changes after now. A past
+                revision replays the history from there.
+
+        Raises:
+            CompactedError: (possibly from the watch's ``get``) history before
+                ``start_revision`` is gone.
+        """
+
+    @abc.abstractmethod
+    def compact(self, revision: int) -> None:
+        """Discard history before ``revision``; later watches from older revisions fail."""
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release connections and cancel watches; idempotent."""
+
+    def session(self, ttl: float, **options: object) -> "Session":
+        """Open a :class:`~backends.session.Session` (one lease kept alive in the background)."""
+        from backends.session import Session
+
+        return Session(self, ttl, **options)  # type: ignore[arg-type]
+
+    def __enter__(self) -> "KVBackend":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+

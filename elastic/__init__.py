@@ -1,0 +1,1 @@
+"""etcd-elastic: elastic rendezvous, agent and launcher for PyTorch."""

@@ -1,0 +1,1 @@
+"""Test support shipped with the package: the backend contract suite and real-server harnesses."""

@@ -1,0 +1,1 @@
+"""Distributed autograd over torch.distributed.rpc for elastic jobs."""
