@@ -1,0 +1,347 @@
+"""The in-memory key-value state machine with etcd v3 semantics, shared by every in-process host.
+
+The TCP store server and the in-memory fake backend both keep their data in a
+:class:`KVState`, so they cannot disagree on semantics. It is deliberately passive:
+
+* no I/O and no threads; it is **not** thread-safe, its host serializes calls;
+* time comes from an injected monotonic ``clock``; leases expire only when the host calls
+  :meth:`KVState.expire_due` (schedule it at :meth:`KVState.next_expiry`);
+* every mutating method returns an :class:`Outcome`: its result plus the watch events it
+  produced, which the host fans out to the watchers whose prefix matches.
+
+Revisions follow etcd: an empty store is at revision 1; each write transaction that changes
+something (a put, a delete of an existing key, a prefix delete, a lease revocation or expiry
+that deletes keys) bumps the revision by exactly one, and all events of that transaction
+carry it. Requests that change nothing leave the revision alone.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import random
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Generic, Iterable, TypeVar
+
+from backends.api import (
+    NO_LEASE,
+    Absent,
+    EventType,
+    KeyValue,
+    Lease,
+    RangeResult,
+    ReadResult,
+    WatchEvent,
+    WriteResult,
+)
+from backends.errors import CompactedError, LeaseNotFoundError, ValueTooLargeError
+
+__all__ = ["DEFAULT_HISTORY_LIMIT", "DEFAULT_MAX_VALUE_BYTES", "KVState", "Outcome"]
+
+T = TypeVar("T")
+
+DEFAULT_MAX_VALUE_BYTES = 1024 * 1024
+"""Largest value a write accepts, matching :attr:`backends.api.KVBackend.max_value_bytes`."""
+
+DEFAULT_HISTORY_LIMIT = 10_000
+"""Events kept for watches that start in the past; older ones are compacted away."""
+
+
+@dataclass(frozen=True)
+class Outcome(Generic[T]):
+    """What a mutating call returned, and the watch events it produced, in revision order."""
+
+    result: T
+    events: tuple[WatchEvent, ...] = ()
+
+
+@dataclass
+class _LeaseRecord:
+    """A live lease: its TTL, its monotonic deadline, and the keys bound to it."""
+
+    id: int
+    ttl: float
+    deadline: float
+    keys: set[str] = field(default_factory=set)
+
+
+class KVState:
+    """Keys, revisions, leases and a bounded event history, with etcd v3 semantics.
+
+    Args:
+        clock: monotonic clock in seconds (injectable for tests).
+        max_value_bytes: writes of larger values raise :class:`ValueTooLargeError`.
+        history_limit: events kept for replay; the oldest revisions are compacted beyond it.
+        store_id: identifies this state; a host reports it so clients can tell a restarted
+            store with fresh state from a reconnect to the same one. Random by default.
+        rng: source of lease ids (injectable for tests).
+
+    Raises:
+        ValueError: a limit is not positive.
+    """
+
+    def __init__(
+        self,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
+        history_limit: int = DEFAULT_HISTORY_LIMIT,
+        store_id: str | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        if max_value_bytes < 1:
+            raise ValueError(f"The value size limit ({max_value_bytes}) must be positive.")
+        if history_limit < 1:
+            raise ValueError(f"The history limit ({history_limit}) must be positive.")
+        self.max_value_bytes = max_value_bytes
+        self.store_id = store_id or uuid.uuid4().hex
+        self._clock = clock
+        self._history_limit = history_limit
+        self._rng = rng or random.Random()
+        self._revision = 1
+        self._compact_revision = 1
+        self._kvs: dict[str, KeyValue] = {}
+        self._sorted_keys: list[str] = []
+        self._leases: dict[int, _LeaseRecord] = {}
+        self._expiry_heap: list[tuple[float, int]] = []
+        self._history: deque[WatchEvent] = deque()
+
+    # -- state --------------------------------------------------------------------------------
+    @property
+    def revision(self) -> int:
+        """The store revision: that of the last write transaction (1 for an empty store)."""
+        return self._revision
+
+    @property
+    def compact_revision(self) -> int:
+        """The oldest revision whose events are still kept; watches may start there or later."""
+        return self._compact_revision
+
+    # -- reads --------------------------------------------------------------------------------
+    def get(self, key: str) -> ReadResult:
+        """Read one key at the current revision."""
+        return ReadResult(self._revision, self._kvs.get(key))
+
+    def get_prefix(self, prefix: str) -> RangeResult:
+        """Read every key starting with ``prefix``, in key (code point = UTF-8 byte) order."""
+        return RangeResult(self._revision, tuple(self._kvs[key] for key in self._keys_under(prefix)))
+
+    # -- writes -------------------------------------------------------------------------------
+    def put(self, key: str, value: bytes, lease: int = NO_LEASE) -> Outcome[WriteResult]:
+        """Write ``key`` unconditionally, binding it to ``lease`` (0: unbind).
+
+        Raises:
+            ValueTooLargeError: ``value`` exceeds :attr:`max_value_bytes`.
+            LeaseNotFoundError: ``lease`` is not live.
+        """
+        self._check_value(key, value)
+        self._check_lease(lease)
+        event = self._store(key, value, lease, self._revision + 1)
+        return Outcome(WriteResult(True, event.revision, event.kv), self._commit([event]))
+
+    def put_if(
+        self, key: str, value: bytes, expected: int | Absent, lease: int = NO_LEASE
+    ) -> Outcome[WriteResult]:
+        """Write ``key`` only if its mod revision is ``expected`` (ABSENT or 0: the key is absent).
+
+        As in etcd, the lease is only checked when the comparison succeeds.
+
+        Raises:
+            ValueTooLargeError: ``value`` exceeds :attr:`max_value_bytes` (checked always).
+            LeaseNotFoundError: the comparison succeeded but ``lease`` is not live.
+        """
+        self._check_value(key, value)
+        if not self._matches(key, expected):
+            return Outcome(WriteResult(False, self._revision, self._kvs.get(key)))
+        return self.put(key, value, lease)
+
+    def delete(self, key: str) -> Outcome[WriteResult]:
+        """Delete ``key``; not applied (and no new revision) when it does not exist."""
+        if key not in self._kvs:
+            return Outcome(WriteResult(False, self._revision, None))
+        event = self._remove(key, self._revision + 1)
+        return Outcome(WriteResult(True, event.revision, None), self._commit([event]))
+
+    def delete_if(self, key: str, expected: int) -> Outcome[WriteResult]:
+        """Delete ``key`` only if it exists and its mod revision is ``expected``."""
+        current = self._kvs.get(key)
+        if current is None or current.mod_revision != expected:
+            return Outcome(WriteResult(False, self._revision, current))
+        return self.delete(key)
+
+    def delete_prefix(self, prefix: str) -> Outcome[int]:
+        """Delete every key under ``prefix`` in one revision; the result is how many."""
+        keys = list(self._keys_under(prefix))
+        return Outcome(len(keys), self._delete_keys(keys))
+
+    # -- leases -------------------------------------------------------------------------------
+    def grant(self, ttl: float) -> Lease:
+        """Create a lease expiring ``ttl`` seconds from now; ids are unique, random and non-zero.
+
+        Raises:
+            ValueError: ``ttl`` is not positive.
+        """
+        if not ttl > 0:
+            raise ValueError(f"The lease TTL ({ttl}) must be positive.")
+        lease_id = NO_LEASE
+        while lease_id == NO_LEASE or lease_id in self._leases:
+            lease_id = self._rng.getrandbits(63)
+        record = _LeaseRecord(lease_id, float(ttl), self._clock() + ttl)
+        self._leases[lease_id] = record
+        heapq.heappush(self._expiry_heap, (record.deadline, lease_id))
+        return Lease(lease_id, record.ttl)
+
+    def keepalive(self, lease_id: int) -> float:
+        """Renew the lease to its full TTL from now and return the TTL.
+
+        Raises:
+            LeaseNotFoundError: the lease is unknown, revoked, or past its deadline.
+        """
+        record = self._check_lease(lease_id)
+        record.deadline = self._clock() + record.ttl
+        heapq.heappush(self._expiry_heap, (record.deadline, lease_id))
+        return record.ttl
+
+    def revoke(self, lease_id: int) -> Outcome[bool]:
+        """Drop the lease and delete its keys in one revision.
+
+        The result is False when the lease was unknown or already past its deadline (its keys,
+        if the expiry had not been swept yet, are deleted all the same).
+        """
+        record = self._leases.pop(lease_id, None)
+        if record is None:
+            return Outcome(False)
+        return Outcome(record.deadline > self._clock(), self._delete_keys(sorted(record.keys)))
+
+    def expire_due(self) -> tuple[WatchEvent, ...]:
+        """Revoke every lease whose deadline has passed; returns the DELETE events (one revision per lease)."""
+        now = self._clock()
+        events: list[WatchEvent] = []
+        while (deadline := self.next_expiry()) is not None and deadline <= now:
+            _, lease_id = heapq.heappop(self._expiry_heap)
+            events.extend(self.revoke(lease_id).events)
+        return tuple(events)
+
+    def next_expiry(self) -> float | None:
+        """Clock time at which the next lease expires, or None when there are no leases."""
+        heap = self._expiry_heap
+        while heap:
+            deadline, lease_id = heap[0]
+            record = self._leases.get(lease_id)
+            if record is not None and record.deadline == deadline:
+                return deadline
+            heapq.heappop(heap)  # superseded by a keepalive, or the lease is gone
+        return None
+
+    # -- history ------------------------------------------------------------------------------
+    def events_since(self, prefix: str, start_revision: int) -> list[WatchEvent]:
+        """Events under ``prefix`` at ``start_revision`` or later, in revision order.
+
+        Raises:
+            ValueError: ``start_revision`` is below 1.
+            CompactedError: events before ``start_revision`` that it needs are gone.
+        """
+        if start_revision < 1:
+            raise ValueError(f"The start revision ({start_revision}) must be at least 1.")
+        if start_revision < self._compact_revision:
+            raise CompactedError(
+                f"History before revision {self._compact_revision} was compacted; "
+                f"a watch cannot start at revision {start_revision}. Re-read the state and watch from now.",
+                requested_revision=start_revision,
+                compact_revision=self._compact_revision,
+            )
+        found: list[WatchEvent] = []
+        for event in reversed(self._history):
+            if event.revision < start_revision:
+                break
+            if event.kv.key.startswith(prefix):
+                found.append(event)
+        found.reverse()
+        return found
+
+    def compact(self, revision: int) -> None:
+        """Discard the events before ``revision``; compacting to an older revision is a no-op.
+
+        Raises:
+            ValueError: ``revision`` is beyond the current revision.
+        """
+        if revision > self._revision:
+            raise ValueError(f"Cannot compact to revision {revision}: the store is at revision {self._revision}.")
+        self._compact_revision = max(self._compact_revision, revision)
+        self._trim_history()
+
+    # -- internals ----------------------------------------------------------------------------
+    def _keys_under(self, prefix: str) -> Iterable[str]:
+        keys = self._sorted_keys
+        index = bisect.bisect_left(keys, prefix)
+        while index < len(keys) and keys[index].startswith(prefix):
+            yield keys[index]
+            index += 1
+
+    def _check_value(self, key: str, value: bytes) -> None:
+        if len(value) > self.max_value_bytes:
+            raise ValueTooLargeError(
+                f"The value for {key!r} is {len(value)} bytes; the store accepts at most {self.max_value_bytes}."
+            )
+
+    def _check_lease(self, lease_id: int) -> _LeaseRecord | None:
+        if lease_id == NO_LEASE:
+            return None
+        record = self._leases.get(lease_id)
+        if record is None or record.deadline <= self._clock():
+            raise LeaseNotFoundError(f"Lease {lease_id:x} does not exist: it expired or was revoked.")
+        return record
+
+    def _matches(self, key: str, expected: int | Absent) -> bool:
+        current = self._kvs.get(key)
+        if isinstance(expected, Absent):
+            return current is None
+        return (current.mod_revision if current is not None else 0) == expected
+
+    def _store(self, key: str, value: bytes, lease: int, revision: int) -> WatchEvent:
+        old = self._kvs.get(key)
+        if old is None:
+            bisect.insort(self._sorted_keys, key)
+            kv = KeyValue(key, bytes(value), revision, revision, 1, lease)
+        else:
+            self._unbind(old)
+            kv = KeyValue(key, bytes(value), old.create_revision, revision, old.version + 1, lease)
+        if lease != NO_LEASE:
+            self._leases[lease].keys.add(key)
+        self._kvs[key] = kv
+        return WatchEvent(EventType.PUT, kv)
+
+    def _remove(self, key: str, revision: int) -> WatchEvent:
+        old = self._kvs.pop(key)
+        del self._sorted_keys[bisect.bisect_left(self._sorted_keys, key)]
+        self._unbind(old)
+        return WatchEvent(EventType.DELETE, KeyValue(key, b"", 0, revision, 0, NO_LEASE))
+
+    def _unbind(self, kv: KeyValue) -> None:
+        record = self._leases.get(kv.lease) if kv.lease != NO_LEASE else None
+        if record is not None:
+            record.keys.discard(kv.key)
+
+    def _delete_keys(self, keys: list[str]) -> tuple[WatchEvent, ...]:
+        present = [key for key in keys if key in self._kvs]
+        if not present:
+            return ()
+        revision = self._revision + 1
+        return self._commit([self._remove(key, revision) for key in present])
+
+    def _commit(self, events: list[WatchEvent]) -> tuple[WatchEvent, ...]:
+        self._revision = events[0].revision
+        self._history.extend(events)
+        if len(self._history) > self._history_limit:
+            overflow = self._history[len(self._history) - self._history_limit - 1]
+            self._compact_revision = max(self._compact_revision, overflow.revision + 1)
+        self._trim_history()
+        return tuple(events)
+
+    def _trim_history(self) -> None:
+        history = self._history
+        while history and history[0].revision < self._compact_revision:
+            history.popleft()

@@ -1,0 +1,106 @@
+"""The fake's fault injection and fake-clock mode, and Session's loss detection."""
+
+import threading
+
+import pytest
+
+from backends.api import EventType
+from backends.errors import BackendConnectionError
+from backends.fake import InMemoryStore
+from backends.session import Session
+
+
+class ManualClock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_with_a_manual_clock_leases_expire_only_when_the_test_says_so():
+    clock = ManualClock()
+    store = InMemoryStore(clock=clock, auto_expire=False)
+    client = store.client()
+    lease = client.grant(10)
+    client.put("/k", b"v", lease=lease.id)
+    watch = client.watch_prefix("/")
+    clock.now += 9.9
+    store.expire_due()
+    assert client.get("/k").kv is not None
+    clock.now += 0.2
+    store.expire_due()
+    assert client.get("/k").kv is None
+    assert [event.type for event in watch.get(timeout=1)] == [EventType.DELETE]
+
+
+def test_expire_lease_deletes_the_keys_at_once_and_tells_watchers():
+    store = InMemoryStore()
+    client = store.client()
+    lease = client.grant(60)
+    client.put("/a", b"v", lease=lease.id)
+    with client.watch_prefix("/") as watch:
+        store.expire_lease(lease.id)
+        assert [(e.type, e.kv.key) for e in watch.get(timeout=1)] == [(EventType.DELETE, "/a")]
+    store.close()
+
+
+def test_a_stopped_store_fails_calls_and_watches_until_started_again():
+    store = InMemoryStore()
+    client = store.client()
+    client.put("/k", b"v")
+    watch = client.watch_prefix("/")
+    store.stop()
+    with pytest.raises(BackendConnectionError):
+        client.get("/k")
+    with pytest.raises(BackendConnectionError):
+        watch.get(timeout=1)
+    store.start()
+    assert client.get("/k").kv.value == b"v"
+    store.close()
+
+
+def test_a_session_is_lost_once_the_store_is_unreachable_for_a_full_ttl():
+    store = InMemoryStore()
+    client = store.client()
+    session = Session(client, ttl=0.6, keepalive_interval=0.1)
+    reasons = []
+    session.on_lost(reasons.append)
+    store.stop()
+    assert session.wait_lost(timeout=2.0)
+    assert "no keepalive succeeded" in reasons[0]
+    late = []
+    session.on_lost(late.append)
+    assert late == [session.lost_reason]
+    session.close()
+    store.close()
+
+
+def test_a_session_survives_a_brief_outage_shorter_than_its_ttl():
+    store = InMemoryStore()
+    client = store.client()
+    with Session(client, ttl=2.0, keepalive_interval=0.1) as session:
+        store.stop()
+        threading.Event().wait(0.4)
+        store.start()
+        assert not session.wait_lost(timeout=2.5)
+        assert session.alive
+    store.close()
+
+
+def test_closing_a_session_revokes_its_lease_and_deletes_its_keys():
+    store = InMemoryStore()
+    client = store.client()
+    session = Session(client, ttl=5)
+    client.put("/member", b"v", lease=session.lease_id)
+    session.close()
+    session.close()
+    assert client.get("/member").kv is None
+    assert not session.alive and not session.lost.is_set()
+    store.close()
+
+
+@pytest.mark.parametrize("kwargs", [{"ttl": 0}, {"ttl": 1, "keepalive_interval": 0}])
+def test_a_session_rejects_nonsense_timing(kwargs):
+    with pytest.raises(ValueError):
+        Session(InMemoryStore().client(), **kwargs)
