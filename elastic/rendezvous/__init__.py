@@ -1,0 +1,1 @@
+"""Rendezvous engine: lease-based, watch-driven rounds over the backend contract."""

@@ -1,0 +1,160 @@
+"""Pure decision functions of the rendezvous protocol: no I/O, no clocks, no threads.
+
+The handler gathers an immutable view (who joined, at which revision, what the last round
+was, what time it is) and asks these functions what to do; then it performs the side effect.
+Each is tested with case tables in ``tests/rendezvous/test_decisions.py``.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+from backends.api import EventType, WatchEvent
+from elastic.rendezvous.records import Member, RendezvousKeys, RoundRecord, decode_round
+
+
+@dataclass(frozen=True)
+class Joiner:
+    """A node that has written its join key for the forming round."""
+
+    node_id: str
+    addr: str
+    master_port: int
+    join_revision: int
+
+    def as_member(self) -> Member:
+        return Member(self.node_id, self.addr, self.master_port)
+
+
+# -- who closes the round --------------------------------------------------------------------
+def closer_of(joiners: Iterable[Joiner]) -> Joiner | None:
+    """The node that closes the forming round: the oldest live join key (lowest revision).
+
+    Only it watches every join, so the round costs O(N) watch events, not O(N^2). If it dies
+    its key vanishes with its lease and the next oldest takes over.
+    """
+    return min(joiners, key=lambda joiner: (joiner.join_revision, joiner.node_id), default=None)
+
+
+# -- when to close ---------------------------------------------------------------------------
+class CloseAction(enum.Enum):
+    """What the closer does next."""
+
+    CLOSE = "close"
+    WAIT = "wait"
+
+
+@dataclass(frozen=True)
+class CloseDecision:
+    """The closer's next step; ``wait_until`` is the monotonic time to re-decide (None: on the next join)."""
+
+    action: CloseAction
+    wait_until: float | None = None
+    reason: str = ""
+
+
+def last_call_deadline(
+    previous: float | None, joined: int, min_nodes: int, now: float, last_call_timeout: float
+) -> float | None:
+    """When the last-call window ends: it opens when ``min_nodes`` have joined and resets below it."""
+    if joined < min_nodes:
+        return None
+    return previous if previous is not None else now + last_call_timeout
+
+
+def decide_close(joined: int, min_nodes: int, max_nodes: int, deadline: float | None, now: float) -> CloseDecision:
+    """Close at ``max_nodes`` at once, or at ``min_nodes`` once the last-call window has passed."""
+    if joined >= max_nodes:
+        return CloseDecision(CloseAction.CLOSE, reason=f"{joined} nodes joined, the maximum")
+    if joined >= min_nodes and deadline is not None:
+        if now >= deadline:
+            return CloseDecision(CloseAction.CLOSE, reason=f"{joined} nodes joined and the last call passed")
+        return CloseDecision(CloseAction.WAIT, wait_until=deadline, reason="last call for more nodes")
+    return CloseDecision(CloseAction.WAIT, reason=f"{joined} of at least {min_nodes} nodes joined")
+
+
+# -- ranks -----------------------------------------------------------------------------------
+def assign_ranks(
+    previous: RoundRecord | None, joiners: Sequence[Joiner], max_nodes: int
+) -> tuple[tuple[Member, ...], tuple[Joiner, ...]]:
+    """Order the round's members; returns ``(members in rank order, spares)``.
+
+    Ranks are stable: survivors of the previous round keep their relative order, newcomers
+    follow in join order. Nodes beyond ``max_nodes`` are spares (newest first to be left out).
+    """
+    by_id = {joiner.node_id: joiner for joiner in joiners}
+    survivors = [by_id[member.node_id] for member in (previous.members if previous else ()) if member.node_id in by_id]
+    survivor_ids = {joiner.node_id for joiner in survivors}
+    newcomers = sorted(
+        (joiner for joiner in joiners if joiner.node_id not in survivor_ids),
+        key=lambda joiner: (joiner.join_revision, joiner.node_id),
+    )
+    ordered = survivors + newcomers
+    return tuple(joiner.as_member() for joiner in ordered[:max_nodes]), tuple(ordered[max_nodes:])
+
+
+# -- what a change under a closed round means ------------------------------------------------
+class MembershipChange(enum.Enum):
+    """Why a closed round's members should restart into the next round.
+
+    MEMBER_LOST: a member's key vanished (lease expired, node left or restarted).
+    NODES_WAITING: a node joined the next round and the world can grow, or a member rejoined.
+    ROUND_SUPERSEDED: a newer round was closed without this node.
+    CLOSED: the rendezvous was closed for good.
+    """
+
+    MEMBER_LOST = "member_lost"
+    NODES_WAITING = "nodes_waiting"
+    ROUND_SUPERSEDED = "round_superseded"
+    CLOSED = "closed"
+
+
+@dataclass(frozen=True)
+class RoundView:
+    """What a member knows of its closed round, for classifying later events."""
+
+    keys: RendezvousKeys
+    record: RoundRecord
+    node_id: str
+    max_nodes: int
+
+
+def waiting_counts(view: RoundView, waiting_ids: Iterable[str]) -> int:
+    """How many waiting nodes justify a restart: members rejoining always; others only if the world can grow."""
+    member_ids = {member.node_id for member in view.record.members}
+    waiting = set(waiting_ids) - {view.node_id}
+    rejoining = waiting & member_ids
+    newcomers = waiting - member_ids
+    room = view.record.world_size < view.max_nodes
+    return len(rejoining) + (len(newcomers) if room else 0)
+
+
+def classify(view: RoundView, event: WatchEvent, waiting_ids: frozenset[str]) -> tuple[MembershipChange | None, frozenset[str]]:
+    """Classify one event under the run's root; returns the change (if any) and the new waiting set.
+
+    Raises:
+        RendezvousStateError: the event carries a corrupt round record.
+    """
+    key = event.kv.key
+    if key == view.keys.closed and event.type is EventType.PUT:
+        return MembershipChange.CLOSED, waiting_ids
+    if key == view.keys.round and event.type is EventType.PUT:
+        newer = decode_round(key, event.kv.value).round > view.record.round
+        return (MembershipChange.ROUND_SUPERSEDED if newer else None), waiting_ids
+    parsed = view.keys.parse_node_key(key)
+    if parsed is None:
+        return None, waiting_ids
+    round_number, node_id = parsed
+    if round_number == view.record.round and event.type is EventType.DELETE:
+        is_member = view.record.rank_of(node_id) is not None
+        return (MembershipChange.MEMBER_LOST if is_member and node_id != view.node_id else None), waiting_ids
+    if round_number == view.record.round + 1:
+        if event.type is EventType.PUT:
+            waiting_ids = waiting_ids | {node_id}
+        else:
+            waiting_ids = waiting_ids - {node_id}
+        change = MembershipChange.NODES_WAITING if waiting_counts(view, waiting_ids) > 0 else None
+        return change, waiting_ids
+    return None, waiting_ids

@@ -1,0 +1,387 @@
+"""The public rendezvous handler: joins rounds over any :class:`~backends.api.KVBackend`.
+
+Protocol (DESIGN §3), per round ``r`` of one run:
+
+1. A node holds one :class:`~backends.session.Session` (a lease) for its whole life.
+2. It joins by writing its own lease-bound key ``rounds/<r>/nodes/<node>``: one uncontended put.
+3. The node with the oldest join key is the *closer*: it alone watches every join; it closes
+   the round at ``max_nodes``, or at ``min_nodes`` once the last-call window has passed, with a
+   single compare-and-swap on ``state/round`` recording the members read at one revision.
+   Everyone else watches only ``state/`` and checks once per lease TTL that the closer lives.
+4. A node not in the closed round moves to round ``r + 1`` and is *waiting*; members see it
+   through their :class:`~elastic.rendezvous.monitor.MembershipMonitor` and restart.
+5. A member whose lease vanishes deletes its key; every member's monitor sees the DELETE.
+
+The decisions are the pure functions of :mod:`elastic.rendezvous.decisions`; this module only
+reads, waits on watches with deadlines, and writes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Callable
+
+from backends.api import ABSENT, EventType, KVBackend, KeyValue
+from backends.errors import BackendError
+from backends.session import Session
+from elastic.rendezvous import records
+from elastic.rendezvous.decisions import (
+    CloseAction,
+    Joiner,
+    MembershipChange,
+    RoundView,
+    assign_ranks,
+    closer_of,
+    decide_close,
+    last_call_deadline,
+)
+from elastic.rendezvous.errors import (
+    RendezvousClosedError,
+    RendezvousConnectionError,
+    RendezvousError,
+    RendezvousTimeoutError,
+)
+from elastic.rendezvous.monitor import MembershipMonitor
+from elastic.rendezvous.records import JoinRecord, Member, RendezvousKeys, RoundRecord
+from elastic.rendezvous.settings import RendezvousSettings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RendezvousInfo:
+    """The result of a completed round, as this node sees it."""
+
+    run_id: str
+    round: int
+    group_rank: int
+    group_world_size: int
+    master_addr: str
+    master_port: int
+    members: tuple[Member, ...]
+
+
+@dataclass(frozen=True)
+class _StateView:
+    """``state/`` as read at one revision."""
+
+    revision: int
+    round: RoundRecord | None
+    round_kv: KeyValue | None
+    closed: bool
+
+
+def free_port(addr: str) -> int:
+    """A TCP port free right now on ``addr`` (the OS picks it), for this round's MASTER_PORT."""
+    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((addr, 0))
+        except OSError:
+            probe.bind(("", 0))
+        return probe.getsockname()[1]
+
+
+def default_node_id() -> str:
+    """A node id unique per handler: host, pid and a random suffix (no '/')."""
+    host = socket.gethostname().replace("/", "_") or "node"
+    return f"{host}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+class RendezvousHandler:
+    """Joins rounds of one run and watches the closed round for membership changes.
+
+    Args:
+        settings: the run's settings.
+        backend: an open key-value backend; the handler does not close it unless ``owns_backend``.
+        node_addr: the address other nodes use to reach this one (rank 0's becomes MASTER_ADDR).
+        clock: monotonic clock (injectable); port_picker: chooses this node's master port per round.
+
+    Every public method raises only :class:`~elastic.rendezvous.errors.RendezvousError` subclasses.
+    """
+
+    def __init__(
+        self,
+        settings: RendezvousSettings,
+        backend: KVBackend,
+        node_addr: str,
+        *,
+        node_id: str | None = None,
+        owns_backend: bool = False,
+        clock: Callable[[], float] = time.monotonic,
+        port_picker: Callable[[str], int] = free_port,
+    ) -> None:
+        self.settings = settings
+        self.node_id = node_id or default_node_id()
+        self.node_addr = node_addr
+        self.keys = RendezvousKeys(settings.namespace, settings.run_id)
+        self._backend = backend
+        self._owns_backend = owns_backend
+        self._clock = clock
+        self._port_picker = port_picker
+        self._session: Session | None = None
+        self._monitor: MembershipMonitor | None = None
+        self._joined_key: str | None = None
+        self._last_round: RoundRecord | None = None
+        self._lock = threading.RLock()
+        self.backend_writes = 0
+
+    # -- public API -----------------------------------------------------------------------------
+    def get_run_id(self) -> str:
+        return self.settings.run_id
+
+    def next_rendezvous(self) -> RendezvousInfo:
+        """Join the next round and block until it closes with this node in it.
+
+        Raises:
+            RendezvousClosedError: the rendezvous was closed for good.
+            RendezvousTimeoutError: no round included this node within the join timeout.
+            RendezvousConnectionError: the backend could not be reached.
+            RendezvousStateError: the state in the store is corrupt.
+        """
+        with self._lock:
+            self._stop_monitor()
+            deadline = self._clock() + self.settings.join_timeout
+            try:
+                info = self._join_until_included(deadline)
+            except BackendError as error:
+                raise RendezvousConnectionError(
+                    f"Rendezvous {self.settings.run_id}: the backend failed during the join: {error}"
+                ) from error
+            except RendezvousTimeoutError:
+                self._leave_quietly()
+                raise
+            log.info("Rendezvous %s: node %s is rank %d of %d in round %d (master %s:%d)",
+                     info.run_id, self.node_id, info.group_rank, info.group_world_size, info.round,
+                     info.master_addr, info.master_port)
+            return info
+
+    def is_closed(self) -> bool:
+        """Whether the rendezvous was closed for good. Raises RendezvousConnectionError."""
+        return self._backend_call(lambda: self._read_state().closed)
+
+    def set_closed(self, reason: str = "the job finished") -> None:
+        """Close the rendezvous for every node (job finished or failed for good). Idempotent."""
+        record = records.encode_closed(records.ClosedRecord(reason))
+        self._backend_call(lambda: self._backend.put_if(self.keys.closed, record, ABSENT))
+
+    def num_nodes_waiting(self) -> int:
+        """Nodes waiting for the next round that justify a restart; 0 before the first round. No I/O."""
+        monitor = self._monitor
+        return monitor.num_nodes_waiting if monitor is not None else 0
+
+    @property
+    def membership_changed(self) -> threading.Event:
+        """Set when the current round's membership changed (member lost, node waiting, closed)."""
+        monitor = self._monitor
+        return monitor.changed if monitor is not None else threading.Event()
+
+    def membership_change(self) -> tuple[MembershipChange | None, str]:
+        """The first change seen in the current round, and a sentence about it."""
+        monitor = self._monitor
+        return (monitor.change, monitor.reason) if monitor is not None else (None, "")
+
+    def shutdown(self) -> bool:
+        """Leave the rendezvous without closing it for the others (their monitors see us go)."""
+        with self._lock:
+            self._stop_monitor()
+            self._leave_quietly()
+            if self._session is not None:
+                self._session.close(revoke=True)
+                self._session = None
+            if self._owns_backend:
+                self._backend.close()
+            return True
+
+    # -- joining --------------------------------------------------------------------------------
+    def _join_until_included(self, deadline: float) -> RendezvousInfo:
+        state = self._read_state()
+        while True:
+            if state.closed:
+                raise RendezvousClosedError(f"The rendezvous {self.settings.run_id} is closed; no new round will form.")
+            forming = state.round.round + 1 if state.round else 0
+            self._put_join_key(forming)
+            record, revision = self._wait_for_round(forming, state, deadline)
+            rank = record.rank_of(self.node_id)
+            if rank is not None:
+                return self._included(record, rank)
+            log.info("Rendezvous %s: round %d closed without node %s; waiting for round %d",
+                     self.settings.run_id, record.round, self.node_id, record.round + 1)
+            state = self._read_state()
+
+    def _put_join_key(self, forming: int) -> None:
+        session = self._ensure_session()
+        key = self.keys.node(forming, self.node_id)
+        join = JoinRecord(self.node_id, self.node_addr, self._port_picker(self.node_addr))
+        self._backend.put(key, records.encode_join(join), lease=session.lease_id)
+        self.backend_writes += 1
+        if self._joined_key is not None and self._joined_key != key:
+            self._backend.delete(self._joined_key)
+            self.backend_writes += 1
+        self._joined_key = key
+
+    def _wait_for_round(self, forming: int, state: _StateView, deadline: float) -> tuple[RoundRecord, int]:
+        """Block until round ``forming`` (or a later one) is closed; close it ourselves if we are the closer."""
+        with self._backend.watch_prefix(self.keys.state_prefix, state.revision + 1) as state_watch:
+            while True:
+                joiners = self._read_joiners(forming)
+                closer = closer_of(joiners.values())
+                if closer is not None and closer.node_id == self.node_id:
+                    return self._close_round(forming, state, deadline)
+                closed = self._await_close_or_closer_loss(state_watch, forming, closer, deadline)
+                if closed is not None:
+                    return closed
+
+    def _await_close_or_closer_loss(self, state_watch, forming, closer, deadline) -> tuple[RoundRecord, int] | None:
+        """Wait on ``state/`` for the close; every lease TTL check the closer's key still exists."""
+        while True:
+            now = self._clock()
+            if now >= deadline:
+                raise self._timeout(forming)
+            for event in state_watch.get(timeout=min(deadline - now, self.settings.lease_ttl)):
+                closed = self._closed_round_from(event, forming)
+                if closed is not None:
+                    return closed
+            if closer is None or self._backend.get(self.keys.node(forming, closer.node_id)).kv is None:
+                return None  # the closer is gone (or unknown): re-elect
+
+    def _closed_round_from(self, event, forming: int) -> tuple[RoundRecord, int] | None:
+        if event.type is not EventType.PUT:
+            return None
+        if event.kv.key == self.keys.closed:
+            raise RendezvousClosedError(f"The rendezvous {self.settings.run_id} was closed while joining.")
+        if event.kv.key == self.keys.round:
+            record = records.decode_round(event.kv.key, event.kv.value)
+            if record.round >= forming:
+                return record, event.revision
+        return None
+
+    def _close_round(self, forming: int, state: _StateView, deadline: float) -> tuple[RoundRecord, int]:
+        """The closer's loop: watch joins, decide, and close with one compare-and-swap."""
+        read = self._backend.get_prefix(self.keys.nodes_prefix(forming))
+        joined = {joiner.node_id: joiner for joiner in map(_joiner, read.kvs)}
+        with self._backend.watch_prefix(self.keys.root, read.revision + 1) as watch:
+            last_call: float | None = None
+            while True:
+                now = self._clock()
+                last_call = last_call_deadline(last_call, len(joined), self.settings.min_nodes, now,
+                                               self.settings.last_call_timeout)
+                decision = decide_close(len(joined), self.settings.min_nodes, self.settings.max_nodes, last_call, now)
+                if decision.action is CloseAction.CLOSE:
+                    closed = self._try_close(forming, state)
+                    if closed is not None:
+                        return closed
+                    joined = self._read_joiners(forming)
+                    continue
+                if now >= deadline:
+                    raise self._timeout(forming)
+                wait_until = min(deadline, decision.wait_until or deadline)
+                for event in watch.get(timeout=max(wait_until - now, 0.0)):
+                    closed = self._closed_round_from(event, forming)
+                    if closed is not None:
+                        return closed
+                    self._apply_join_event(joined, forming, event)
+
+    def _apply_join_event(self, joined: dict[str, Joiner], forming: int, event) -> None:
+        parsed = self.keys.parse_node_key(event.kv.key)
+        if parsed is None or parsed[0] != forming:
+            return
+        if event.type is EventType.DELETE:
+            joined.pop(parsed[1], None)
+        else:
+            joined[parsed[1]] = _joiner(event.kv)
+
+    def _try_close(self, forming: int, state: _StateView) -> tuple[RoundRecord, int] | None:
+        """Close ``forming`` with the members read now; None if too few remain (keep waiting)."""
+        read = self._backend.get_prefix(self.keys.nodes_prefix(forming))
+        joiners = [_joiner(kv) for kv in read.kvs]
+        members, spares = assign_ranks(state.round, joiners, self.settings.max_nodes)
+        if len(members) < self.settings.min_nodes:
+            return None
+        record = RoundRecord(forming, members, read.revision)
+        expected = state.round_kv.mod_revision if state.round_kv is not None else ABSENT
+        result = self._backend.put_if(self.keys.round, records.encode_round(record), expected)
+        self.backend_writes += 1
+        if result.applied:
+            log.info("Rendezvous %s: node %s closed round %d with %d members (%d spares)",
+                     self.settings.run_id, self.node_id, forming, len(members), len(spares))
+            return record, result.revision
+        if result.current is None:
+            raise RendezvousError(f"The round record {self.keys.round} vanished while closing round {forming}.")
+        current = records.decode_round(self.keys.round, result.current.value)
+        if current.round >= forming:
+            return current, result.current.mod_revision
+        raise RendezvousError(
+            f"The round record {self.keys.round} changed to round {current.round} while closing round {forming}."
+        )
+
+    def _included(self, record: RoundRecord, rank: int) -> RendezvousInfo:
+        self._last_round = record
+        view = RoundView(self.keys, record, self.node_id, self.settings.max_nodes)
+        self._monitor = MembershipMonitor(self._backend, view, record.members_revision + 1)
+        session = self._session
+        if session is not None:
+            monitor = self._monitor
+            session.on_lost(lambda reason: monitor.signal(MembershipChange.MEMBER_LOST, f"this node's lease was lost: {reason}"))
+        master = record.members[0]
+        return RendezvousInfo(self.settings.run_id, record.round, rank, record.world_size,
+                              master.addr, master.master_port, record.members)
+
+    # -- helpers --------------------------------------------------------------------------------
+    def _read_state(self) -> _StateView:
+        read = self._backend.get_prefix(self.keys.state_prefix)
+        round_kv = next((kv for kv in read.kvs if kv.key == self.keys.round), None)
+        closed = any(kv.key == self.keys.closed for kv in read.kvs)
+        round_record = records.decode_round(round_kv.key, round_kv.value) if round_kv is not None else None
+        return _StateView(read.revision, round_record, round_kv, closed)
+
+    def _read_joiners(self, forming: int) -> dict[str, Joiner]:
+        read = self._backend.get_prefix(self.keys.nodes_prefix(forming))
+        return {joiner.node_id: joiner for joiner in (_joiner(kv) for kv in read.kvs)}
+
+    def _ensure_session(self) -> Session:
+        if self._session is None or not self._session.alive:
+            if self._session is not None:
+                self._session.close(revoke=False)
+            self._session = self._backend.session(self.settings.lease_ttl, name=f"{self.settings.run_id}/{self.node_id}")
+            self.backend_writes += 1
+            self._joined_key = None
+        return self._session
+
+    def _stop_monitor(self) -> None:
+        if self._monitor is not None:
+            self._monitor.stop()
+            self._monitor = None
+
+    def _leave_quietly(self) -> None:
+        if self._joined_key is None:
+            return
+        try:
+            self._backend.delete(self._joined_key)
+        except BackendError as error:
+            log.warning("Rendezvous %s: could not delete %s on leave: %s", self.settings.run_id, self._joined_key, error)
+        self._joined_key = None
+
+    def _timeout(self, forming: int) -> RendezvousTimeoutError:
+        return RendezvousTimeoutError(
+            f"Rendezvous {self.settings.run_id}: round {forming} did not include node {self.node_id} within the "
+            f"join timeout ({self.settings.join_timeout:g}s); need at least {self.settings.min_nodes} nodes. "
+            f"Start more nodes or raise --rdzv-conf join_timeout."
+        )
+
+    def _backend_call(self, call):
+        try:
+            return call()
+        except BackendError as error:
+            raise RendezvousConnectionError(f"Rendezvous {self.settings.run_id}: backend failed: {error}") from error
+
+
+def _joiner(kv: KeyValue) -> Joiner:
+    record = records.decode_join(kv.key, kv.value)
+    return Joiner(record.node_id, record.addr, record.master_port, kv.create_revision)

@@ -1,0 +1,188 @@
+"""Rendezvous state as versioned JSON records, validated on read. Never pickle.
+
+Key layout under ``<namespace>/<run_id>/``::
+
+    state/round              RoundRecord of the last closed round (absent before round 0)
+    state/closed             ClosedRecord once the rendezvous is closed for good
+    rounds/<r>/nodes/<node>  JoinRecord of a node that wants to be in round r (lease-bound)
+
+Every value is ``{"v": 1, ...}``; anything else read from the store raises
+:class:`RendezvousStateError` naming the key and how to clear it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from elastic.rendezvous.errors import RendezvousStateError
+
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class RendezvousKeys:
+    """Where one run's rendezvous lives in the store."""
+
+    namespace: str
+    run_id: str
+
+    @property
+    def root(self) -> str:
+        return f"{self.namespace.rstrip('/')}/{self.run_id}/"
+
+    @property
+    def state_prefix(self) -> str:
+        return self.root + "state/"
+
+    @property
+    def round(self) -> str:
+        return self.state_prefix + "round"
+
+    @property
+    def closed(self) -> str:
+        return self.state_prefix + "closed"
+
+    def nodes_prefix(self, round_number: int) -> str:
+        return f"{self.root}rounds/{round_number}/nodes/"
+
+    def node(self, round_number: int, node_id: str) -> str:
+        return self.nodes_prefix(round_number) + node_id
+
+    def parse_node_key(self, key: str) -> tuple[int, str] | None:
+        """``(round, node_id)`` for a node key of this run, else None."""
+        if not key.startswith(self.root + "rounds/"):
+            return None
+        parts = key[len(self.root + "rounds/"):].split("/")
+        if len(parts) != 3 or parts[1] != "nodes" or not parts[0].isdigit():
+            return None
+        return int(parts[0]), parts[2]
+
+
+@dataclass(frozen=True)
+class JoinRecord:
+    """What a node publishes when it joins a round: who it is and where its workers can meet."""
+
+    node_id: str
+    addr: str
+    master_port: int
+
+
+@dataclass(frozen=True)
+class Member:
+    """One member of a closed round, in rank order inside :class:`RoundRecord`."""
+
+    node_id: str
+    addr: str
+    master_port: int
+
+
+@dataclass(frozen=True)
+class RoundRecord:
+    """A closed round: its number, its members in group-rank order, and the store revision at
+    which the member list was read (members watch for departures from just after it)."""
+
+    round: int
+    members: tuple[Member, ...]
+    members_revision: int = 0
+
+    @property
+    def world_size(self) -> int:
+        return len(self.members)
+
+    def rank_of(self, node_id: str) -> int | None:
+        for rank, member in enumerate(self.members):
+            if member.node_id == node_id:
+                return rank
+        return None
+
+
+@dataclass(frozen=True)
+class ClosedRecord:
+    """The rendezvous was closed for good, and why."""
+
+    reason: str
+
+
+def encode_join(record: JoinRecord) -> bytes:
+    return _dump({"node": record.node_id, "addr": record.addr, "port": record.master_port})
+
+
+def encode_round(record: RoundRecord) -> bytes:
+    members = [[member.node_id, member.addr, member.master_port] for member in record.members]
+    return _dump({"round": record.round, "members": members, "read_at": record.members_revision})
+
+
+def encode_closed(record: ClosedRecord) -> bytes:
+    return _dump({"reason": record.reason})
+
+
+def decode_join(key: str, raw: bytes) -> JoinRecord:
+    """Raises RendezvousStateError when ``raw`` is not a valid v1 join record."""
+    body = _load(key, raw)
+    node, addr, port = body.get("node"), body.get("addr"), body.get("port")
+    if not (isinstance(node, str) and node and isinstance(addr, str) and _is_port(port)):
+        raise _corrupt(key, "a join record needs a node id, an address and a port")
+    return JoinRecord(node, addr, port)
+
+
+def decode_round(key: str, raw: bytes) -> RoundRecord:
+    """Raises RendezvousStateError when ``raw`` is not a valid v1 round record."""
+    body = _load(key, raw)
+    number, members, read_at = body.get("round"), body.get("members"), body.get("read_at", 0)
+    if not (_is_count(number) and _is_count(read_at) and isinstance(members, list)):
+        raise _corrupt(key, "a round record needs a round number >= 0, a member list and a read revision")
+    decoded = []
+    for entry in members:
+        if not (isinstance(entry, list) and len(entry) == 3 and isinstance(entry[0], str)
+                and isinstance(entry[1], str) and _is_port(entry[2])):
+            raise _corrupt(key, f"member entry {entry!r} is not [node id, address, port]")
+        decoded.append(Member(entry[0], entry[1], entry[2]))
+    if len({member.node_id for member in decoded}) != len(decoded):
+        raise _corrupt(key, "a node is listed twice")
+    return RoundRecord(number, tuple(decoded), read_at)
+
+
+def decode_closed(key: str, raw: bytes) -> ClosedRecord:
+    """Raises RendezvousStateError when ``raw`` is not a valid v1 closed record."""
+    reason = _load(key, raw).get("reason")
+    if not isinstance(reason, str):
+        raise _corrupt(key, "a closed record needs a reason")
+    return ClosedRecord(reason)
+
+
+def _dump(body: dict[str, Any]) -> bytes:
+    return json.dumps({"v": FORMAT_VERSION, **body}, separators=(",", ":")).encode()
+
+
+def _load(key: str, raw: bytes) -> dict[str, Any]:
+    try:
+        body = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as error:
+        raise _corrupt(key, f"it is not JSON ({error})") from error
+    if not isinstance(body, dict):
+        raise _corrupt(key, "it is not a JSON object")
+    version = body.get("v")
+    if version != FORMAT_VERSION:
+        raise RendezvousStateError(
+            f"The rendezvous state at {key!r} has format version {version!r}; this etcd-elastic reads "
+            f"version {FORMAT_VERSION}. Upgrade every node to the same etcd-elastic, or start the job "
+            f"with a new --rdzv-id."
+        )
+    return body
+
+
+def _corrupt(key: str, problem: str) -> RendezvousStateError:
+    return RendezvousStateError(
+        f"The rendezvous state at {key!r} is corrupt: {problem}. Delete the key (for etcd: "
+        f"`etcdctl del {key}`) or start the job with a new --rdzv-id."
+    )
+
+
+def _is_port(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 < value < 65536
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
