@@ -1,0 +1,140 @@
+"""Case tables for the protocol's pure decision functions."""
+
+import pytest
+
+from backends.api import EventType, KeyValue, WatchEvent
+from elastic.rendezvous import records
+from elastic.rendezvous.decisions import (
+    CloseAction,
+    Joiner,
+    MembershipChange,
+    RoundView,
+    assign_ranks,
+    classify,
+    closer_of,
+    decide_close,
+    last_call_deadline,
+    waiting_counts,
+)
+from elastic.rendezvous.records import Member, RendezvousKeys, RoundRecord
+
+KEYS = RendezvousKeys("/elastic", "job")
+
+
+def joiner(node, revision):
+    return Joiner(node, f"{node}.host", 29500, revision)
+
+
+def members(*nodes):
+    return tuple(Member(node, f"{node}.host", 29500) for node in nodes)
+
+
+@pytest.mark.parametrize(
+    "joined, minimum, maximum, deadline, now, action, wait_until",
+    [
+        (0, 2, 4, None, 0.0, CloseAction.WAIT, None),
+        (1, 2, 4, None, 5.0, CloseAction.WAIT, None),
+        (2, 2, 4, 30.0, 5.0, CloseAction.WAIT, 30.0),
+        (2, 2, 4, 30.0, 30.0, CloseAction.CLOSE, None),
+        (3, 2, 4, 30.0, 31.0, CloseAction.CLOSE, None),
+        (4, 2, 4, 30.0, 5.0, CloseAction.CLOSE, None),
+        (4, 4, 4, None, 0.0, CloseAction.CLOSE, None),
+        (5, 2, 4, None, 0.0, CloseAction.CLOSE, None),
+    ],
+)
+def test_decide_close(joined, minimum, maximum, deadline, now, action, wait_until):
+    decision = decide_close(joined, minimum, maximum, deadline, now)
+    assert decision.action is action
+    assert decision.wait_until == wait_until
+    assert decision.reason
+
+
+@pytest.mark.parametrize(
+    "previous, joined, minimum, now, expected",
+    [
+        (None, 1, 2, 10.0, None),  # below min: no last call yet
+        (None, 2, 2, 10.0, 40.0),  # min reached: window opens now
+        (40.0, 3, 2, 20.0, 40.0),  # more joins do not extend it
+        (40.0, 1, 2, 20.0, None),  # a node left below min: window resets
+    ],
+)
+def test_last_call_deadline(previous, joined, minimum, now, expected):
+    assert last_call_deadline(previous, joined, minimum, now, 30.0) == expected
+
+
+def test_the_oldest_join_key_closes_and_ties_break_by_node_id():
+    assert closer_of([joiner("b", 7), joiner("a", 9), joiner("c", 8)]).node_id == "b"
+    assert closer_of([joiner("b", 7), joiner("a", 7)]).node_id == "a"
+    assert closer_of([]) is None
+
+
+@pytest.mark.parametrize(
+    "previous, joined, maximum, expected_members, expected_spares",
+    [
+        # first round: join order
+        (None, [("c", 3), ("a", 5), ("b", 4)], 8, ["c", "b", "a"], []),
+        # survivors keep their relative order, newcomers follow in join order
+        (("x", "y", "z"), [("new2", 9), ("z", 3), ("x", 5), ("new1", 8)], 8, ["x", "z", "new1", "new2"], []),
+        # beyond max: the newest are spares
+        (None, [("a", 1), ("b", 2), ("c", 3)], 2, ["a", "b"], ["c"]),
+        # survivors are never displaced by newcomers
+        (("y", "x"), [("n", 1), ("x", 2), ("y", 3)], 2, ["y", "x"], ["n"]),
+    ],
+)
+def test_assign_ranks(previous, joined, maximum, expected_members, expected_spares):
+    record = RoundRecord(0, members(*previous)) if previous else None
+    ordered, spares = assign_ranks(record, [joiner(node, revision) for node, revision in joined], maximum)
+    assert [member.node_id for member in ordered] == expected_members
+    assert [spare.node_id for spare in spares] == expected_spares
+
+
+def view(nodes=("me", "a", "b"), maximum=4, number=3):
+    return RoundView(KEYS, RoundRecord(number, members(*nodes)), "me", maximum)
+
+
+def event(kind, key, value=b""):
+    return WatchEvent(kind, KeyValue(key, value, 1, 10))
+
+
+PUT, DELETE = EventType.PUT, EventType.DELETE
+
+
+@pytest.mark.parametrize(
+    "the_event, expected",
+    [
+        (event(DELETE, KEYS.node(3, "a")), MembershipChange.MEMBER_LOST),
+        (event(DELETE, KEYS.node(3, "me")), None),  # our own key: we are the one leaving
+        (event(DELETE, KEYS.node(3, "stranger")), None),  # a non-member moving on
+        (event(PUT, KEYS.node(3, "late")), None),  # a late joiner of our round moves to the next
+        (event(PUT, KEYS.node(4, "new")), MembershipChange.NODES_WAITING),
+        (event(PUT, KEYS.node(2, "old")), None),
+        (event(PUT, KEYS.closed, records.encode_closed(records.ClosedRecord("done"))), MembershipChange.CLOSED),
+        (event(PUT, KEYS.round, records.encode_round(RoundRecord(4, members("x")))), MembershipChange.ROUND_SUPERSEDED),
+        (event(PUT, KEYS.round, records.encode_round(RoundRecord(3, members("me")))), None),  # our own close
+        (event(PUT, "/elastic/other-job/rounds/4/nodes/x"), None),
+    ],
+)
+def test_classify(the_event, expected):
+    change, _ = classify(view(), the_event, frozenset())
+    assert change is expected
+
+
+def test_waiting_nodes_are_tracked_through_puts_and_deletes():
+    current = view()
+    change, waiting = classify(current, event(PUT, KEYS.node(4, "n1")), frozenset())
+    assert waiting == {"n1"}
+    change, waiting = classify(current, event(DELETE, KEYS.node(4, "n1")), waiting)
+    assert waiting == set() and change is None
+
+
+@pytest.mark.parametrize(
+    "world, maximum, waiting, expected",
+    [
+        (("me", "a"), 4, {"n1", "n2"}, 2),  # room to grow: newcomers count
+        (("me", "a"), 2, {"n1"}, 0),  # full world: a newcomer is a spare
+        (("me", "a"), 2, {"a"}, 1),  # a member rejoining always counts (it restarted)
+        (("me", "a"), 4, {"me"}, 0),  # ourselves never
+    ],
+)
+def test_waiting_counts(world, maximum, waiting, expected):
+    assert waiting_counts(view(world, maximum), waiting) == expected
