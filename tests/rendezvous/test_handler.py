@@ -1,0 +1,175 @@
+"""The rendezvous handler against every backend: the fake, the real TCP store and a real etcd."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from elastic.rendezvous.decisions import MembershipChange
+from elastic.rendezvous.errors import RendezvousClosedError, RendezvousStateError, RendezvousTimeoutError
+from elastic.rendezvous.handler import RendezvousHandler
+from elastic.rendezvous.settings import RendezvousSettings
+from elastic.testing.fake_store import FakeHarness
+from elastic.testing.tcp_store import TcpStoreHarness
+
+TTL = 2.0
+
+
+@pytest.fixture(params=["fake", "tcp", "etcd"])
+def harness(request):
+    if request.param == "fake":
+        harness = FakeHarness()
+    elif request.param == "tcp":
+        harness = TcpStoreHarness()
+    else:
+        from elastic.testing.etcd_server import EtcdHarness
+
+        harness = EtcdHarness(request.getfixturevalue("etcd_server"))
+    yield harness
+    harness.close()
+
+
+@pytest.fixture
+def make_node(harness):
+    """Opens handlers on their own clients under a namespace unique to the test; shuts all down."""
+    namespace = f"/rdzv-test-{uuid.uuid4().hex[:10]}"
+    opened: list[RendezvousHandler] = []
+
+    def make(min_nodes, max_nodes, node_id=None, **options):
+        settings = RendezvousSettings("job", min_nodes, max_nodes, namespace=namespace,
+                                      **{"lease_ttl": TTL, "last_call_timeout": 1.0, **options})
+        handler = RendezvousHandler(settings, harness.connect(), "127.0.0.1", node_id=node_id, owns_backend=True)
+        opened.append(handler)
+        return handler
+
+    yield make
+    for handler in opened:
+        handler.shutdown()
+
+
+def rendezvous_all(handlers, timeout=60):
+    with ThreadPoolExecutor(len(handlers)) as pool:
+        return list(pool.map(lambda handler: handler.next_rendezvous(), handlers, timeout=timeout))
+
+
+@pytest.mark.parametrize("nodes", [2, 16, 64])
+def test_concurrent_nodes_get_unique_ranks_and_agree_on_the_round(make_node, nodes):
+    handlers = [make_node(nodes, nodes) for _ in range(nodes)]
+    infos = rendezvous_all(handlers)
+    assert sorted(info.group_rank for info in infos) == list(range(nodes))
+    assert {(info.round, info.group_world_size, info.master_addr, info.master_port) for info in infos} == {
+        (infos[0].round, nodes, infos[0].master_addr, infos[0].master_port)
+    }
+    assert all(handler.backend_writes <= 4 for handler in handlers)
+
+
+def test_with_min_below_max_the_round_closes_when_the_last_call_passes(make_node):
+    handlers = [make_node(2, 4, last_call_timeout=1.0) for _ in range(3)]
+    started = time.monotonic()
+    infos = rendezvous_all(handlers)
+    elapsed = time.monotonic() - started
+    assert [info.group_world_size for info in infos] == [3, 3, 3]
+    assert 1.0 <= elapsed < 4.0
+
+
+def test_at_max_nodes_the_round_closes_at_once(make_node):
+    handlers = [make_node(2, 3, last_call_timeout=30.0) for _ in range(3)]
+    started = time.monotonic()
+    rendezvous_all(handlers)
+    assert time.monotonic() - started < 5.0
+
+
+def test_the_join_timeout_raises_on_time(make_node):
+    handler = make_node(2, 2, join_timeout=1.5)
+    started = time.monotonic()
+    with pytest.raises(RendezvousTimeoutError, match="join timeout"):
+        handler.next_rendezvous()
+    assert 1.5 <= time.monotonic() - started < 1.5 + TTL + 1
+
+
+def test_a_closed_rendezvous_refuses_joins(make_node):
+    first = make_node(1, 1)
+    first.next_rendezvous()
+    first.set_closed()
+    assert first.is_closed()
+    with pytest.raises(RendezvousClosedError):
+        make_node(1, 2).next_rendezvous()
+
+
+def test_closing_the_rendezvous_is_seen_by_members(make_node):
+    first, second = make_node(2, 2), make_node(2, 2)
+    rendezvous_all([first, second])
+    first.set_closed()
+    assert second.membership_changed.wait(TTL + 1)
+    assert second.membership_change()[0] is MembershipChange.CLOSED
+
+
+def test_a_late_node_is_seen_as_waiting_by_every_member_within_a_second(make_node):
+    members = [make_node(2, 4, last_call_timeout=0.5) for _ in range(2)]
+    rendezvous_all(members)
+    late = make_node(2, 4, last_call_timeout=0.5, join_timeout=3.0)
+    outcome = []
+    joiner = threading.Thread(target=lambda: outcome.append(_attempt(late)), daemon=True)
+    started = time.monotonic()
+    joiner.start()
+    for member in members:
+        assert member.membership_changed.wait(1.0)
+        assert member.membership_change()[0] is MembershipChange.NODES_WAITING
+        assert member.num_nodes_waiting() == 1
+    assert time.monotonic() - started <= 1.0
+    joiner.join(timeout=10)
+    assert isinstance(outcome[0], RendezvousTimeoutError)  # members never restarted in this test
+
+
+def _attempt(handler):
+    try:
+        return handler.next_rendezvous()
+    except Exception as error:  # returned so the test thread can assert on it
+        return error
+
+
+def test_waiting_nodes_join_the_next_round_with_stable_ranks(make_node):
+    members = [make_node(2, 4, last_call_timeout=0.5, node_id=f"m{index}") for index in range(2)]
+    first = {handler.node_id: info.group_rank for handler, info in zip(members, rendezvous_all(members))}
+    late = make_node(2, 4, last_call_timeout=0.5, node_id="a-late-node")
+    infos = rendezvous_all(members + [late])
+    ranks = {handler.node_id: info.group_rank for handler, info in zip(members + [late], infos)}
+    assert {info.round for info in infos} == {1}
+    assert ranks["a-late-node"] == 2
+    assert sorted(first, key=first.get) == sorted(ranks, key=ranks.get)[:2]
+
+
+def test_a_revoked_member_is_seen_as_lost_within_the_ttl(make_node, harness):
+    handlers = [make_node(2, 3) for _ in range(3)]
+    rendezvous_all(handlers)
+    victim = handlers[-1]
+    started = time.monotonic()
+    victim.shutdown()
+    for survivor in handlers[:-1]:
+        assert survivor.membership_changed.wait(TTL + 1)
+        assert survivor.membership_change()[0] is MembershipChange.MEMBER_LOST
+    assert time.monotonic() - started <= TTL + 1
+
+
+def test_a_member_whose_lease_expires_is_seen_as_lost_within_ttl_plus_one_second(make_node):
+    handlers = [make_node(2, 2) for _ in range(2)]
+    rendezvous_all(handlers)
+    victim = handlers[1]
+    victim._session._closed.set()  # the keepalive thread stops, as if the node froze
+    started = time.monotonic()
+    assert handlers[0].membership_changed.wait(TTL + 2)
+    elapsed = time.monotonic() - started
+    assert handlers[0].membership_change()[0] is MembershipChange.MEMBER_LOST
+    assert elapsed <= TTL + 1.0, f"lost seen after {elapsed:.2f}s"
+
+
+def test_corrupt_state_in_the_store_gives_the_clear_error(make_node, harness):
+    handler = make_node(1, 1)
+    with harness.connect() as client:
+        client.put(handler.keys.round, b"\x80\x03 not json")
+    with pytest.raises(RendezvousStateError, match="state/round.*is corrupt.*--rdzv-id"):
+        handler.next_rendezvous()
