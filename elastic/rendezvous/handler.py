@@ -100,6 +100,7 @@ class RendezvousHandler:
     Args:
         settings: the run's settings.
         backend: an open key-value backend; the handler does not close it unless ``owns_backend``.
+        release: called once on :meth:`shutdown` (e.g. closes the backend and an embedded store).
         node_addr: the address other nodes use to reach this one (rank 0's becomes MASTER_ADDR).
         clock: monotonic clock (injectable); port_picker: chooses this node's master port per round.
 
@@ -114,6 +115,7 @@ class RendezvousHandler:
         *,
         node_id: str | None = None,
         owns_backend: bool = False,
+        release: Callable[[], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
         port_picker: Callable[[str], int] = free_port,
     ) -> None:
@@ -123,6 +125,7 @@ class RendezvousHandler:
         self.keys = RendezvousKeys(settings.namespace, settings.run_id)
         self._backend = backend
         self._owns_backend = owns_backend
+        self._release = release
         self._clock = clock
         self._port_picker = port_picker
         self._session: Session | None = None
@@ -197,6 +200,9 @@ class RendezvousHandler:
                 self._session = None
             if self._owns_backend:
                 self._backend.close()
+            if self._release is not None:
+                self._release()
+                self._release = None
             return True
 
     # -- joining --------------------------------------------------------------------------------

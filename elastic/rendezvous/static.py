@@ -1,0 +1,66 @@
+"""``--rdzv-backend static``: fixed ranks from ``--node-rank``, no elasticity, no backend.
+
+Every node must be started with the same ``--nnodes`` and a distinct ``--node-rank``; the
+endpoint (``--rdzv-endpoint`` or ``--master-addr:--master-port``) is where rank 0's workers
+meet. Membership never changes, so the membership signal is never set.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from elastic.rendezvous.decisions import MembershipChange
+from elastic.rendezvous.errors import RendezvousClosedError, RendezvousConfigError
+from elastic.rendezvous.handler import RendezvousInfo
+from elastic.rendezvous.records import Member
+
+
+class StaticRendezvousHandler:
+    """The same answer every round: ``node_rank`` of ``nnodes``, master at ``master_addr:master_port``.
+
+    Raises (on construction):
+        RendezvousConfigError: the node rank is outside 0..nnodes-1 or the port is invalid.
+    """
+
+    def __init__(self, run_id: str, nnodes: int, node_rank: int, master_addr: str, master_port: int) -> None:
+        if nnodes < 1:
+            raise RendezvousConfigError(f"The static rendezvous needs --nnodes >= 1 (got {nnodes}).")
+        if not 0 <= node_rank < nnodes:
+            raise RendezvousConfigError(
+                f"The static rendezvous needs --node-rank between 0 and {nnodes - 1} (got {node_rank})."
+            )
+        if not 0 < master_port < 65536:
+            raise RendezvousConfigError(f"The static rendezvous needs a master port from 1 to 65535 (got {master_port}).")
+        self._run_id = run_id
+        self._nnodes = nnodes
+        self._node_rank = node_rank
+        self._master = (master_addr, master_port)
+        self._round = -1
+        self._closed = False
+        self.membership_changed = threading.Event()
+
+    def get_run_id(self) -> str:
+        return self._run_id
+
+    def next_rendezvous(self) -> RendezvousInfo:
+        if self._closed:
+            raise RendezvousClosedError(f"The static rendezvous {self._run_id} is closed.")
+        self._round += 1
+        members = tuple(Member(f"node{rank}", self._master[0], self._master[1]) for rank in range(self._nnodes))
+        return RendezvousInfo(self._run_id, self._round, self._node_rank, self._nnodes,
+                              self._master[0], self._master[1], members)
+
+    def is_closed(self) -> bool:
+        return self._closed
+
+    def set_closed(self, reason: str = "the job finished") -> None:
+        self._closed = True
+
+    def num_nodes_waiting(self) -> int:
+        return 0
+
+    def membership_change(self) -> tuple[MembershipChange | None, str]:
+        return None, ""
+
+    def shutdown(self) -> bool:
+        return True
