@@ -1,0 +1,260 @@
+"""The etcd v3 backend: the :class:`~backends.api.KVBackend` contract over etcd's gRPC API.
+
+Conditional writes are single etcd transactions (compare the key's mod or create revision,
+put or delete on success, read the key on failure), so a :class:`~backends.api.WriteResult`
+always comes from one round trip and one revision. Reads report the header revision they were
+served at. Leases map to etcd leases (whole seconds). Watches resume across restarts (see
+:mod:`backends.etcd.watch`). Errors are translated at this boundary (see
+:mod:`backends.etcd.translate`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from typing import Any
+
+from etcd3 import etcdrpc
+
+from backends.api import (
+    ABSENT,
+    NO_LEASE,
+    Absent,
+    KeyValue,
+    KVBackend,
+    Lease,
+    RangeResult,
+    ReadResult,
+    Watch,
+    WriteResult,
+)
+from backends.errors import BackendError, CompactedError, LeaseNotFoundError, ValueTooLargeError
+from backends.etcd.config import EtcdConfig
+from backends.etcd.connection import CallOptions, EndpointChannel, EtcdConnection
+from backends.etcd.convert import encode_key, first_key_value, key_value, prefix_range_end
+from backends.etcd.watch import ResumingWatch
+
+log = logging.getLogger(__name__)
+
+_EQUAL = etcdrpc.Compare.EQUAL
+
+
+class EtcdBackend(KVBackend):
+    """A client of one etcd v3 cluster; thread-safe. Opening it does no I/O.
+
+    Args:
+        config: an :class:`EtcdConfig`, or an endpoint string such as ``"127.0.0.1:2379"``.
+
+    Raises (from the constructor):
+        EndpointError: the configuration or an endpoint is malformed, or a TLS file is unreadable.
+
+    Every method raises only :class:`~backends.errors.BackendError` subclasses (see
+    :class:`~backends.api.KVBackend`); after :meth:`close`, BackendClosedError.
+    """
+
+    def __init__(self, config: EtcdConfig | str) -> None:
+        self.config = config if isinstance(config, EtcdConfig) else EtcdConfig(endpoints=config)
+        self.max_value_bytes = self.config.max_value_bytes
+        self._connection = EtcdConnection(self.config)
+        self._watches: set[ResumingWatch] = set()
+        self._watches_lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"EtcdBackend({self.config.endpoint_list})"
+
+    # -- reads -------------------------------------------------------------------------------
+    def get(self, key: str) -> ReadResult:
+        request = etcdrpc.RangeRequest(key=encode_key(key))
+        response = self._call(f"get {key!r}", lambda c, o: c.kv.Range(request, **o.kwargs))
+        return ReadResult(revision=response.header.revision, kv=first_key_value(response.kvs))
+
+    def get_prefix(self, prefix: str) -> RangeResult:
+        raw = encode_key(prefix)
+        request = etcdrpc.RangeRequest(key=raw, range_end=prefix_range_end(raw))
+        response = self._call(f"get prefix {prefix!r}", lambda c, o: c.kv.Range(request, **o.kwargs))
+        return RangeResult(revision=response.header.revision, kvs=tuple(key_value(kv) for kv in response.kvs))
+
+    # -- writes ------------------------------------------------------------------------------
+    def put(self, key: str, value: bytes, *, lease: int = NO_LEASE) -> int:
+        """Write ``key``; resent after an unknown outcome (the result is the same value).
+
+        Raises:
+            ValueTooLargeError: ``value`` exceeds :attr:`max_value_bytes` (or etcd's request limit).
+            LeaseNotFoundError: ``lease`` does not exist.
+        """
+        request = etcdrpc.PutRequest(key=encode_key(key), value=self._checked(key, value), lease=lease)
+        response = self._call(f"put {key!r}", lambda c, o: c.kv.Put(request, **o.kwargs))
+        return response.header.revision
+
+    def put_if(self, key: str, value: bytes, expected: int | Absent, *, lease: int = NO_LEASE) -> WriteResult:
+        """One transaction: compare, put on success (with the previous key), read the key on failure.
+
+        Never resent after an unknown outcome: a lost answer raises BackendTimeoutError or
+        BackendConnectionError, and the caller re-reads.
+
+        Raises:
+            ValueTooLargeError: ``value`` exceeds :attr:`max_value_bytes` (or etcd's request limit).
+            LeaseNotFoundError: ``lease`` does not exist.
+        """
+        raw = encode_key(key)
+        put = etcdrpc.PutRequest(key=raw, value=self._checked(key, value), lease=lease, prev_kv=True)
+        request = etcdrpc.TxnRequest(
+            compare=[_revision_compare(raw, expected)],
+            success=[etcdrpc.RequestOp(request_put=put)],
+            failure=[etcdrpc.RequestOp(request_range=etcdrpc.RangeRequest(key=raw))],
+        )
+        response = self._call(f"put_if {key!r}", lambda c, o: c.kv.Txn(request, **o.kwargs), resend_safe=False)
+        revision = response.header.revision
+        if not response.succeeded:
+            return WriteResult(False, revision, first_key_value(response.responses[0].response_range.kvs))
+        previous = response.responses[0].response_put.prev_kv
+        existed = previous.create_revision > 0
+        current = KeyValue(
+            key=key,
+            value=bytes(value),
+            create_revision=previous.create_revision if existed else revision,
+            mod_revision=revision,
+            version=previous.version + 1 if existed else 1,
+            lease=lease,
+        )
+        return WriteResult(True, revision, current)
+
+    def delete(self, key: str) -> WriteResult:
+        request = etcdrpc.DeleteRangeRequest(key=encode_key(key))
+        response = self._call(f"delete {key!r}", lambda c, o: c.kv.DeleteRange(request, **o.kwargs), resend_safe=False)
+        return WriteResult(response.deleted > 0, response.header.revision, None)
+
+    def delete_if(self, key: str, expected: int) -> WriteResult:
+        """One transaction: compare the mod revision, delete on success, read the key on failure."""
+        raw = encode_key(key)
+        request = etcdrpc.TxnRequest(
+            compare=[_revision_compare(raw, expected)],
+            success=[etcdrpc.RequestOp(request_delete_range=etcdrpc.DeleteRangeRequest(key=raw))],
+            failure=[etcdrpc.RequestOp(request_range=etcdrpc.RangeRequest(key=raw))],
+        )
+        response = self._call(f"delete_if {key!r}", lambda c, o: c.kv.Txn(request, **o.kwargs), resend_safe=False)
+        revision = response.header.revision
+        if not response.succeeded:
+            return WriteResult(False, revision, first_key_value(response.responses[0].response_range.kvs))
+        return WriteResult(response.responses[0].response_delete_range.deleted > 0, revision, None)
+
+    def delete_prefix(self, prefix: str) -> int:
+        raw = encode_key(prefix)
+        request = etcdrpc.DeleteRangeRequest(key=raw, range_end=prefix_range_end(raw))
+        response = self._call(f"delete prefix {prefix!r}", lambda c, o: c.kv.DeleteRange(request, **o.kwargs))
+        return response.deleted
+
+    # -- leases ------------------------------------------------------------------------------
+    def grant(self, ttl: float) -> Lease:
+        """Grant a lease of ``ceil(ttl)`` seconds; the result holds the TTL etcd granted (>= its minimum).
+
+        Raises:
+            ValueError: ``ttl`` is not positive.
+        """
+        if not ttl > 0:
+            raise ValueError(f"The lease TTL ({ttl}) must be positive.")
+        request = etcdrpc.LeaseGrantRequest(TTL=math.ceil(ttl))
+        response = self._call("grant lease", lambda c, o: c.lease.LeaseGrant(request, **o.kwargs), resend_safe=False)
+        if response.error:
+            raise BackendError(f"etcd refused to grant a {ttl}s lease: {response.error}.")
+        return Lease(id=response.ID, ttl=float(response.TTL))
+
+    def keepalive(self, lease_id: int) -> float:
+        """Renew the lease once; etcd answers an unknown or expired lease with TTL <= 0.
+
+        Raises:
+            LeaseNotFoundError: the lease expired or was revoked.
+        """
+        request = etcdrpc.LeaseKeepAliveRequest(ID=lease_id)
+        response = self._call(f"keepalive lease {lease_id:x}", lambda c, o: _keepalive_once(c, o, request))
+        if response is None or response.TTL <= 0:
+            raise LeaseNotFoundError(f"etcd lease {lease_id:x} expired or was revoked; open a new session.")
+        return float(response.TTL)
+
+    def revoke(self, lease_id: int) -> bool:
+        request = etcdrpc.LeaseRevokeRequest(ID=lease_id)
+        try:
+            self._call(
+                f"revoke lease {lease_id:x}", lambda c, o: c.lease.LeaseRevoke(request, **o.kwargs), resend_safe=False
+            )
+        except LeaseNotFoundError:
+            return False
+        return True
+
+    # -- watches and history -----------------------------------------------------------------
+    def watch_prefix(self, prefix: str, start_revision: int | None = None) -> Watch:
+        """Watch ``prefix`` from ``start_revision`` (None: the revision after the current one).
+
+        "Now" is pinned by reading the store revision first, so a change made after this call
+        returns is always reported, and a resumed stream knows where to start.
+
+        Raises:
+            ValueError: ``start_revision`` is not positive.
+            CompactedError: from the watch's ``get``, when that history is gone.
+        """
+        if start_revision is not None and start_revision < 1:
+            raise ValueError(f"The watch start revision ({start_revision}) must be at least 1.")
+        if start_revision is None:
+            start_revision = self.get(prefix).revision + 1
+        resuming = ResumingWatch(self._connection, prefix, start_revision, on_done=self._forget_watch)
+        with self._watches_lock:
+            self._connection.check_open(f"watch {prefix!r}")
+            self._watches.add(resuming)
+        resuming.start()
+        return resuming.watch
+
+    def compact(self, revision: int) -> None:
+        """Compact history before ``revision``; compacting an already-compacted revision is a no-op."""
+        request = etcdrpc.CompactionRequest(revision=revision, physical=False)
+        try:
+            self._call(f"compact to revision {revision}", lambda c, o: c.kv.Compact(request, **o.kwargs))
+        except CompactedError:
+            log.debug("etcd history before revision %d was already compacted", revision)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def close(self) -> None:
+        """Cancel every watch and close the channels; idempotent."""
+        with self._watches_lock:
+            if self._connection.closed:
+                return
+            watches = list(self._watches)
+            self._connection.close()
+        for resuming in watches:
+            resuming.watch.cancel()
+
+    # -- helpers -----------------------------------------------------------------------------
+    def _call(self, operation: str, invoke: Any, *, resend_safe: bool = True) -> Any:
+        return self._connection.call(operation, invoke, resend_safe=resend_safe)
+
+    def _checked(self, key: str, value: bytes) -> bytes:
+        if not isinstance(value, (bytes, bytearray, memoryview)):
+            raise TypeError(f"The value for {key!r} must be bytes, not {type(value).__name__}.")
+        if len(value) > self.max_value_bytes:
+            raise ValueTooLargeError(
+                f"The value for {key!r} has {len(value)} bytes; the etcd backend accepts at most "
+                f"{self.max_value_bytes}. Store large data elsewhere and keep a reference in etcd."
+            )
+        return bytes(value)
+
+    def _forget_watch(self, resuming: ResumingWatch) -> None:
+        with self._watches_lock:
+            self._watches.discard(resuming)
+
+
+def _revision_compare(raw_key: bytes, expected: int | Absent) -> Any:
+    """``create_revision == 0`` for ABSENT, else ``mod_revision == expected``."""
+    if expected is ABSENT:
+        return etcdrpc.Compare(key=raw_key, target=etcdrpc.Compare.CREATE, result=_EQUAL, create_revision=0)
+    if isinstance(expected, bool) or not isinstance(expected, int) or expected < 0:
+        raise ValueError(f"The expected mod revision ({expected!r}) must be ABSENT or a non-negative integer.")
+    return etcdrpc.Compare(key=raw_key, target=etcdrpc.Compare.MOD, result=_EQUAL, mod_revision=expected)
+
+
+def _keepalive_once(channel: EndpointChannel, options: CallOptions, request: Any) -> Any:
+    """Send one keepalive on a short-lived LeaseKeepAlive stream; the first answer, or None."""
+    responses = channel.lease.LeaseKeepAlive(iter([request]), **options.kwargs)
+    try:
+        return next(responses, None)
+    finally:
+        responses.cancel()

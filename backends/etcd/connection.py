@@ -1,0 +1,379 @@
+"""gRPC channels to the etcd endpoints: dialing, auth tokens, failover and retries.
+
+One channel per endpoint. A call goes to the endpoint that last worked; when that endpoint
+cannot be reached the call moves on to the next one, and a round over all endpoints is retried
+with the config's :class:`~backends.retry.RetryPolicy` until the call's deadline. A request is
+resent after a failure only when that is safe: always if it was never sent (no connection), and
+otherwise only for requests marked ``resend_safe`` (reads, unconditional puts, keepalives).
+
+Auth: with a user and password, each endpoint gets its own token (etcd's simple tokens are
+valid only on the member that issued them and are lost when it restarts); a request refused
+for auth reasons with a token that is not fresh re-authenticates once and is sent again.
+
+Why not ``etcd3.MultiEndpointEtcd3Client``: it authenticates once against one random member,
+marks a failed endpoint unusable for 300 s (so a restarted single member is refused
+client-side), drops the header revision of transactions, and replaces gRPC errors by
+exceptions without the details we need for translation. We use the same generated ``etcd3``
+stubs (the etcd v3 gRPC API) directly instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator, TypeVar
+
+import grpc
+from etcd3 import etcdrpc
+
+from backends.endpoints import Endpoint
+from backends.errors import (
+    BackendAuthError,
+    BackendClosedError,
+    BackendConnectionError,
+    BackendError,
+    BackendTimeoutError,
+    EndpointError,
+    ProtocolError,
+)
+from backends.etcd.config import EtcdConfig
+from backends.etcd.translate import DialFailure, RequestNotSent, translate_rpc_error
+from backends.retry import RetryPolicy
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+_READY = grpc.ChannelConnectivity.READY
+_FAILED = grpc.ChannelConnectivity.TRANSIENT_FAILURE
+_SHUTDOWN = grpc.ChannelConnectivity.SHUTDOWN
+
+_POLLER_PERIOD = 0.2
+"""How often gRPC's Python connectivity poller wakes (grpc/_channel.py)."""
+
+_CHANNEL_OPTIONS = (
+    ("grpc.max_receive_message_length", -1),
+    # Find a restarted member within a second (gRPC's default backoff grows to 120 s).
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+    # Notice a silently dead connection under a long-lived watch. etcd refuses pings more
+    # often than every 5 s (--grpc-keepalive-min-time), so stay above that.
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+)
+
+
+@dataclass(frozen=True)
+class CallOptions:
+    """Per-attempt RPC settings handed to an invoke function."""
+
+    timeout: float
+    metadata: tuple[tuple[str, str], ...]
+
+    @property
+    def kwargs(self) -> dict[str, object]:
+        """Keyword arguments for a unary stub call (fail fast when not connected)."""
+        return {"timeout": self.timeout, "metadata": self.metadata, "wait_for_ready": False}
+
+
+class EndpointChannel:
+    """One endpoint: its channel and stubs, its connectivity state, and its auth token."""
+
+    def __init__(self, endpoint: Endpoint, credentials: grpc.ChannelCredentials | None) -> None:
+        self.endpoint = endpoint
+        target = endpoint.netloc
+        if credentials is None:
+            self.channel = grpc.insecure_channel(target, options=_CHANNEL_OPTIONS)
+        else:
+            self.channel = grpc.secure_channel(target, credentials, options=_CHANNEL_OPTIONS)
+        self.kv = etcdrpc.KVStub(self.channel)
+        self.lease = etcdrpc.LeaseStub(self.channel)
+        self.watch = etcdrpc.WatchStub(self.channel)
+        self.auth = etcdrpc.AuthStub(self.channel)
+        self.token: str | None = None
+        self.auth_lock = threading.Lock()
+        self._state = grpc.ChannelConnectivity.IDLE
+        self._state_changed = threading.Condition()
+        self.channel.subscribe(self._on_state, try_to_connect=False)
+
+    def __str__(self) -> str:
+        return str(self.endpoint)
+
+    @property
+    def state(self) -> grpc.ChannelConnectivity:
+        return self._state
+
+    def wait_settled(self, timeout: float) -> bool:
+        """Wait until the channel is connected or has failed; False if still connecting at timeout."""
+        with self._state_changed:
+            return self._state_changed.wait_for(lambda: self._state in (_READY, _FAILED, _SHUTDOWN), timeout)
+
+    def forget_token(self, stale: str | None) -> None:
+        """Drop the token if it is still ``stale`` (another thread may have refreshed it)."""
+        with self.auth_lock:
+            if self.token == stale:
+                self.token = None
+
+    def close(self) -> None:
+        """Stop watching the state and close the channel once gRPC's state poller has let go.
+
+        gRPC polls a subscribed channel's state from a thread that wakes every 0.2 s; closing the
+        channel under it makes that thread die with "Channel closed!". So the close is deferred.
+        """
+        self.channel.unsubscribe(self._on_state)
+        closer = threading.Timer(_POLLER_PERIOD * 1.5, self.channel.close)
+        closer.daemon = True
+        closer.start()
+
+    def _on_state(self, state: grpc.ChannelConnectivity) -> None:
+        with self._state_changed:
+            self._state = state
+            self._state_changed.notify_all()
+
+
+Invoke = Callable[[EndpointChannel, CallOptions], T]
+
+
+class EtcdConnection:
+    """Channels to every configured endpoint and the failover/retry loop around each call.
+
+    Raises (from the constructor):
+        EndpointError: a certificate file cannot be read.
+    """
+
+    def __init__(self, config: EtcdConfig) -> None:
+        self.config = config
+        credentials = _channel_credentials(config) if config.tls else None
+        self._channels = [EndpointChannel(endpoint, credentials) for endpoint in config.endpoints]  # type: ignore[union-attr]
+        self._current = 0
+        self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def check_open(self, operation: str) -> None:
+        """Raise BackendClosedError once the connection is closed."""
+        if self._closed:
+            raise BackendClosedError(f"etcd {operation}: the client was closed; open a new EtcdBackend.")
+
+    def call(
+        self,
+        operation: str,
+        invoke: Invoke[T],
+        *,
+        resend_safe: bool = True,
+        budget: float | None = None,
+        policy: RetryPolicy | None = None,
+    ) -> T:
+        """Run ``invoke(channel, options)`` against the cluster with failover and retries.
+
+        Args:
+            operation: what is done, for messages (e.g. ``"put '/a'"``).
+            invoke: sends the request on the given endpoint; may raise ``grpc.RpcError``.
+            resend_safe: the request may be sent again after an unknown outcome.
+            budget: seconds for the whole call (default: request_timeout).
+            policy: backoff between rounds (default: the config's, bounded by ``budget``).
+
+        Raises:
+            BackendClosedError: the connection was closed.
+            RequestNotSent: no endpoint could be reached (nothing was sent).
+            BackendConnectionError, BackendTimeoutError: the call failed after being sent.
+            BackendError: whatever the server refused, translated.
+        """
+        self.check_open(operation)
+        budget = self.config.request_timeout if budget is None else budget
+        deadline = time.monotonic() + budget
+        policy = policy or _bounded(self.config.retry, budget)
+        retry_on: tuple[type[BaseException], ...] = (
+            (BackendConnectionError, BackendTimeoutError) if resend_safe else (RequestNotSent,)
+        )
+
+        def log_retry(attempt: int, error: BaseException) -> None:
+            log.info("etcd %s: attempt %d failed (%s); retrying", operation, attempt, error)
+
+        return policy.run(lambda: self._round(operation, invoke, resend_safe, deadline), retry_on, log_retry)
+
+    def close(self) -> None:
+        """Close every channel (in-flight calls end with BackendClosedError); idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        for channel in self._channels:
+            channel.close()
+
+    # -- one round over the endpoints --------------------------------------------------------
+    def _rotation(self) -> Iterator[tuple[int, EndpointChannel]]:
+        start = self._current
+        for offset in range(len(self._channels)):
+            index = (start + offset) % len(self._channels)
+            yield index, self._channels[index]
+
+    def _round(self, operation: str, invoke: Invoke[T], resend_safe: bool, deadline: float) -> T:
+        failures: list[BackendError] = []
+        for index, channel in self._rotation():
+            self.check_open(operation)
+            if deadline - time.monotonic() <= 0:
+                break
+            try:
+                result = self._call_on(channel, operation, invoke, deadline)
+            except RequestNotSent as error:
+                failures.append(error)
+            except (BackendConnectionError, BackendTimeoutError) as error:
+                if not resend_safe or self._closed:
+                    raise
+                failures.append(error)
+            else:
+                if index != self._current:
+                    log.info("etcd: now using endpoint %s", channel)
+                    self._current = index
+                return result
+            log.debug("etcd %s: endpoint %s failed: %s", operation, channel, failures[-1])
+        raise self._round_failure(operation, failures)
+
+    def _round_failure(self, operation: str, failures: list[BackendError]) -> BackendError:
+        if not failures:
+            return RequestNotSent(
+                f"etcd {operation}: no endpoint of {self.config.endpoint_list} answered in time; "
+                "check that etcd is running, or raise request_timeout."
+            )
+        kinds = {error.kind if isinstance(error, RequestNotSent) else None for error in failures}
+        summary = " ".join(str(error) for error in failures)
+        error: BackendError
+        if kinds == {DialFailure.PROTOCOL}:
+            error = ProtocolError(f"etcd {operation}: no endpoint speaks the etcd v3 API. {summary}")
+        elif kinds == {DialFailure.TLS}:
+            error = BackendAuthError(f"etcd {operation}: TLS failed with every endpoint. {summary}")
+        elif len(failures) == 1:
+            return failures[0]
+        elif all(isinstance(failure, RequestNotSent) for failure in failures):
+            error = RequestNotSent(f"etcd {operation}: no endpoint could be reached. {summary}")
+        else:
+            error = type(failures[-1])(f"etcd {operation} failed on every endpoint. {summary}")
+        error.__cause__ = failures[-1]
+        return error
+
+    # -- one endpoint ------------------------------------------------------------------------
+    def _call_on(self, channel: EndpointChannel, operation: str, invoke: Invoke[T], deadline: float) -> T:
+        self._dial(channel, deadline)
+        fresh = channel.token is None
+        stale = channel.token
+        try:
+            return self._invoke(channel, operation, invoke, deadline)
+        except BackendAuthError:
+            if self.config.user is None or fresh:
+                raise
+            log.info("etcd %s: token for %s refused; authenticating again", operation, channel)
+            channel.forget_token(stale)
+            return self._invoke(channel, operation, invoke, deadline)
+
+    def _dial(self, channel: EndpointChannel, deadline: float) -> None:
+        """Wait (up to the dial timeout) until the channel is connected or has failed.
+
+        A failed channel is left to the RPC itself, which then fails at once with gRPC's reason.
+
+        Raises:
+            RequestNotSent: still connecting when the dial timeout passed.
+        """
+        if channel.state in (_READY, _FAILED):
+            return
+        timeout = max(min(self.config.dial_timeout, deadline - time.monotonic()), 0.0)
+        kick = grpc.channel_ready_future(channel.channel)  # starts connecting an idle channel
+        try:
+            settled = channel.wait_settled(timeout)
+        finally:
+            kick.cancel()
+        if not settled:
+            raise RequestNotSent(
+                f"Could not connect to etcd at {channel} within {timeout:.3g}s: it did not answer; check that "
+                "the host is up and reachable and that the port is etcd's client port, or raise dial_timeout."
+            )
+
+    def _invoke(self, channel: EndpointChannel, operation: str, invoke: Invoke[T], deadline: float) -> T:
+        remaining = deadline - time.monotonic()
+        timeout = max(min(self.config.request_timeout, remaining), 0.001)
+        try:
+            options = CallOptions(timeout=timeout, metadata=self._auth_metadata(channel, timeout))
+            return invoke(channel, options)
+        except grpc.RpcError as error:
+            raise self.translate(error, operation, channel, timeout) from error
+
+    def translate(
+        self, error: grpc.RpcError, operation: str, channel: EndpointChannel, timeout: float | None
+    ) -> BackendError:
+        """Translate an RPC error seen on ``channel`` (see :func:`translate_rpc_error`)."""
+        return translate_rpc_error(
+            error,
+            operation=operation,
+            endpoint=str(channel),
+            tls=self.config.tls,
+            timeout=timeout,
+            closed=self._closed,
+        )
+
+    # -- auth --------------------------------------------------------------------------------
+    def _auth_metadata(self, channel: EndpointChannel, timeout: float) -> tuple[tuple[str, str], ...]:
+        if self.config.user is None:
+            return ()
+        with channel.auth_lock:
+            if channel.token is None:
+                channel.token = self._authenticate(channel, timeout)
+            token = channel.token
+        return (("token", token),) if token else ()
+
+    def _authenticate(self, channel: EndpointChannel, timeout: float) -> str:
+        """Get a token for our user from ``channel``'s member ("" when auth is off there).
+
+        Raises:
+            BackendAuthError: the user name or password is wrong.
+        """
+        request = etcdrpc.AuthenticateRequest(name=self.config.user, password=self.config.password)
+        try:
+            response = channel.auth.Authenticate(request, timeout=timeout, wait_for_ready=False)
+        except grpc.RpcError as error:
+            details = (error.details() or "") if callable(getattr(error, "details", None)) else ""
+            if "authentication is not enabled" in details:
+                log.debug("etcd at %s has auth disabled; sending requests without a token", channel)
+                return ""
+            translated = self.translate(error, f"authenticate as {self.config.user!r}", channel, timeout)
+            if isinstance(translated, BackendAuthError):
+                translated = BackendAuthError(
+                    f"etcd at {channel} rejected user {self.config.user!r}: {details}. "
+                    "Check the user name and password."
+                )
+            raise translated from error
+        return response.token
+
+
+def _bounded(policy: RetryPolicy, budget: float) -> RetryPolicy:
+    total = budget if policy.total_timeout is None else min(policy.total_timeout, budget)
+    return dataclasses.replace(policy, total_timeout=total)
+
+
+def persistent_policy(policy: RetryPolicy, budget: float) -> RetryPolicy:
+    """``policy`` retrying as often as fits in ``budget`` seconds (for resuming watches)."""
+    return dataclasses.replace(
+        policy, max_attempts=max(policy.max_attempts, math.ceil(budget * 100)), total_timeout=budget
+    )
+
+
+def _channel_credentials(config: EtcdConfig) -> grpc.ChannelCredentials:
+    def read(path: str | Path | None) -> bytes | None:
+        if path is None:
+            return None
+        try:
+            return Path(path).read_bytes()
+        except OSError as error:
+            raise EndpointError(f"Cannot read the etcd TLS file {str(path)!r}: {error.strerror}.") from error
+
+    return grpc.ssl_channel_credentials(
+        root_certificates=read(config.ca_cert),
+        private_key=read(config.client_key),
+        certificate_chain=read(config.client_cert),
+    )

@@ -1,0 +1,501 @@
+"""etcd-specific behaviour of the etcd v3 backend, against real etcd servers.
+
+The contract suite (test_etcd_contract.py) covers the shared semantics; these tests cover what
+only etcd has: restarts under live watches, compaction, failover between endpoints, TLS, auth,
+server-side limits, and the translation of gRPC errors.
+"""
+
+from __future__ import annotations
+
+import http.server
+import socket
+import threading
+import time
+import urllib.request
+import uuid
+
+import grpc
+import pytest
+
+from backends.api import ABSENT, WatchEvent
+from backends.errors import (
+    BackendAuthError,
+    BackendClosedError,
+    BackendConnectionError,
+    BackendError,
+    BackendTimeoutError,
+    CompactedError,
+    EndpointError,
+    LeaseNotFoundError,
+    ProtocolError,
+    ValueTooLargeError,
+)
+from backends.etcd import EtcdBackend, EtcdConfig
+from backends.etcd.connection import EtcdConnection
+from backends.etcd.convert import prefix_range_end
+from backends.etcd.translate import DialFailure, RequestNotSent, diagnose_dial_failure, translate_rpc_error
+from elastic.testing.etcd_server import EtcdServerOptions, start_etcd_server
+
+pytestmark = pytest.mark.etcd
+
+
+# -- fixtures and helpers ----------------------------------------------------------------------
+@pytest.fixture
+def start_etcd():
+    """Start dedicated etcd servers for one test; every one is stopped (by PID) afterwards."""
+    servers = []
+
+    def start(**options):
+        server = start_etcd_server(EtcdServerOptions(**options))
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.close()
+
+
+@pytest.fixture
+def prefix():
+    return f"/etcd-test/{uuid.uuid4().hex[:12]}/"
+
+
+@pytest.fixture
+def client(etcd_server):
+    with etcd_server.connect() as backend:
+        yield backend
+
+
+def dead_port() -> int:
+    """A loopback port nothing listens on (bound, then released)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def collect(watch, count: int, timeout: float) -> list[WatchEvent]:
+    deadline = time.monotonic() + timeout
+    events: list[WatchEvent] = []
+    while len(events) < count and time.monotonic() < deadline:
+        events.extend(watch.get(timeout=max(deadline - time.monotonic(), 0.0)))
+    return events
+
+
+def watcher_count(server) -> float:
+    """etcd's gauge of live server-side watchers, from /metrics."""
+    with urllib.request.urlopen(f"{server.endpoints}/metrics", timeout=5) as response:
+        for line in response.read().decode().splitlines():
+            if line.startswith("etcd_debugging_mvcc_watcher_total "):
+                return float(line.split()[1])
+    raise AssertionError("etcd_debugging_mvcc_watcher_total missing from /metrics")
+
+
+class FakeRpcError(grpc.RpcError):
+    """An RpcError with a chosen status, as gRPC raises them."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(details)
+        self._code, self._details = code, details
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+
+# -- restarts, watches and compaction ----------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.parametrize("graceful", [True, False], ids=["sigterm", "sigkill"])
+def test_a_watch_resumes_after_an_etcd_restart_without_losing_or_repeating_events(start_etcd, prefix, graceful):
+    server = start_etcd(auth=True)
+    with server.connect(watch_reconnect_timeout=20) as backend:
+        watch = backend.watch_prefix(prefix)
+        before = [backend.put(f"{prefix}{i}", b"before") for i in range(3)]
+        assert [event.revision for event in collect(watch, 3, timeout=5)] == before
+
+        server.stop(graceful=graceful)
+        server.start()
+        # The same client writes again: its auth token died with the old process.
+        after = [backend.put(f"{prefix}{i}", b"after") for i in range(3, 6)]
+        events = collect(watch, 3, timeout=10)
+        assert watch.get(timeout=0.5) == []
+        watch.cancel()
+    assert [(event.kv.key, event.revision) for event in events] == [
+        (f"{prefix}{i}", rev) for i, rev in zip(range(3, 6), after, strict=True)
+    ]
+
+
+def test_a_watch_resuming_into_compacted_history_fails_with_compacted(client, prefix):
+    watch = client.watch_prefix(prefix)
+    client.put(prefix + "a", b"1")
+    delivered = client.put(prefix + "b", b"2")
+    assert [event.revision for event in collect(watch, 2, timeout=5)][-1] == delivered
+    for _ in range(3):
+        last = client.put(prefix[:-1] + "-outside/" + uuid.uuid4().hex, b"x")
+    client.compact(last)
+    (resuming,) = client._watches  # fault injection: break the live gRPC stream under the watch
+    resuming._stream.call.cancel()
+    with pytest.raises(CompactedError) as raised:
+        watch.get(timeout=10)
+    assert raised.value.requested_revision == delivered + 1
+    assert raised.value.compact_revision == last
+
+
+def test_a_progress_notification_moves_the_resume_point_past_quiet_history():
+    from types import SimpleNamespace
+
+    from backends.etcd.watch import ResumingWatch
+
+    connection = EtcdConnection(EtcdConfig(f"127.0.0.1:{dead_port()}"))
+    try:
+        resuming = ResumingWatch(connection, "/p/", start_revision=10)
+        progress = SimpleNamespace(
+            compact_revision=0, canceled=False, created=False, events=[], header=SimpleNamespace(revision=42)
+        )
+        resuming._handle(progress, stream=None)
+        assert resuming.resume_revision == 43
+    finally:
+        connection.close()
+
+
+def test_watching_from_a_compacted_revision_raises_compacted_from_get(client, prefix):
+    first = client.put(prefix + "k", b"1")
+    last = client.put(prefix + "k", b"2")
+    client.compact(last)
+    watch = client.watch_prefix(prefix, start_revision=first)
+    with pytest.raises(CompactedError) as raised:
+        watch.get(timeout=5)
+    assert raised.value.requested_revision == first
+    assert raised.value.compact_revision == last
+    assert "compacted" in str(raised.value)
+
+
+def test_compacting_twice_to_the_same_revision_is_harmless(client, prefix):
+    revision = client.put(prefix + "k", b"1")
+    client.compact(revision)
+    client.compact(revision)
+
+
+def test_cancelling_watches_removes_them_on_the_server(etcd_server, client, prefix):
+    baseline = watcher_count(etcd_server)
+    watches = [client.watch_prefix(f"{prefix}{i}/") for i in range(3)]
+    deadline = time.monotonic() + 5
+    while watcher_count(etcd_server) < baseline + 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert watcher_count(etcd_server) >= baseline + 3
+    for watch in watches:
+        watch.cancel()
+    deadline = time.monotonic() + 5
+    while watcher_count(etcd_server) > baseline and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert watcher_count(etcd_server) <= baseline
+
+
+def test_closing_the_backend_ends_its_watches_and_refuses_calls(etcd_server, prefix):
+    backend = etcd_server.connect()
+    watch = backend.watch_prefix(prefix)
+    backend.close()
+    backend.close()
+    with pytest.raises(BackendClosedError):
+        watch.get(timeout=2)
+    with pytest.raises(BackendClosedError):
+        backend.put(prefix + "k", b"v")
+    with pytest.raises(BackendClosedError):
+        backend.watch_prefix(prefix)
+
+
+# -- endpoints, failover and unreachable servers -----------------------------------------------
+def test_failover_skips_a_dead_endpoint_quickly(etcd_server, prefix):
+    live = etcd_server.client_config().endpoints[0]
+    config = etcd_server.client_config(endpoints=f"127.0.0.1:{dead_port()},{live.netloc}", dial_timeout=3)
+    with EtcdBackend(config) as backend:
+        started = time.monotonic()
+        revision = backend.put(prefix + "k", b"v")
+        assert time.monotonic() - started < 1.5
+        assert backend.get(prefix + "k").kv.mod_revision == revision
+        assert backend.put_if(prefix + "k", b"w", revision).applied
+        with backend.watch_prefix(prefix) as watch:
+            backend.put(prefix + "j", b"x")
+            assert [event.kv.key for event in collect(watch, 1, timeout=5)] == [prefix + "j"]
+
+
+def test_an_unreachable_etcd_gives_a_connection_error_within_the_dial_timeout():
+    port = dead_port()
+    with EtcdBackend(EtcdConfig(f"127.0.0.1:{port}", dial_timeout=1.0, request_timeout=1.0)) as backend:
+        started = time.monotonic()
+        with pytest.raises(BackendConnectionError) as raised:
+            backend.get("/k")
+        assert time.monotonic() - started < 1.5
+        assert f"127.0.0.1:{port}" in str(raised.value)
+        assert "connection refused" in str(raised.value)
+
+
+def test_a_watch_that_cannot_connect_fails_within_its_reconnect_timeout():
+    config = EtcdConfig(f"127.0.0.1:{dead_port()}", dial_timeout=0.5, request_timeout=0.5, watch_reconnect_timeout=1.5)
+    with EtcdBackend(config) as backend:
+        watch = backend.watch_prefix("/p/", start_revision=1)
+        started = time.monotonic()
+        with pytest.raises(BackendConnectionError):
+            watch.get(timeout=10)
+        assert time.monotonic() - started < 4
+
+
+def test_a_non_etcd_port_gives_a_clear_protocol_error():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        endpoint = f"127.0.0.1:{server.server_address[1]}"
+        with EtcdBackend(EtcdConfig(endpoint, dial_timeout=1.0, request_timeout=2.0)) as backend:
+            with pytest.raises(ProtocolError) as raised:
+                backend.get("/k")
+        assert endpoint in str(raised.value) and "not an etcd client URL" in str(raised.value)
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_silent_tcp_port_gives_a_connection_error_not_a_hang():
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        endpoint = f"127.0.0.1:{listener.getsockname()[1]}"
+        with EtcdBackend(EtcdConfig(endpoint, dial_timeout=1.0, request_timeout=2.0)) as backend:
+            started = time.monotonic()
+            with pytest.raises(BackendConnectionError) as raised:
+                backend.get("/k")
+        assert time.monotonic() - started < 3.5
+        assert endpoint in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    "endpoints",
+    ["", " , ", "127.0.0.1:99999", "127.0.0.1:port", "ftp://127.0.0.1:2379", "::1", "[::1:2379", "a b:2379"],
+)
+def test_malformed_endpoints_raise_endpoint_error(endpoints):
+    with pytest.raises(EndpointError):
+        EtcdBackend(endpoints)
+
+
+@pytest.mark.parametrize(
+    "settings, fragment",
+    [
+        ({"dial_timeout": 0}, "dial_timeout"),
+        ({"request_timeout": -1}, "request_timeout"),
+        ({"watch_reconnect_timeout": "soon"}, "watch_reconnect_timeout"),
+        ({"user": "root"}, "password"),
+        ({"password": "secret"}, "user"),
+        ({"client_cert": "/nonexistent.crt"}, "key"),
+        ({"ca_cert": "/nonexistent/ca.crt"}, "ca_cert"),
+        ({"max_value_bytes": 0}, "max_value_bytes"),
+    ],
+)
+def test_invalid_settings_are_rejected_eagerly_with_a_sentence(settings, fragment):
+    with pytest.raises(EndpointError) as raised:
+        EtcdConfig("127.0.0.1:2379", **settings)
+    assert fragment in str(raised.value) and str(raised.value).endswith(".")
+
+
+def test_endpoints_default_to_port_2379_and_https_implies_tls():
+    config = EtcdConfig("etcd-0, https://etcd-1:2380")
+    assert [(e.host, e.port) for e in config.endpoints] == [("etcd-0", 2379), ("etcd-1", 2380)]
+    assert config.tls and not EtcdConfig("etcd-0").tls
+
+
+# -- auth and TLS ------------------------------------------------------------------------------
+def test_a_wrong_password_gives_an_auth_error(etcd_server):
+    with etcd_server.connect(password="wrong") as backend:
+        with pytest.raises(BackendAuthError) as raised:
+            backend.get("/k")
+    assert "root" in str(raised.value) and "password" in str(raised.value)
+
+
+def test_no_credentials_against_an_auth_enabled_etcd_give_an_auth_error(etcd_server):
+    with etcd_server.connect(user=None, password=None) as backend:
+        with pytest.raises(BackendAuthError):
+            backend.get("/k")
+
+
+def test_tls_with_ca_and_client_certificate_works_and_missing_pieces_give_clear_errors(start_etcd, prefix):
+    server = start_etcd(tls=True, client_cert_auth=True)
+    with server.connect() as backend:
+        revision = backend.put(prefix + "k", b"secret")
+        assert backend.get(prefix + "k").kv.mod_revision == revision
+        with backend.watch_prefix(prefix) as watch:
+            backend.put(prefix + "j", b"x")
+            assert len(collect(watch, 1, timeout=5)) == 1
+    fast = {"dial_timeout": 1.0, "request_timeout": 2.0}
+    with server.connect(ca_cert=None, client_cert=None, client_key=None, **fast) as no_ca:
+        with pytest.raises(BackendAuthError) as untrusted:
+            no_ca.get("/k")
+    assert "ca_cert" in str(untrusted.value)
+    with server.connect(client_cert=None, client_key=None, **fast) as no_client_cert:
+        with pytest.raises(BackendAuthError):
+            no_client_cert.get("/k")
+    plain = server.endpoints.replace("https://", "")
+    with EtcdBackend(EtcdConfig(plain, **fast)) as plaintext:
+        with pytest.raises(BackendConnectionError) as refused:
+            plaintext.get("/k")
+    assert "https://" in str(refused.value)
+
+
+# -- limits, leases and conditional writes ------------------------------------------------------
+def test_values_over_the_client_limit_are_refused_before_sending():
+    with EtcdBackend(EtcdConfig(f"127.0.0.1:{dead_port()}", max_value_bytes=10)) as backend:
+        with pytest.raises(ValueTooLargeError):
+            backend.put("/k", b"x" * 11)
+        with pytest.raises(ValueTooLargeError):
+            backend.put_if("/k", b"x" * 11, ABSENT)
+
+
+def test_the_servers_own_request_limit_is_translated(start_etcd, prefix):
+    server = start_etcd(max_request_bytes=16 * 1024)
+    with server.connect() as backend:
+        with pytest.raises(ValueTooLargeError) as raised:
+            backend.put(prefix + "big", b"x" * 64 * 1024)
+        assert "too large" in str(raised.value)
+        assert backend.get(prefix + "big").kv is None
+
+
+def test_lease_ttl_is_rounded_up_to_whole_seconds_and_keepalive_reports_it(client, prefix):
+    lease = client.grant(2.2)
+    try:
+        assert lease.ttl == 3.0
+        assert client.keepalive(lease.id) == 3.0
+    finally:
+        assert client.revoke(lease.id)
+    with pytest.raises(LeaseNotFoundError):
+        client.keepalive(lease.id)
+    with pytest.raises(ValueError):
+        client.grant(0)
+
+
+def test_put_if_reports_the_winner_with_its_create_revision_and_version(client, prefix):
+    created = client.put_if(prefix + "k", b"1", ABSENT)
+    updated = client.put_if(prefix + "k", b"2", created.revision)
+    read = client.get(prefix + "k").kv
+    assert updated.current == read
+    assert read.create_revision == created.revision and read.version == 2
+
+
+def test_non_utf8_keys_round_trip(client, prefix):
+    key = prefix + b"\xff\xfe".decode("utf-8", "surrogateescape")
+    client.put(key, b"v")
+    assert [kv.key for kv in client.get_prefix(prefix).kvs] == [key]
+
+
+def test_prefix_range_end_covers_the_prefix_and_empty_prefix_means_all_keys():
+    assert prefix_range_end(b"/a/") == b"/a0"
+    assert prefix_range_end(b"a\xff") == b"b"
+    assert prefix_range_end(b"") == b"\0"
+    assert prefix_range_end(b"\xff\xff") == b"\0"
+
+
+# -- resending: writes with an unknown outcome are not resent -----------------------------------
+@pytest.mark.parametrize("resend_safe, expected_calls", [(True, 2), (False, 1)])
+def test_only_resend_safe_requests_are_resent_after_a_timeout(etcd_server, resend_safe, expected_calls):
+    connection = EtcdConnection(etcd_server.client_config(request_timeout=3.0))
+    calls = []
+
+    def invoke(channel, options):
+        calls.append(channel)
+        if len(calls) == 1:
+            raise FakeRpcError(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+        return "done"
+
+    try:
+        if resend_safe:
+            assert connection.call("test", invoke, resend_safe=True) == "done"
+        else:
+            with pytest.raises(BackendTimeoutError) as raised:
+                connection.call("test", invoke, resend_safe=False)
+            assert "unknown" in str(raised.value)
+    finally:
+        connection.close()
+    assert len(calls) == expected_calls
+
+
+def test_requests_never_sent_are_retried_even_when_not_resend_safe(etcd_server):
+    connection = EtcdConnection(etcd_server.client_config())
+    calls = []
+
+    def invoke(channel, options):
+        calls.append(channel)
+        if len(calls) == 1:
+            raise FakeRpcError(grpc.StatusCode.UNAVAILABLE, "failed to connect to all addresses; last error: x")
+        return "done"
+
+    try:
+        assert connection.call("test", invoke, resend_safe=False) == "done"
+    finally:
+        connection.close()
+    assert len(calls) == 2
+
+
+# -- error translation (pure) ------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "code, details, expected",
+    [
+        (
+            grpc.StatusCode.UNAVAILABLE,
+            "failed to connect to all addresses; last error: Connection refused",
+            RequestNotSent,
+        ),
+        (grpc.StatusCode.UNAVAILABLE, "Socket closed", BackendConnectionError),
+        (grpc.StatusCode.UNAVAILABLE, "etcdserver: no leader", BackendConnectionError),
+        (grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded", BackendTimeoutError),
+        (grpc.StatusCode.UNAUTHENTICATED, "etcdserver: invalid auth token", BackendAuthError),
+        (
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "etcdserver: authentication failed, invalid user ID or password",
+            BackendAuthError,
+        ),
+        (grpc.StatusCode.INVALID_ARGUMENT, "etcdserver: user name is empty", BackendAuthError),
+        (grpc.StatusCode.PERMISSION_DENIED, "etcdserver: permission denied", BackendAuthError),
+        (grpc.StatusCode.NOT_FOUND, "etcdserver: requested lease not found", LeaseNotFoundError),
+        (grpc.StatusCode.INVALID_ARGUMENT, "etcdserver: request is too large", ValueTooLargeError),
+        (
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            "grpc: received message larger than max (2097160 vs. 2097152)",
+            ValueTooLargeError,
+        ),
+        (grpc.StatusCode.OUT_OF_RANGE, "etcdserver: mvcc: required revision has been compacted", CompactedError),
+        (grpc.StatusCode.UNIMPLEMENTED, "unknown service etcdserverpb.KV", ProtocolError),
+        (grpc.StatusCode.CANCELLED, "Cancelled", BackendConnectionError),
+        (grpc.StatusCode.INVALID_ARGUMENT, "etcdserver: key is not provided", BackendError),
+    ],
+)
+def test_rpc_errors_are_translated_into_the_error_tree(code, details, expected):
+    error = translate_rpc_error(FakeRpcError(code, details), operation="put '/k'", endpoint="10.0.0.1:2379", timeout=5)
+    assert type(error) is expected
+    assert "10.0.0.1:2379" in str(error)
+
+
+def test_a_cancelled_rpc_after_close_is_translated_to_closed():
+    error = translate_rpc_error(
+        FakeRpcError(grpc.StatusCode.CANCELLED, "Cancelled"), operation="get", endpoint="e", closed=True
+    )
+    assert isinstance(error, BackendClosedError)
+
+
+@pytest.mark.parametrize(
+    "details, kind",
+    [
+        (
+            "last error: UNKNOWN: ipv4:127.0.0.1:1: Failed to connect to remote host: Connection refused",
+            DialFailure.UNREACHABLE,
+        ),
+        (
+            "last error: UNAVAILABLE: Failed parsing HTTP/2 (Expected SETTINGS frame as the first frame)",
+            DialFailure.PROTOCOL,
+        ),
+        ("last error: UNKNOWN: connection attempt timed out before receiving SETTINGS frame", DialFailure.UNREACHABLE),
+        ("Tls handshake failed (TSI_PROTOCOL_FAILURE): CERTIFICATE_VERIFY_FAILED", DialFailure.TLS),
+        ("last error: UNAVAILABLE: Unwrap failed (TSI_DATA_CORRUPTED)", DialFailure.TLS),
+        ("last error: UNAVAILABLE: Handshake read failed (Socket closed)", DialFailure.UNREACHABLE),
+        ("last error: UNAVAILABLE: Socket closed", DialFailure.UNREACHABLE),
+    ],
+)
+def test_dial_failures_are_diagnosed(details, kind):
+    assert diagnose_dial_failure(details, tls=False).kind is kind
