@@ -189,10 +189,9 @@ def main() -> None:
     args = parser.parse_args()
     count = 200 if args.quick else args.ops
 
-    from backends.etcd import EtcdBackend, EtcdConfig
     from backends.tcp.client import TcpStoreBackend, TcpStoreConfig
     from backends.tcp.server import start_server
-    from elastic.testing.etcd_server import start_etcd_for_tests
+    from elastic.testing.etcd_server import EtcdServerOptions, start_etcd_server
 
     columns: dict[str, dict[str, Measurement] | None] = {}
     with ExitStack() as stack:
@@ -202,8 +201,8 @@ def main() -> None:
         columns["built-in store"] = measure_kv(
             lambda: TcpStoreBackend(TcpStoreConfig(server.endpoint, token="bench")), count
         )
-        etcd = stack.enter_context(start_etcd_for_tests())
-        columns["etcd v3"] = measure_kv(lambda: EtcdBackend(EtcdConfig(endpoints=etcd.endpoints)), count)
+        etcd = stack.enter_context(start_etcd_server(EtcdServerOptions()))
+        columns["etcd v3"] = measure_kv(etcd.connect, count)
     report(columns)
 
 

@@ -1,0 +1,296 @@
+"""Our rendezvous engine behind stock torchrun: ``torchrun --rdzv-backend=etcd-v3 ...``.
+
+torch discovers this module through the ``torchrun.handlers`` entry-point group (see
+``pyproject.toml``): :func:`torch.distributed.elastic.rendezvous.registry` loads
+:func:`handler_creator`, calls it with no arguments and registers what it returns, a function
+``RendezvousParameters -> RendezvousHandler``, under the entry point's name.
+
+Per round, :class:`TorchrunRendezvousHandler`
+
+1. runs our :class:`~elastic.rendezvous.handler.RendezvousHandler` (etcd v3, DESIGN §3);
+2. gives torch's agent the c10d ``Store`` it needs (rank assignment, exit barrier): the rank-0
+   node hosts a ``TCPStore`` at the round's ``master_addr:master_port`` (a port our engine picks
+   fresh each round), the other nodes connect to it; the store is wrapped in a per-round
+   ``PrefixStore``;
+3. shares that store with the workers (``use_agent_store``, like torch's dynamic handler), so
+   their ``init_process_group`` connects to it as clients via MASTER_ADDR/MASTER_PORT. With
+   ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` the workers host their own store on a port rank 0
+   publishes through the agent store instead, as torch does.
+
+Our errors reach torch's agent as torch's rendezvous exceptions (``raise ... from``). This module
+imports torch; nothing on our own launcher's path imports it.
+
+Options (``--rdzv-conf``) are ours (:mod:`elastic.rendezvous.settings`) plus torch's spellings:
+``timeout`` (torchrun's ``--rdzv-timeout``; the join timeout unless ``join_timeout`` is given),
+``ca_cert`` / ``ssl_cert`` / ``ssl_cert_key`` (torch's etcd-v2 TLS keys) and ``read_timeout``
+(also the agent store's timeout, default 60 s).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+from datetime import timedelta
+from typing import Callable, Iterator, Mapping
+
+import torch.distributed as dist
+from torch.distributed.elastic.rendezvous import api as torch_api
+
+from elastic.rendezvous import errors as ours
+from elastic.rendezvous.decisions import MembershipChange
+from elastic.rendezvous.handler import RendezvousHandler, RendezvousInfo
+from elastic.rendezvous.registry import create_handler
+from elastic.rendezvous.settings import RendezvousSettings, settings_from_conf
+
+log = logging.getLogger(__name__)
+
+BACKEND_NAME = "etcd-v3"
+"""The ``--rdzv-backend`` name torchrun knows us by (the entry point's name must match)."""
+
+DEFAULT_STORE_TIMEOUT = 60.0
+"""Seconds the agent store waits for a connection or a key (torch's c10d ``read_timeout`` default)."""
+
+_TORCH_KEY_ALIASES = {"ca_cert": "cacert", "ssl_cert": "cert", "ssl_cert_key": "key"}
+"""torch's etcd-v2 spellings of our TLS options."""
+
+_TORCH_ONLY_KEYS = frozenset({"rank"})
+"""Keys torchrun adds that mean nothing to us (``rank`` is for its static backend)."""
+
+_ERROR_MAP: tuple[tuple[type[ours.RendezvousError], type[torch_api.RendezvousError]], ...] = (
+    (ours.RendezvousClosedError, torch_api.RendezvousClosedError),
+    (ours.RendezvousTimeoutError, torch_api.RendezvousTimeoutError),
+    (ours.RendezvousConnectionError, torch_api.RendezvousConnectionError),
+    (ours.RendezvousSessionLostError, torch_api.RendezvousConnectionError),
+    (ours.RendezvousStateError, torch_api.RendezvousStateError),
+)
+
+StoreFactory = Callable[[str, int, bool, timedelta], dist.Store]
+"""``(host, port, is_master, timeout) -> Store``: how the agent store is opened (injectable)."""
+
+
+# -- translation ------------------------------------------------------------------------------
+def conf_from_params(params: torch_api.RendezvousParameters) -> dict[str, str]:
+    """Our ``--rdzv-conf`` key/values from torch's ``params.config`` (values as strings).
+
+    ``timeout`` becomes ``join_timeout`` unless that is given; torch's TLS key names become ours;
+    ``rank`` is dropped. Everything else is passed on for :func:`settings_from_conf` to validate.
+    """
+    conf: dict[str, str] = {}
+    for raw_key, value in params.config.items():
+        key = raw_key.replace("-", "_")
+        if value is None or key in _TORCH_ONLY_KEYS:
+            continue
+        conf[_TORCH_KEY_ALIASES.get(key, key)] = str(value)
+    timeout = conf.pop("timeout", None)
+    if timeout is not None:
+        conf.setdefault("join_timeout", timeout)
+    return conf
+
+
+def settings_from_params(params: torch_api.RendezvousParameters) -> RendezvousSettings:
+    """Our settings for torch's parameters.
+
+    Raises:
+        ValueError: (our ``RendezvousConfigError``) an unknown option or a bad value; the message
+            lists the valid options.
+    """
+    return settings_from_conf(params.run_id, params.min_nodes, params.max_nodes, conf_from_params(params))
+
+
+def to_torch_error(error: ours.RendezvousError) -> Exception:
+    """torch's rendezvous exception for one of ours (same message); config errors stay ValueErrors."""
+    if isinstance(error, ours.RendezvousConfigError):
+        return ValueError(str(error))
+    for our_type, torch_type in _ERROR_MAP:
+        if isinstance(error, our_type):
+            return torch_type(str(error))
+    return torch_api.RendezvousError(str(error))
+
+
+@contextlib.contextmanager
+def _torch_errors() -> Iterator[None]:
+    """Re-raise our rendezvous errors as torch's, chained with ``raise ... from``."""
+    try:
+        yield
+    except ours.RendezvousError as error:
+        raise to_torch_error(error) from error
+
+
+# -- the agent store --------------------------------------------------------------------------
+def open_tcp_store(host: str, port: int, is_master: bool, timeout: timedelta) -> dist.Store:
+    """A ``TCPStore`` server (``is_master``) on ``port``, or a client of the one at ``host:port``.
+
+    Raises:
+        RuntimeError: (torch's ``DistNetworkError``/``DistStoreError``) the port is taken, or the
+            server could not be reached within ``timeout``.
+    """
+    return dist.TCPStore(
+        host_name=host,
+        port=port,
+        is_master=is_master,
+        timeout=timeout,
+        wait_for_workers=False,
+        multi_tenant=is_master,
+    )
+
+
+class TorchrunRendezvousHandler(torch_api.RendezvousHandler):
+    """torch's ``RendezvousHandler`` interface over our etcd rendezvous engine.
+
+    Args:
+        handler: our handler; this adapter owns it and shuts it down.
+        node_addr: this node's address (rank 0's is where the agent store is hosted).
+        store_timeout: seconds the agent store waits to connect or for a key.
+        store_factory: opens the agent store (a real ``TCPStore`` unless a test injects one).
+
+    Every method raises torch's rendezvous exceptions, never ours.
+    """
+
+    def __init__(
+        self,
+        handler: RendezvousHandler,
+        node_addr: str,
+        *,
+        store_timeout: float = DEFAULT_STORE_TIMEOUT,
+        store_factory: StoreFactory = open_tcp_store,
+    ) -> None:
+        self._handler = handler
+        self._node_addr = node_addr
+        self._store_timeout = timedelta(seconds=store_timeout)
+        self._store_factory = store_factory
+        self._round_store: dist.Store | None = None
+        self._restart_logged = False
+
+    def get_backend(self) -> str:
+        return BACKEND_NAME
+
+    @property
+    def use_agent_store(self) -> bool:
+        """Whether workers reuse the agent store (torch's opt-out: TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1)."""
+        return os.getenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "0") != "1"
+
+    def next_rendezvous(self) -> torch_api.RendezvousInfo:
+        """Join the next round, then open its agent store (hosted here when this node is rank 0).
+
+        Raises:
+            RendezvousClosedError: the rendezvous was closed for good.
+            RendezvousTimeoutError: no round included this node within the join timeout.
+            RendezvousConnectionError: etcd could not be reached, or the agent store could not be
+                hosted or reached.
+            RendezvousStateError: the state in etcd is corrupt.
+        """
+        self._round_store = None  # the old server stops once torch's agent drops its reference too
+        self._restart_logged = False
+        with _torch_errors():
+            info = self._handler.next_rendezvous()
+        raw = self._open_round_store(info)
+        self._round_store = raw
+        store = dist.PrefixStore(f"torch.rendezvous.{info.run_id}.{info.round}", raw)
+        return torch_api.RendezvousInfo(store, info.group_rank, info.group_world_size, self._bootstrap(info, store))
+
+    def is_closed(self) -> bool:
+        """Raises RendezvousConnectionError."""
+        with _torch_errors():
+            return self._handler.is_closed()
+
+    def set_closed(self) -> None:
+        """Close the rendezvous for every node. Raises RendezvousConnectionError."""
+        with _torch_errors():
+            self._handler.set_closed("closed by torchrun")
+
+    def num_nodes_waiting(self) -> int:
+        """Nodes waiting to join, or 1 when the round lost a member or was superseded or closed.
+
+        torch's agent restarts its workers into a new round only when this is positive, so a
+        member's departure (DESIGN §3.6) is reported as one waiting node: the survivors restart
+        within the lease TTL instead of waiting for a collective to time out.
+        """
+        waiting = self._handler.num_nodes_waiting()
+        if waiting > 0:
+            return waiting
+        change, reason = self._handler.membership_change()
+        if change is None or change is MembershipChange.NODES_WAITING:
+            return 0
+        if not self._restart_logged:
+            self._restart_logged = True
+            log.info("Rendezvous %s: node %s asks torchrun to restart its workers: %s",
+                     self._handler.get_run_id(), self._handler.node_id, reason)
+        return 1
+
+    def get_run_id(self) -> str:
+        return self._handler.get_run_id()
+
+    def shutdown(self) -> bool:
+        """Leave the rendezvous without closing it for the others (DESIGN §3.7); False on failure."""
+        self._round_store = None
+        try:
+            return self._handler.shutdown()
+        except Exception:  # noqa: BLE001 - torch calls this from a finally; never mask the real error
+            log.warning("Rendezvous %s: node %s could not shut down cleanly",
+                        self._handler.get_run_id(), self._handler.node_id, exc_info=True)
+            return False
+
+    # -- helpers --------------------------------------------------------------------------------
+    def _open_round_store(self, info: RendezvousInfo) -> dist.Store:
+        """Host (rank 0) or join the round's TCPStore at ``master_addr:master_port``.
+
+        Raises:
+            RendezvousConnectionError: the port is taken, or the host did not answer in time.
+        """
+        is_master = info.group_rank == 0
+        try:
+            return self._store_factory(info.master_addr, info.master_port, is_master, self._store_timeout)
+        except (RuntimeError, OSError) as error:
+            role = "host" if is_master else "reach"
+            raise torch_api.RendezvousConnectionError(
+                f"Rendezvous {info.run_id} round {info.round}: node {self._handler.node_id} cannot {role} the "
+                f"agent store at {info.master_addr}:{info.master_port}: {error}"
+            ) from error
+
+    def _bootstrap(self, info: RendezvousInfo, store: dist.Store) -> torch_api.RendezvousStoreInfo:
+        """Where workers meet: the agent store itself, or (sharing disabled) a port rank 0 publishes."""
+        if self.use_agent_store:
+            return torch_api.RendezvousStoreInfo(info.master_addr, info.master_port)
+        try:
+            return torch_api.RendezvousStoreInfo.build(info.group_rank, store, local_addr=self._node_addr)
+        except RuntimeError as error:
+            raise torch_api.RendezvousConnectionError(
+                f"Rendezvous {info.run_id} round {info.round}: cannot exchange the workers' master address "
+                f"through the agent store: {error}"
+            ) from error
+
+
+# -- entry point ------------------------------------------------------------------------------
+def create_rdzv_handler(params: torch_api.RendezvousParameters) -> TorchrunRendezvousHandler:
+    """Build the adapter for torchrun's parameters (connects to etcd at ``params.endpoint``).
+
+    Raises:
+        ValueError: no endpoint, an unknown ``--rdzv-conf`` option or a bad value.
+        RendezvousConnectionError: etcd could not be reached or refused the credentials.
+    """
+    if not params.endpoint:
+        raise ValueError(f"The {BACKEND_NAME} rendezvous backend needs --rdzv-endpoint host:port (etcd's client URL).")
+    node_addr = params.local_addr or socket.getfqdn()
+    with _torch_errors():
+        settings = settings_from_params(params)
+        handler = create_handler(BACKEND_NAME, params.endpoint, settings, node_addr)
+    log.info("Rendezvous %s: node %s (%s) uses etcd at %s through torchrun",
+             settings.run_id, handler.node_id, node_addr, params.endpoint)
+    return TorchrunRendezvousHandler(handler, node_addr, store_timeout=_store_timeout(settings.backend_options))
+
+
+def handler_creator() -> Callable[[torch_api.RendezvousParameters], torch_api.RendezvousHandler]:
+    """The ``torchrun.handlers`` entry point: torch calls it with no arguments for the creator.
+
+    Always the same function, so registering twice (torch's registry refuses a different
+    creator under one name) is harmless.
+    """
+    return create_rdzv_handler
+
+
+def _store_timeout(options: Mapping[str, str]) -> float:
+    """``read_timeout`` (already validated as positive seconds by the registry) or the default."""
+    text = options.get("read_timeout")
+    return float(text) if text is not None else DEFAULT_STORE_TIMEOUT

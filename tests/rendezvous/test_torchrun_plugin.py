@@ -1,0 +1,365 @@
+"""Stock torchrun with ``--rdzv-backend=etcd-v3``: our engine through torch's entry-point group.
+
+The slow tests start real ``torchrun`` processes whose gloo workers all-reduce over loopback,
+against the session's real etcd (auth on; credentials go through ``--rdzv-conf``). Each test
+has its own run id; every process is stopped by its PID in a ``finally``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from datetime import timedelta
+from importlib.metadata import entry_points
+from pathlib import Path
+
+import psutil
+import pytest
+
+# torch is installed by .ci/run (pip install torch==2.13.0); without it these tests fail, not skip.
+import torch.distributed as dist  # noqa: E402
+import torch.distributed.elastic.rendezvous.api as torch_api  # noqa: E402
+
+from elastic.rendezvous import errors as ours  # noqa: E402
+from elastic.rendezvous.decisions import MembershipChange  # noqa: E402
+from elastic.rendezvous.handler import RendezvousInfo  # noqa: E402
+from elastic.rendezvous.records import Member  # noqa: E402
+from elastic.rendezvous.torchrun_plugin import (  # noqa: E402
+    BACKEND_NAME,
+    TorchrunRendezvousHandler,
+    conf_from_params,
+    create_rdzv_handler,
+    handler_creator,
+    to_torch_error,
+)
+
+TORCHRUN_TIMEOUT = 120.0
+"""Seconds one torchrun may take in all (rendezvous, two gloo workers, exit barrier)."""
+
+WORKER_SCRIPT = '''
+import json, os, sys, time
+import torch
+import torch.distributed as dist
+
+out_dir, hold_world = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 0
+dist.init_process_group("gloo")
+value = torch.tensor([float(dist.get_rank() + 1)])
+dist.all_reduce(value)
+report = {
+    "rank": dist.get_rank(),
+    "world_size": dist.get_world_size(),
+    "env_rank": int(os.environ["RANK"]),
+    "env_world_size": int(os.environ["WORLD_SIZE"]),
+    "group_rank": int(os.environ["GROUP_RANK"]),
+    "restart_count": int(os.environ["TORCHELASTIC_RESTART_COUNT"]),
+    "master": [os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])],
+    "use_agent_store": os.environ["TORCHELASTIC_USE_AGENT_STORE"],
+    "agent_pid": os.getppid(),
+    "sum": value.item(),
+}
+with open(os.path.join(out_dir, "w%d-rank%d.json" % (report["world_size"], report["rank"])), "w") as out:
+    json.dump(report, out)
+if report["world_size"] == hold_world:
+    time.sleep(120)  # keep this world running until the test changes its membership
+dist.destroy_process_group()
+'''
+
+
+# -- helpers ----------------------------------------------------------------------------------
+def torchrun_command() -> list[str]:
+    """The installed torchrun console script of this interpreter (else ``-m torch.distributed.run``)."""
+    script = Path(sys.executable).with_name("torchrun")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "torch.distributed.run"]
+
+
+def etcd_endpoint(etcd_server) -> str:
+    """``host:port`` of the session's etcd, as a torchrun user would write it."""
+    return etcd_server.endpoints.split(",")[0].split("://", 1)[-1]
+
+
+def etcd_credentials(etcd_server) -> str:
+    config = etcd_server.client_config()
+    return f"user={config.user},password={config.password}"
+
+
+def unique_run_id(label: str) -> str:
+    return f"torchrun-{label}-{uuid.uuid4().hex[:8]}"
+
+
+def start_torchrun(tmp_path: Path, etcd_server, run_id: str, nnodes: str, name: str, *,
+                   extra_conf: str = "", hold_world: int = 0, share_store: bool = True) -> subprocess.Popen:
+    """One torchrun agent with 2 gloo workers; its log goes to ``tmp_path/<name>.log``.
+
+    Workers in a world of ``hold_world`` processes report, then sleep instead of exiting.
+    ``share_store=False`` sets torch's opt-out TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1.
+    """
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER_SCRIPT)
+    out_dir = tmp_path / "out"
+    out_dir.mkdir(exist_ok=True)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo", "LOGLEVEL": "INFO",
+           "PYTHONUNBUFFERED": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "0" if share_store else "1"}
+    command = [
+        *torchrun_command(),
+        f"--rdzv-backend={BACKEND_NAME}",
+        f"--rdzv-endpoint={etcd_endpoint(etcd_server)}",
+        f"--rdzv-id={run_id}",
+        f"--rdzv-conf={etcd_credentials(etcd_server)},join_timeout=60,read_timeout=60{extra_conf}",
+        f"--nnodes={nnodes}",
+        "--nproc-per-node=2",
+        "--max-restarts=0",
+        "--monitor-interval=0.2",
+        str(script),
+        str(out_dir),
+        str(hold_world),
+    ]
+    with open(tmp_path / f"{name}.log", "wb") as log_file:
+        return subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
+                                env=env, cwd=tmp_path, start_new_session=True)
+
+
+def stop_by_pid(process: subprocess.Popen, *, hard: bool = False) -> None:
+    """Stop torchrun (SIGTERM, or SIGKILL when ``hard``) and then any worker it left, each by its PID."""
+    if process.poll() is not None:
+        return
+    try:
+        children = psutil.Process(process.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        children = []
+    process.kill() if hard else process.terminate()
+    try:
+        process.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout=15)
+    for child in children:  # psutil refuses to signal a PID that was reused
+        try:
+            child.kill()
+            child.wait(timeout=10)
+        except psutil.NoSuchProcess:
+            pass
+
+
+def wait_all(processes: list[subprocess.Popen], tmp_path: Path) -> float:
+    """Wait for every torchrun to exit 0 within :data:`TORCHRUN_TIMEOUT`; the seconds it took."""
+    started = time.monotonic()
+    for index, process in enumerate(processes):
+        remaining = max(TORCHRUN_TIMEOUT - (time.monotonic() - started), 0.1)
+        try:
+            code = process.wait(timeout=remaining)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"torchrun {index} did not finish in {TORCHRUN_TIMEOUT:g}s:\n{logs(tmp_path)}")
+        assert code == 0, f"torchrun {index} exited {code}:\n{logs(tmp_path)}"
+    return time.monotonic() - started
+
+
+def logs(tmp_path: Path) -> str:
+    return "\n".join(f"--- {path.name}\n{path.read_text(errors='replace')[-6000:]}"
+                     for path in sorted(tmp_path.glob("*.log")))
+
+
+def worker_reports(tmp_path: Path, world_size: int) -> list[dict]:
+    """What the workers of worlds of ``world_size`` processes wrote."""
+    return [json.loads(path.read_text()) for path in sorted((tmp_path / "out").glob(f"w{world_size}-rank*.json"))]
+
+
+def wait_for_reports(tmp_path: Path, world_size: int, processes: list[subprocess.Popen]) -> list[dict]:
+    """Poll until all ``world_size`` workers of a world reported (bounded by :data:`TORCHRUN_TIMEOUT`)."""
+    deadline = time.monotonic() + TORCHRUN_TIMEOUT
+    while time.monotonic() < deadline:
+        reports = worker_reports(tmp_path, world_size)
+        if len(reports) == world_size:
+            return reports
+        if any(process.poll() is not None for process in processes):
+            pytest.fail(f"a torchrun exited before its world of {world_size} formed:\n{logs(tmp_path)}")
+        time.sleep(0.2)
+    pytest.fail(f"no world of {world_size} workers within {TORCHRUN_TIMEOUT:g}s:\n{logs(tmp_path)}")
+
+
+# -- translation (no torch processes) ---------------------------------------------------------
+def test_torch_option_names_become_ours():
+    params = torch_api.RendezvousParameters(
+        BACKEND_NAME, "127.0.0.1:2379", "job", 1, 2, timeout=900, rank=3, ca_cert="/ca.pem",
+        ssl_cert="/c.pem", ssl_cert_key="/k.pem", last_call_timeout="5", user="root",
+    )
+    assert conf_from_params(params) == {
+        "join_timeout": "900", "cacert": "/ca.pem", "cert": "/c.pem", "key": "/k.pem",
+        "last_call_timeout": "5", "user": "root",
+    }
+
+
+def test_an_explicit_join_timeout_wins_over_torchruns_rdzv_timeout():
+    params = torch_api.RendezvousParameters(BACKEND_NAME, "127.0.0.1:2379", "job", 1, 1, timeout=900, join_timeout=30)
+    assert conf_from_params(params)["join_timeout"] == "30"
+
+
+@pytest.mark.parametrize("error, expected", [
+    (ours.RendezvousClosedError("closed"), torch_api.RendezvousClosedError),
+    (ours.RendezvousTimeoutError("late"), torch_api.RendezvousTimeoutError),
+    (ours.RendezvousConnectionError("down"), torch_api.RendezvousConnectionError),
+    (ours.RendezvousSessionLostError("lease"), torch_api.RendezvousConnectionError),
+    (ours.RendezvousStateError("corrupt"), torch_api.RendezvousStateError),
+    (ours.RendezvousError("other"), torch_api.RendezvousError),
+    (ours.RendezvousConfigError("bad option"), ValueError),
+])
+def test_our_errors_become_torchs_with_the_same_message(error, expected):
+    translated = to_torch_error(error)
+    assert type(translated) is expected
+    assert str(translated) == str(error)
+
+
+def test_an_unknown_option_is_refused_before_connecting():
+    params = torch_api.RendezvousParameters(BACKEND_NAME, "127.0.0.1:1", "job", 1, 1, no_such_option="1")
+    with pytest.raises(ValueError, match="no_such_option"):
+        create_rdzv_handler(params)
+
+
+class StubHandler:
+    """Just what the adapter reads from our handler, with fixed answers."""
+
+    node_id = "node-a"
+
+    def __init__(self, waiting: int = 0, change: MembershipChange | None = None, rank: int = 0) -> None:
+        self.waiting, self.change, self.rank = waiting, change, rank
+
+    def get_run_id(self) -> str:
+        return "job"
+
+    def num_nodes_waiting(self) -> int:
+        return self.waiting
+
+    def membership_change(self):
+        return self.change, "why" if self.change else ""
+
+    def next_rendezvous(self) -> RendezvousInfo:
+        members = (Member("node-a", "127.0.0.1", 1), Member("node-b", "127.0.0.1", 2))
+        return RendezvousInfo("job", 3, self.rank, 2, "127.0.0.1", 1, members)
+
+
+@pytest.mark.parametrize("waiting, change, expected", [
+    (0, None, 0),
+    (2, MembershipChange.NODES_WAITING, 2),
+    (0, MembershipChange.NODES_WAITING, 0),  # e.g. beyond max_nodes: a spare, no restart
+    (0, MembershipChange.MEMBER_LOST, 1),
+    (0, MembershipChange.ROUND_SUPERSEDED, 1),
+    (0, MembershipChange.CLOSED, 1),
+])
+def test_a_lost_member_is_reported_to_torch_as_a_waiting_node_so_survivors_restart(waiting, change, expected):
+    adapter = TorchrunRendezvousHandler(StubHandler(waiting, change), "127.0.0.1")  # type: ignore[arg-type]
+    assert adapter.num_nodes_waiting() == expected
+
+
+@pytest.mark.parametrize("rank, verb", [(0, "host"), (1, "reach")])
+def test_an_agent_store_that_cannot_be_opened_is_a_rendezvous_connection_error(rank, verb):
+    def refuse(host, port, is_master, timeout):
+        assert (host, port, is_master) == ("127.0.0.1", 1, rank == 0)
+        raise RuntimeError("address in use")
+
+    adapter = TorchrunRendezvousHandler(StubHandler(rank=rank), "127.0.0.1", store_factory=refuse)  # type: ignore[arg-type]
+    with pytest.raises(torch_api.RendezvousConnectionError, match=f"cannot {verb} the agent store") as raised:
+        adapter.next_rendezvous()
+    assert isinstance(raised.value.__cause__, RuntimeError)
+
+
+# -- with a real etcd -------------------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.etcd
+def test_the_entry_point_is_discoverable_and_torchs_registry_creates_our_adapter(etcd_server):
+    discovered = {point.name: point for point in entry_points(group="torchrun.handlers")}
+    assert BACKEND_NAME in discovered, "not installed: run `pip install -e .` in the repository"
+    assert discovered[BACKEND_NAME].load() is handler_creator
+
+    from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
+
+    config = etcd_server.client_config()
+    params = torch_api.RendezvousParameters(
+        BACKEND_NAME, etcd_endpoint(etcd_server), unique_run_id("registry"), 1, 1, local_addr="127.0.0.1",
+        user=config.user, password=config.password, timeout=60,
+    )
+    handler = get_rendezvous_handler(params)
+    try:
+        assert isinstance(handler, TorchrunRendezvousHandler)
+        assert handler.get_backend() == BACKEND_NAME
+        assert handler.use_agent_store
+        info = handler.next_rendezvous()
+        assert (info.rank, info.world_size) == (0, 1)
+        info.store.set("probe", b"value")
+        assert info.store.get("probe") == b"value"
+        bootstrap = info.bootstrap_store_info
+        client = dist.TCPStore(bootstrap.master_addr, bootstrap.master_port, is_master=False,
+                                         timeout=timedelta(seconds=10))
+        assert client.get(f"torch.rendezvous.{params.run_id}.0/probe") == b"value"  # workers see the agent store
+        assert handler.num_nodes_waiting() == 0
+        assert not handler.is_closed()
+    finally:
+        handler.shutdown()
+
+
+@pytest.mark.slow
+@pytest.mark.etcd
+@pytest.mark.parametrize("share_store", [True, False], ids=["workers-reuse-agent-store", "workers-own-store"])
+def test_one_torchrun_agent_runs_two_gloo_workers_that_all_reduce(etcd_server, tmp_path, share_store):
+    process = start_torchrun(tmp_path, etcd_server, unique_run_id("one"), "1", "agent0", share_store=share_store)
+    try:
+        elapsed = wait_all([process], tmp_path)
+    finally:
+        stop_by_pid(process)
+    reports = worker_reports(tmp_path, 2)
+    assert sorted(report["rank"] for report in reports) == [0, 1]
+    assert all(report["world_size"] == report["env_world_size"] == 2 for report in reports)
+    assert all(report["rank"] == report["env_rank"] for report in reports)
+    assert all(report["sum"] == 3.0 for report in reports)  # 1 + 2
+    assert {report["use_agent_store"] for report in reports} == {str(share_store)}
+    print(f"one torchrun agent (share_store={share_store}) took {elapsed:.1f}s")
+
+
+@pytest.mark.slow
+@pytest.mark.etcd
+def test_two_torchrun_agents_with_one_run_id_form_one_world_of_four(etcd_server, tmp_path):
+    run_id = unique_run_id("two")
+    processes: list[subprocess.Popen] = []
+    try:
+        processes = [start_torchrun(tmp_path, etcd_server, run_id, "2", f"agent{index}") for index in range(2)]
+        elapsed = wait_all(processes, tmp_path)
+    finally:
+        for process in processes:
+            stop_by_pid(process)
+    reports = worker_reports(tmp_path, 4)
+    assert sorted(report["rank"] for report in reports) == [0, 1, 2, 3]
+    assert all(report["world_size"] == report["env_world_size"] == 4 for report in reports)
+    assert all(report["sum"] == 10.0 for report in reports)  # 1 + 2 + 3 + 4
+    assert sorted(report["group_rank"] for report in reports) == [0, 0, 1, 1]
+    assert len({tuple(report["master"]) for report in reports}) == 1
+    print(f"two torchrun agents took {elapsed:.1f}s")
+
+
+@pytest.mark.slow
+@pytest.mark.etcd
+def test_when_the_master_agent_dies_the_survivor_restarts_its_workers_into_a_smaller_world(etcd_server, tmp_path):
+    run_id = unique_run_id("scale-down")
+    conf = ",last_call_timeout=2,lease_ttl=3"
+    processes: list[subprocess.Popen] = []
+    try:
+        processes = [start_torchrun(tmp_path, etcd_server, run_id, "1:2", f"agent{index}", extra_conf=conf,
+                                    hold_world=4) for index in range(2)]
+        first = wait_for_reports(tmp_path, 4, processes)
+        master_pid = next(report["agent_pid"] for report in first if report["group_rank"] == 0)
+        master = next(process for process in processes if process.pid == master_pid)
+        survivor = next(process for process in processes if process is not master)
+        stop_by_pid(master, hard=True)  # no shutdown: its lease must expire (3 s) for the others to notice
+        killed_at = time.monotonic()
+        elapsed = wait_all([survivor], tmp_path)
+    finally:
+        for process in processes:
+            stop_by_pid(process)
+    second = worker_reports(tmp_path, 2)
+    assert sorted(report["rank"] for report in second) == [0, 1]
+    assert all(report["sum"] == 3.0 and report["agent_pid"] == survivor.pid for report in second)
+    assert all(report["restart_count"] == 0 for report in second)  # a membership change is not a failure
+    assert second[0]["master"] != first[0]["master"]  # the survivor hosts the new round's store
+    assert time.monotonic() - killed_at < 60  # lease TTL + last call + worker start-up, with slack for load
+    print(f"the survivor finished {elapsed:.1f}s after the master agent was killed")
