@@ -1,0 +1,1 @@
+"""The elastic agent: one per node; starts, watches and stops its worker group. Never imports torch."""

@@ -1,0 +1,365 @@
+"""The metrics registry, its text exposition, and the /metrics + /healthz server."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import threading
+import urllib.error
+import urllib.request
+
+import pytest
+
+from elastic.agent.metrics import (
+    MEMBERS,
+    NODES_WAITING,
+    RESTARTS_TOTAL,
+    ROUND_DURATION_BUCKETS,
+    ROUND_DURATION_SECONDS,
+    ROUNDS_TOTAL,
+    WORKER_EXITS_TOTAL,
+    WORKERS,
+    AgentMetrics,
+    MetricsServer,
+    MetricsServerError,
+    Registry,
+)
+
+TIMEOUT = 5
+
+
+# -- a tiny parser for the text exposition format 0.0.4 --------------------------------------
+_SAMPLE = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)\Z")
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"(,|\Z)')
+_UNESCAPE = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
+
+
+def parse_exposition(text: str) -> dict[str, dict]:
+    """{family: {"help", "type", "samples": {(name, sorted label pairs): value}}}; asserts the
+    format's rules (HELP and TYPE before samples, sample names belong to their family)."""
+    assert text.endswith("\n")
+    families: dict[str, dict] = {}
+    current = None
+    for line in text.splitlines():
+        if line.startswith("# HELP "):
+            name, _, help_text = line[7:].partition(" ")
+            assert name not in families, f"family {name} described twice"
+            current = families[name] = {"help": help_text, "type": None, "samples": {}}
+        elif line.startswith("# TYPE "):
+            name, _, kind = line[7:].partition(" ")
+            assert current is families.get(name) and kind in {"counter", "gauge", "histogram"}
+            current["type"] = kind
+        else:
+            match = _SAMPLE.match(line)
+            assert match, f"not a sample line: {line!r}"
+            name, labels_text, value = match.groups()
+            assert current is not None and current["type"] is not None
+            family = next(n for n, f in families.items() if f is current)
+            allowed = {family} | (
+                {f"{family}_bucket", f"{family}_sum", f"{family}_count"}
+                if current["type"] == "histogram" else set()
+            )
+            assert name in allowed, f"{name} does not belong to {family}"
+            current["samples"][(name, _parse_labels(labels_text or ""))] = float(value)
+    return families
+
+
+def _parse_labels(text: str) -> tuple[tuple[str, str], ...]:
+    pairs, position = [], 0
+    while position < len(text):
+        match = _LABEL.match(text, position)
+        assert match, f"bad labels at {text[position:]!r}"
+        value = re.sub(r"\\.", lambda m: _UNESCAPE[m.group()], match.group(2))
+        pairs.append((match.group(1), value))
+        position = match.end()
+    return tuple(sorted(pairs))
+
+
+def sample(families, name, family=None, **labels) -> float:
+    return families[family or name]["samples"][(name, tuple(sorted(labels.items())))]
+
+
+# -- HTTP helpers -------------------------------------------------------------------------------
+def http_get(url: str) -> tuple[int, dict, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=TIMEOUT) as response:
+            return response.status, dict(response.headers), response.read().decode()
+    except urllib.error.HTTPError as e:
+        with e:
+            return e.code, dict(e.headers), e.read().decode()
+
+
+@pytest.fixture
+def health_state():
+    return {"healthy": True, "reason": "running 2 workers"}
+
+
+@pytest.fixture
+def agent_metrics():
+    return AgentMetrics(run_id="job1", node="host-a")
+
+
+@pytest.fixture
+def server(agent_metrics, health_state):
+    server = MetricsServer(
+        0, "127.0.0.1", registry=agent_metrics.registry,
+        health=lambda: (health_state["healthy"], health_state["reason"]),
+    ).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+# -- the registry -------------------------------------------------------------------------------
+def test_counters_gauges_and_histograms_render_as_parseable_exposition_text():
+    registry = Registry()
+    jobs = registry.counter("jobs_total", "Jobs run.", ("kind",))
+    temperature = registry.gauge("temperature", "Degrees.")
+    latency = registry.histogram("latency_seconds", "Latency.", (0.1, 1.0))
+    jobs.inc(kind="a")
+    jobs.inc(2, kind="b")
+    temperature.set(21.5)
+    temperature.dec(1.5)
+    for value in (0.05, 0.1, 0.5, 7):
+        latency.observe(value)
+
+    families = parse_exposition(registry.render())
+
+    assert {n: f["type"] for n, f in families.items()} == {
+        "jobs_total": "counter", "temperature": "gauge", "latency_seconds": "histogram"}
+    assert families["jobs_total"]["help"] == "Jobs run."
+    assert sample(families, "jobs_total", kind="a") == 1
+    assert sample(families, "jobs_total", kind="b") == 2
+    assert sample(families, "temperature") == 20
+    buckets = {le: sample(families, "latency_seconds_bucket", "latency_seconds", le=le)
+               for le in ("0.1", "1.0", "+Inf")}
+    assert buckets == {"0.1": 2, "1.0": 3, "+Inf": 4}  # cumulative; 0.1 falls in le="0.1"
+    assert sample(families, "latency_seconds_count", "latency_seconds") == 4
+    assert sample(families, "latency_seconds_sum", "latency_seconds") == pytest.approx(7.65)
+
+
+def test_label_values_and_help_text_are_escaped():
+    registry = Registry()
+    tricky = 'a "quoted" back\\slash\nnewline'
+    registry.gauge("g", "Help with \\ and\nnewline.", ("label",)).set(1, label=tricky)
+
+    text = registry.render()
+    families = parse_exposition(text)
+
+    assert "# HELP g Help with \\\\ and\\nnewline." in text.splitlines()
+    assert sample(families, "g", label=tricky) == 1
+
+
+def test_special_float_values_use_the_exposition_spellings():
+    registry = Registry()
+    gauge = registry.gauge("g", "G.", ("v",))
+    gauge.set(float("inf"), v="pos")
+    gauge.set(float("-inf"), v="neg")
+    gauge.set(float("nan"), v="nan")
+
+    lines = registry.render().splitlines()
+
+    assert {'g{v="pos"} +Inf', 'g{v="neg"} -Inf', 'g{v="nan"} NaN'} <= set(lines)
+
+
+@pytest.mark.parametrize(
+    ("action", "message"),
+    [
+        (lambda r: r.counter("c", "C.", ("x",)).inc(y="1"), "takes labels"),
+        (lambda r: r.counter("c", "C.").inc(-1), "only increase"),
+        (lambda r: (r.gauge("c", "C."), r.gauge("c", "C.")), "already registered"),
+        (lambda r: r.gauge("bad-name", "B."), "not a valid Prometheus name"),
+        (lambda r: r.gauge("g", "G.", ("__reserved",)), "not valid"),
+        (lambda r: r.histogram("h", "H.", (1.0,), ("le",)), "'le'"),
+        (lambda r: r.histogram("h", "H.", (2.0, 1.0)), "increasing"),
+    ],
+)
+def test_invalid_metric_use_is_rejected(action, message):
+    with pytest.raises(ValueError, match=message):
+        action(Registry())
+
+
+def test_concurrent_increments_are_not_lost():
+    counter = Registry().counter("c_total", "C.", ("t",))
+
+    def bump() -> None:
+        for _ in range(2000):
+            counter.inc(t="x")
+
+    threads = [threading.Thread(target=bump) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert counter.value(t="x") == 16000
+
+
+# -- the agent's metrics ------------------------------------------------------------------------
+def test_agent_metrics_export_every_documented_series_from_the_start(agent_metrics):
+    families = parse_exposition(agent_metrics.registry.render())
+
+    assert sample(families, "elastic_agent_info", run_id="job1", node="host-a") == 1
+    assert sample(families, ROUNDS_TOTAL) == 0
+    assert sample(families, f"{ROUND_DURATION_SECONDS}_count", ROUND_DURATION_SECONDS) == 0
+    assert sample(families, MEMBERS) == 0
+    assert sample(families, NODES_WAITING) == 0
+    for cause in ("worker_failure", "membership_change"):
+        assert sample(families, RESTARTS_TOTAL, cause=cause) == 0
+    for state in ("running", "succeeded", "failed"):
+        assert sample(families, WORKERS, state=state) == 0
+    assert families[WORKER_EXITS_TOTAL]["type"] == "counter"
+
+
+def test_agent_metrics_follow_rounds_restarts_and_worker_exits(agent_metrics):
+    agent_metrics.round_joined(duration_s=0.3, members=2)
+    agent_metrics.round_joined(duration_s=45.0, members=3)
+    agent_metrics.set_nodes_waiting(1)
+    agent_metrics.restart("membership_change")
+    agent_metrics.restart("worker_failure")
+    agent_metrics.restart("worker_failure")
+    agent_metrics.set_workers(running=1, succeeded=2, failed=1)
+    agent_metrics.worker_exit(exitcode=0)
+    agent_metrics.worker_exit(exitcode=1)
+    agent_metrics.worker_exit(exitcode=-9)  # as subprocess reports SIGKILL
+    agent_metrics.worker_exit(exitcode=None, signal="SIGTERM")
+
+    families = parse_exposition(agent_metrics.registry.render())
+
+    assert sample(families, ROUNDS_TOTAL) == 2
+    bucket = f"{ROUND_DURATION_SECONDS}_bucket"
+    assert sample(families, bucket, ROUND_DURATION_SECONDS, le="0.5") == 1
+    assert sample(families, bucket, ROUND_DURATION_SECONDS, le="60.0") == 2
+    assert len(families[ROUND_DURATION_SECONDS]["samples"]) == len(ROUND_DURATION_BUCKETS) + 3
+    assert sample(families, MEMBERS) == 3
+    assert sample(families, NODES_WAITING) == 1
+    assert sample(families, RESTARTS_TOTAL, cause="worker_failure") == 2
+    assert sample(families, RESTARTS_TOTAL, cause="membership_change") == 1
+    assert sample(families, WORKERS, state="succeeded") == 2
+    assert sample(families, WORKER_EXITS_TOTAL, exitcode="0", signal="") == 1
+    assert sample(families, WORKER_EXITS_TOTAL, exitcode="1", signal="") == 1
+    assert sample(families, WORKER_EXITS_TOTAL, exitcode="", signal="SIGKILL") == 1
+    assert sample(families, WORKER_EXITS_TOTAL, exitcode="", signal="SIGTERM") == 1
+
+
+def test_an_unknown_restart_cause_is_rejected(agent_metrics):
+    with pytest.raises(ValueError):
+        agent_metrics.restart("oom")
+
+
+# -- the server ---------------------------------------------------------------------------------
+def test_metrics_are_served_as_exposition_text_on_a_free_port(server, agent_metrics):
+    agent_metrics.round_joined(duration_s=0.3, members=2)
+
+    status, headers, body = http_get(f"http://127.0.0.1:{server.port}/metrics")
+
+    assert server.port > 0
+    assert status == 200
+    assert headers["Content-Type"].startswith("text/plain; version=0.0.4")
+    assert sample(parse_exposition(body), MEMBERS) == 2
+
+
+def test_healthz_flips_to_503_with_the_reason_and_back(server, health_state):
+    url = f"{server.url}/healthz"
+    status, headers, body = http_get(url)
+    assert (status, json.loads(body)) == (200, {"status": "ok", "reason": "running 2 workers"})
+    assert headers["Content-Type"] == "application/json"
+
+    health_state.update(healthy=False, reason="rendezvous lost: lease expired")
+    status, _, body = http_get(url)
+    assert status == 503
+    assert json.loads(body) == {"status": "unhealthy", "reason": "rendezvous lost: lease expired"}
+
+    health_state.update(healthy=True, reason="ok")
+    assert http_get(url)[0] == 200
+
+
+def test_a_health_check_that_raises_reports_503_and_the_server_keeps_serving(agent_metrics):
+    def broken() -> tuple[bool, str]:
+        raise RuntimeError("boom")
+
+    with MetricsServer(0, "127.0.0.1", registry=agent_metrics.registry, health=broken) as server:
+        status, _, body = http_get(f"{server.url}/healthz")
+        assert status == 503 and "boom" in json.loads(body)["reason"]
+        assert http_get(f"{server.url}/metrics")[0] == 200
+
+
+def test_other_paths_are_not_found(server):
+    assert http_get(f"{server.url}/")[0] == 404
+    assert http_get(f"{server.url}/metrics/extra")[0] == 404
+    assert http_get(f"{server.url}/metrics?format=text")[0] == 200
+
+
+def test_concurrent_scrapes_during_updates_all_parse(server, agent_metrics):
+    stop = threading.Event()
+
+    def update() -> None:
+        while not stop.is_set():
+            agent_metrics.worker_exit(exitcode=1)
+            agent_metrics.round_joined(duration_s=0.1, members=2)
+
+    updater = threading.Thread(target=update)
+    updater.start()
+    try:
+        results: list[int] = []
+
+        def scrape() -> None:
+            for _ in range(10):
+                status, _, body = http_get(f"{server.url}/metrics")
+                parse_exposition(body)
+                results.append(status)
+
+        scrapers = [threading.Thread(target=scrape) for _ in range(4)]
+        for t in scrapers:
+            t.start()
+        for t in scrapers:
+            t.join(timeout=30)
+    finally:
+        stop.set()
+        updater.join(timeout=10)
+    assert results == [200] * 40
+
+
+def test_a_port_in_use_is_a_clear_error_naming_the_port_and_the_flag(agent_metrics):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        server = MetricsServer(port, "127.0.0.1", registry=agent_metrics.registry)
+        with pytest.raises(MetricsServerError, match=f"{port}.*--metrics-port"):
+            server.start()
+        server.stop()
+
+
+def test_stop_frees_the_port_and_is_idempotent(agent_metrics):
+    server = MetricsServer(0, "127.0.0.1", registry=agent_metrics.registry).start()
+    port = server.port
+    server.stop()
+    server.stop()
+
+    with pytest.raises(urllib.error.URLError):
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=TIMEOUT)
+    with MetricsServer(port, "127.0.0.1", registry=agent_metrics.registry) as again:
+        assert http_get(f"{again.url}/healthz")[0] == 200
+
+
+def test_stop_before_start_is_harmless_and_a_stopped_server_cannot_restart(agent_metrics):
+    server = MetricsServer(0, registry=agent_metrics.registry)
+    server.stop()
+    with pytest.raises(RuntimeError):
+        server.start()
+
+
+@pytest.mark.parametrize("port", [-1, 65536])
+def test_an_out_of_range_port_is_rejected(agent_metrics, port):
+    with pytest.raises(ValueError, match="metrics port"):
+        MetricsServer(port, registry=agent_metrics.registry)
+
+
+def test_the_server_thread_is_a_daemon_and_ends_on_stop(agent_metrics):
+    with MetricsServer(0, "127.0.0.1", registry=agent_metrics.registry) as server:
+        [thread] = [t for t in threading.enumerate() if t.name == f"metrics-server:{server.port}"]
+        assert thread.daemon
+    thread.join(timeout=TIMEOUT)
+    assert not thread.is_alive()
