@@ -131,30 +131,45 @@ def waiting_counts(view: RoundView, waiting_ids: Iterable[str]) -> int:
     return len(rejoining) + (len(newcomers) if room else 0)
 
 
-def classify(view: RoundView, event: WatchEvent, waiting_ids: frozenset[str]) -> tuple[MembershipChange | None, frozenset[str]]:
-    """Classify one event under the run's root; returns the change (if any) and the new waiting set.
+@dataclass(frozen=True)
+class MonitorState:
+    """What a member has learned since its round closed: who waits for the next round, who is done."""
+
+    waiting: frozenset[str] = frozenset()
+    done: frozenset[str] = frozenset()
+
+
+def classify(view: RoundView, event: WatchEvent, state: MonitorState) -> tuple[MembershipChange | None, MonitorState]:
+    """Classify one event under the run's root; returns the change (if any) and the new state.
+
+    A member that marked itself done (its workers finished; the exit barrier) may leave
+    without being *lost*.
 
     Raises:
         RendezvousStateError: the event carries a corrupt round record.
     """
     key = event.kv.key
     if key == view.keys.closed and event.type is EventType.PUT:
-        return MembershipChange.CLOSED, waiting_ids
+        return MembershipChange.CLOSED, state
     if key == view.keys.round and event.type is EventType.PUT:
         newer = decode_round(key, event.kv.value).round > view.record.round
-        return (MembershipChange.ROUND_SUPERSEDED if newer else None), waiting_ids
+        return (MembershipChange.ROUND_SUPERSEDED if newer else None), state
+    done = view.keys.parse_done_key(key)
+    if done is not None:
+        if done[0] == view.record.round and event.type is EventType.PUT:
+            state = MonitorState(state.waiting, state.done | {done[1]})
+        return None, state
     parsed = view.keys.parse_node_key(key)
     if parsed is None:
-        return None, waiting_ids
+        return None, state
     round_number, node_id = parsed
     if round_number == view.record.round and event.type is EventType.DELETE:
         is_member = view.record.rank_of(node_id) is not None
-        return (MembershipChange.MEMBER_LOST if is_member and node_id != view.node_id else None), waiting_ids
+        lost = is_member and node_id != view.node_id and node_id not in state.done
+        return (MembershipChange.MEMBER_LOST if lost else None), state
     if round_number == view.record.round + 1:
-        if event.type is EventType.PUT:
-            waiting_ids = waiting_ids | {node_id}
-        else:
-            waiting_ids = waiting_ids - {node_id}
-        change = MembershipChange.NODES_WAITING if waiting_counts(view, waiting_ids) > 0 else None
-        return change, waiting_ids
-    return None, waiting_ids
+        waiting = state.waiting | {node_id} if event.type is EventType.PUT else state.waiting - {node_id}
+        state = MonitorState(waiting, state.done)
+        change = MembershipChange.NODES_WAITING if waiting_counts(view, waiting) > 0 else None
+        return change, state
+    return None, state

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from backends.api import ABSENT, EventType, KVBackend, KeyValue
-from backends.errors import BackendError
+from backends.errors import BackendError, LeaseNotFoundError
 from backends.session import Session
 from elastic.rendezvous import records
 from elastic.rendezvous.decisions import (
@@ -190,6 +190,38 @@ class RendezvousHandler:
         monitor = self._monitor
         return (monitor.change, monitor.reason) if monitor is not None else (None, "")
 
+    def finish(self, timeout: float) -> bool:
+        """The exit barrier: mark this member done and wait until every member is, or ``timeout``.
+
+        Members that are done may leave without their peers seeing them as *lost*, so a node
+        whose workers finished first does not restart the others' last steps.
+        Returns True when every member of the round finished in time.
+
+        Raises:
+            RendezvousConnectionError: the backend could not be reached.
+        """
+        record = self._last_round
+        if record is None or self._session is None:
+            return True
+        prefix = self.keys.done_prefix(record.round)
+        deadline = self._clock() + timeout
+
+        def wait_for_all() -> bool:
+            revision = self._backend.put(self.keys.done(record.round, self.node_id), b"{}", lease=self._session.lease_id)
+            done = {kv.key for kv in self._backend.get_prefix(prefix).kvs}
+            with self._backend.watch_prefix(prefix, revision + 1) as watch:
+                while len(done) < record.world_size:
+                    remaining = deadline - self._clock()
+                    if remaining <= 0:
+                        return False
+                    done.update(event.kv.key for event in watch.get(timeout=remaining) if event.type is EventType.PUT)
+            return True
+
+        finished = self._backend_call(wait_for_all)
+        if not finished:
+            log.warning("Rendezvous %s: exit barrier timed out after %.0fs; leaving anyway", self.settings.run_id, timeout)
+        return finished
+
     def shutdown(self) -> bool:
         """Leave the rendezvous without closing it for the others (their monitors see us go)."""
         with self._lock:
@@ -222,10 +254,19 @@ class RendezvousHandler:
             state = self._read_state()
 
     def _put_join_key(self, forming: int) -> None:
-        session = self._ensure_session()
         key = self.keys.node(forming, self.node_id)
-        join = JoinRecord(self.node_id, self.node_addr, self._port_picker(self.node_addr))
-        self._backend.put(key, records.encode_join(join), lease=session.lease_id)
+        value = records.encode_join(JoinRecord(self.node_id, self.node_addr, self._port_picker(self.node_addr)))
+        try:
+            self._backend.put(key, value, lease=self._ensure_session().lease_id)
+        except LeaseNotFoundError:
+            # The lease expired before the keepalive thread noticed (the process was frozen for
+            # longer than the TTL): its keys are gone with it, so join again on a new lease.
+            log.warning("Rendezvous %s: node %s lost its lease unnoticed; joining round %d on a new one",
+                        self.settings.run_id, self.node_id, forming)
+            self.backend_writes += 1
+            self._session.close(revoke=False)  # type: ignore[union-attr]
+            self._session = None
+            self._backend.put(key, value, lease=self._ensure_session().lease_id)
         self.backend_writes += 1
         if self._joined_key is not None and self._joined_key != key:
             self._backend.delete(self._joined_key)

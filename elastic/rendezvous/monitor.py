@@ -15,7 +15,7 @@ import threading
 from backends.api import KVBackend
 from backends.errors import BackendClosedError, BackendError, CompactedError
 from backends.retry import RetryPolicy
-from elastic.rendezvous.decisions import MembershipChange, RoundView, classify, waiting_counts
+from elastic.rendezvous.decisions import MembershipChange, MonitorState, RoundView, classify, waiting_counts
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +35,7 @@ class MembershipMonitor:
         self._backend = backend
         self._view = view
         self._start_revision = start_revision
-        self._waiting: frozenset[str] = frozenset()
+        self._state = MonitorState()
         self._stopped = threading.Event()
         self._watch = None
         self._lock = threading.Lock()
@@ -50,7 +50,7 @@ class MembershipMonitor:
     @property
     def num_nodes_waiting(self) -> int:
         """Waiting nodes that justify a restart (see :func:`decisions.waiting_counts`)."""
-        return waiting_counts(self._view, self._waiting)
+        return waiting_counts(self._view, self._state.waiting)
 
     def signal(self, change: MembershipChange, reason: str) -> None:
         """Record ``change`` (the first one wins) and set :attr:`changed`."""
@@ -101,7 +101,7 @@ class MembershipMonitor:
     def _consume(self, watch) -> None:
         while not self._stopped.is_set():
             for event in watch.get(timeout=None):
-                change, self._waiting = classify(self._view, event, self._waiting)
+                change, self._state = classify(self._view, event, self._state)
                 if change is not None:
                     self.signal(change, _describe(change, event.kv.key))
 

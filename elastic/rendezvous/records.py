@@ -5,6 +5,7 @@ Key layout under ``<namespace>/<run_id>/``::
     state/round              RoundRecord of the last closed round (absent before round 0)
     state/closed             ClosedRecord once the rendezvous is closed for good
     rounds/<r>/nodes/<node>  JoinRecord of a node that wants to be in round r (lease-bound)
+    rounds/<r>/done/<node>   a member whose workers finished (the exit barrier; lease-bound)
 
 Every value is ``{"v": 1, ...}``; anything else read from the store raises
 :class:`RendezvousStateError` naming the key and how to clear it.
@@ -50,12 +51,25 @@ class RendezvousKeys:
     def node(self, round_number: int, node_id: str) -> str:
         return self.nodes_prefix(round_number) + node_id
 
+    def done_prefix(self, round_number: int) -> str:
+        return f"{self.root}rounds/{round_number}/done/"
+
+    def done(self, round_number: int, node_id: str) -> str:
+        return self.done_prefix(round_number) + node_id
+
     def parse_node_key(self, key: str) -> tuple[int, str] | None:
         """``(round, node_id)`` for a node key of this run, else None."""
+        return self._parse_round_key(key, "nodes")
+
+    def parse_done_key(self, key: str) -> tuple[int, str] | None:
+        """``(round, node_id)`` for a done key of this run, else None."""
+        return self._parse_round_key(key, "done")
+
+    def _parse_round_key(self, key: str, kind: str) -> tuple[int, str] | None:
         if not key.startswith(self.root + "rounds/"):
             return None
         parts = key[len(self.root + "rounds/"):].split("/")
-        if len(parts) != 3 or parts[1] != "nodes" or not parts[0].isdigit():
+        if len(parts) != 3 or parts[1] != kind or not parts[0].isdigit():
             return None
         return int(parts[0]), parts[2]
 

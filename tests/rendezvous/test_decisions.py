@@ -8,6 +8,7 @@ from elastic.rendezvous.decisions import (
     CloseAction,
     Joiner,
     MembershipChange,
+    MonitorState,
     RoundView,
     assign_ranks,
     classify,
@@ -115,16 +116,26 @@ PUT, DELETE = EventType.PUT, EventType.DELETE
     ],
 )
 def test_classify(the_event, expected):
-    change, _ = classify(view(), the_event, frozenset())
+    change, _ = classify(view(), the_event, MonitorState())
     assert change is expected
+
+
+def test_a_member_that_finished_may_leave_without_being_lost():
+    current = view()
+    change, state = classify(current, event(PUT, KEYS.done(3, "a")), MonitorState())
+    assert change is None and state.done == {"a"}
+    change, _ = classify(current, event(DELETE, KEYS.node(3, "a")), state)
+    assert change is None
+    change, _ = classify(current, event(DELETE, KEYS.node(3, "b")), state)
+    assert change is MembershipChange.MEMBER_LOST
 
 
 def test_waiting_nodes_are_tracked_through_puts_and_deletes():
     current = view()
-    change, waiting = classify(current, event(PUT, KEYS.node(4, "n1")), frozenset())
-    assert waiting == {"n1"}
-    change, waiting = classify(current, event(DELETE, KEYS.node(4, "n1")), waiting)
-    assert waiting == set() and change is None
+    change, state = classify(current, event(PUT, KEYS.node(4, "n1")), MonitorState())
+    assert state.waiting == {"n1"}
+    change, state = classify(current, event(DELETE, KEYS.node(4, "n1")), state)
+    assert state.waiting == set() and change is None
 
 
 @pytest.mark.parametrize(

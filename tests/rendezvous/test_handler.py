@@ -173,3 +173,15 @@ def test_corrupt_state_in_the_store_gives_the_clear_error(make_node, harness):
         client.put(handler.keys.round, b"\x80\x03 not json")
     with pytest.raises(RendezvousStateError, match="state/round.*is corrupt.*--rdzv-id"):
         handler.next_rendezvous()
+
+
+def test_a_node_whose_lease_expired_unnoticed_rejoins_with_a_new_lease(make_node, harness):
+    # A node frozen for longer than the TTL (SIGSTOP) restarts before its keepalive thread has
+    # seen the lease go: its join put fails with LeaseNotFoundError and must open a new session.
+    first, second = make_node(2, 2, join_timeout=10.0), make_node(2, 2, join_timeout=10.0)
+    rendezvous_all([first, second])
+    with harness.connect() as client:
+        client.revoke(second._session.lease_id)
+    infos = rendezvous_all([first, second])
+    assert sorted(info.group_rank for info in infos) == [0, 1]
+    assert {info.round for info in infos} == {1}
