@@ -1,1 +1,4 @@
-"""The elastic agent: one per node; starts, watches and stops its worker group. Never imports torch."""
+"""The elastic agent: one per node; starts, watches and stops its worker group.
+
+Nothing here imports torch.
+"""

@@ -1,0 +1,248 @@
+"""The elastic agent: one worker group per node, restarted on failure or membership change.
+
+The loop: rendezvous → start the worker group → watch it and the membership signal →
+:func:`elastic.agent.decisions.decide` → restart, finish (exit barrier) or give up. The
+membership signal comes from the rendezvous watch, so survivors blocked in a collective are
+stopped within the lease TTL of a peer's death, not after a collective timeout. The agent
+never imports torch.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from typing import IO, Callable
+
+from elastic.agent.decisions import AgentAction, AgentView, decide
+from elastic.agent.events import Event, EventLog, RestartCause
+from elastic.agent.failures import first_failure, signal_name
+from elastic.agent.metrics import AgentMetrics
+from elastic.agent.workers import GroupState, GroupStatus, WorkerGroup, WorkerStartError
+from elastic.launch.config import LaunchConfig
+from elastic.rendezvous.decisions import MembershipChange
+from elastic.rendezvous.errors import RendezvousError
+from elastic.rendezvous.handler import RendezvousInfo
+
+log = logging.getLogger(__name__)
+
+
+class SignalReceived(Exception):
+    """Raised in the agent's main thread when a handled signal arrives."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"received {signal.Signals(signum).name}")
+        self.signum = signum
+
+
+@dataclass(frozen=True)
+class AgentResult:
+    """How the agent ended: its exit code and a one-line reason."""
+
+    exit_code: int
+    reason: str
+
+
+class ElasticAgent:
+    """Runs the worker group of one node until the job finishes, fails for good, or is signalled.
+
+    Args:
+        config: the launch configuration.
+        handler: a rendezvous handler (ours or the static one).
+        host: this node's name, for reports.
+        events, metrics: observability sinks (metrics may be None).
+        lease_ttl: how long a dead peer takes to be noticed (the failure grace period).
+    """
+
+    def __init__(
+        self,
+        config: LaunchConfig,
+        handler,
+        *,
+        host: str,
+        events: EventLog,
+        metrics: AgentMetrics | None = None,
+        lease_ttl: float = 0.0,
+        console: IO | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.handler = handler
+        self.host = host
+        self.events = events
+        self.metrics = metrics
+        self.lease_ttl = lease_ttl
+        self._console = console if console is not None else sys.stderr
+        self._clock = clock
+        self._group: WorkerGroup | None = None
+        self._last_group: WorkerGroup | None = None
+        self.restarts_used = 0
+        self.attempt = 0
+        self.healthy = True
+
+    # -- the loop -------------------------------------------------------------------------------
+    def run(self) -> AgentResult:
+        """Run until done; never raises for job outcomes (they become the result)."""
+        try:
+            return self._run()
+        except SignalReceived as received:
+            self._stop_group(forward=received.signum)
+            self.handler.shutdown()
+            name = signal.Signals(received.signum).name
+            self.events.emit(Event.JOB_FINISHED, status=f"signalled:{name}")
+            return AgentResult(128 + received.signum, f"the agent received {name}; workers stopped")
+        except RendezvousError as error:
+            self._stop_group()
+            self.handler.shutdown()
+            self.events.emit(Event.JOB_FINISHED, status="rendezvous_error")
+            return AgentResult(1, str(error))
+        finally:
+            self.healthy = False
+
+    def _run(self) -> AgentResult:
+        while True:
+            info = self._rendezvous()
+            group = self._start_group(info)
+            if group is None:
+                action, state = AgentAction.GIVE_UP, GroupState(GroupStatus.FAILED)
+            else:
+                action, state = self._watch(group)
+            result = self._act(action, state)
+            if result is not None:
+                return result
+
+    def _rendezvous(self) -> RendezvousInfo:
+        started = self._clock()
+        info = self.handler.next_rendezvous()
+        duration = self._clock() - started
+        self.events.emit(Event.ROUND_JOINED, round=info.round, group_rank=info.group_rank,
+                         group_world_size=info.group_world_size, members=[m.node_id for m in info.members],
+                         duration_s=round(duration, 4), master=f"{info.master_addr}:{info.master_port}")
+        if self.metrics:
+            self.metrics.round_joined(duration_s=duration, members=info.group_world_size)
+        return info
+
+    def _start_group(self, info: RendezvousInfo) -> WorkerGroup | None:
+        group = WorkerGroup(self.config, info, attempt=self.attempt, restart_count=self.restarts_used)
+        try:
+            group.start()
+        except WorkerStartError as error:
+            print(f"elasticrun: cannot start the workers: {error}", file=self._console)
+            return None
+        self._group = self._last_group = group
+        log.info("Run %s node %s: attempt %d started %d workers (ranks %d..%d of %d)",
+                 info.run_id, self.host, self.attempt, self.config.nproc_per_node,
+                 info.group_rank * self.config.nproc_per_node,
+                 (info.group_rank + 1) * self.config.nproc_per_node - 1,
+                 info.group_world_size * self.config.nproc_per_node)
+        return group
+
+    def _watch(self, group: WorkerGroup) -> tuple[AgentAction, GroupState]:
+        """Wait on worker exits and the membership signal until something must be done."""
+        grace_deadline: float | None = None
+        reported_exits = 0
+        while True:
+            state = group.wait(timeout=self.config.monitor_interval)
+            reported_exits = self._report_exits(state, reported_exits)
+            change, reason = self.handler.membership_change()
+            if self.metrics:
+                self.metrics.set_nodes_waiting(self.handler.num_nodes_waiting())
+                self.metrics.set_workers(running=len(state.running), succeeded=0,
+                                         failed=len(state.failures))
+            grace_over = True
+            if state.status is GroupStatus.FAILED and change is None:
+                if grace_deadline is None:
+                    grace_deadline = self._clock() + self.lease_ttl + 1.0
+                    group.stop()
+                grace_over = self._clock() >= grace_deadline
+            view = AgentView(state.status, change, self.restarts_used, self.config.max_restarts, grace_over)
+            action = decide(view)
+            if action is AgentAction.KEEP_RUNNING:
+                continue
+            if action is AgentAction.AWAIT_MEMBERSHIP:
+                self.handler.membership_changed.wait(max(grace_deadline - self._clock(), 0.0))
+                continue
+            if change is not None:
+                self._report_change(change, reason)
+            return action, group.poll()
+
+    def _act(self, action: AgentAction, state: GroupState) -> AgentResult | None:
+        """Apply ``action``; returns the final result, or None to go round again."""
+        if action is AgentAction.FINISH:
+            self._stop_group()
+            finished = self.handler.finish(self.config.exit_barrier_timeout) if hasattr(self.handler, "finish") else True
+            if finished:
+                self.handler.set_closed("the job finished")
+            self.handler.shutdown()
+            self.events.emit(Event.JOB_FINISHED, status="succeeded")
+            return AgentResult(0, "workers finished")
+        if action in (AgentAction.RESTART_AFTER_FAILURE, AgentAction.RESTART_FOR_MEMBERSHIP):
+            self._stop_group()
+            failure = action is AgentAction.RESTART_AFTER_FAILURE
+            if failure:
+                self.restarts_used += 1
+                self._print_failure(state, final=False)
+            cause = RestartCause.WORKER_FAILURE if failure else RestartCause.MEMBERSHIP_CHANGE
+            self.events.emit(Event.RESTART, cause=cause, restart_count=self.restarts_used,
+                             remaining=self.config.max_restarts - self.restarts_used)
+            if self.metrics:
+                self.metrics.restart(cause)
+            self.attempt += 1
+            return None
+        if action is AgentAction.STOP_CLOSED:
+            self._stop_group()
+            self.handler.shutdown()
+            self.events.emit(Event.JOB_FINISHED, status="closed_by_peer")
+            return AgentResult(1, "the rendezvous was closed by another node (the job failed there or was stopped)")
+        # GIVE_UP
+        self._stop_group()
+        summary = self._print_failure(state, final=True)
+        self.handler.set_closed(f"node {self.host} gave up after {self.restarts_used} restarts")
+        self.handler.shutdown()
+        self.events.emit(Event.JOB_FINISHED, status="failed")
+        return AgentResult(1, summary.splitlines()[0] if summary else "workers failed")
+
+    # -- helpers --------------------------------------------------------------------------------
+    def _stop_group(self, forward: int | None = None) -> None:
+        group, self._group = self._group, None
+        if group is None:
+            return
+        if forward is not None:
+            group.send_signal(forward)
+        group.stop(self.config.shutdown_timeout)
+
+    def _report_exits(self, state: GroupState, reported: int) -> int:
+        for failure in state.failures[reported:]:
+            self.events.emit(Event.WORKER_EXIT, local_rank=failure.local_rank, global_rank=failure.global_rank,
+                             exitcode=failure.exitcode, signal=signal_name(failure.exitcode))
+            if self.metrics:
+                self.metrics.worker_exit(exitcode=failure.exitcode)
+        return len(state.failures)
+
+    def _report_change(self, change: MembershipChange, reason: str) -> None:
+        if change is MembershipChange.NODES_WAITING:
+            self.events.emit(Event.NODES_WAITING, count=self.handler.num_nodes_waiting(), reason=reason)
+        elif change is MembershipChange.MEMBER_LOST:
+            self.events.emit(Event.MEMBER_LOST, reason=reason)
+        log.info("Run %s node %s: %s; restarting the workers (does not count as a failure)",
+                 self.handler.get_run_id(), self.host, reason)
+
+    def _print_failure(self, state: GroupState, final: bool) -> str:
+        """Print the root-cause summary (final) or a one-line notice (before a restart)."""
+        first = first_failure(state.failures)
+        if first is None or self._last_group is None:
+            return ""
+        if not final:
+            print(f"elasticrun: worker rank {first.global_rank} failed ({_exit_text(first.exitcode)}); "
+                  f"restart {self.restarts_used} of {self.config.max_restarts}", file=self._console)
+            return ""
+        summary = self._last_group.failure_report(self.host)
+        print(summary, file=self._console)
+        return summary
+
+
+def _exit_text(exitcode: int) -> str:
+    name = signal_name(exitcode)
+    return f"killed by {name}" if name else f"exit code {exitcode}"

@@ -1,0 +1,68 @@
+"""The agent's pure decision: given the worker group and the membership, what next.
+
+Tested with a case table in ``tests/agent/test_agent_decisions.py``; no processes, no clocks.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from elastic.agent.workers import GroupStatus
+from elastic.rendezvous.decisions import MembershipChange
+
+
+class AgentAction(enum.Enum):
+    """What the agent does after one look at its workers.
+
+    KEEP_RUNNING → (nothing). RESTART_AFTER_FAILURE counts against ``--max-restarts``;
+    RESTART_FOR_MEMBERSHIP does not. FINISH: workers succeeded (exit barrier, then exit 0).
+    GIVE_UP: restarts exhausted (close the rendezvous, print the root cause, exit 1).
+    STOP_CLOSED: the rendezvous was closed by another node (stop workers, exit 1 if they had
+    not finished).
+    AWAIT_MEMBERSHIP: workers failed, no restart is left, but a peer may just have died (its
+    TCP connections reset at once, its lease expires only after the TTL): wait up to the
+    grace period for the membership signal before giving up.
+    """
+
+    KEEP_RUNNING = "keep_running"
+    RESTART_AFTER_FAILURE = "restart_after_failure"
+    RESTART_FOR_MEMBERSHIP = "restart_for_membership"
+    FINISH = "finish"
+    GIVE_UP = "give_up"
+    STOP_CLOSED = "stop_closed"
+    AWAIT_MEMBERSHIP = "await_membership"
+
+
+@dataclass(frozen=True)
+class AgentView:
+    """One look at the node: its workers, the membership signal, the restart budget."""
+
+    group: GroupStatus
+    membership: MembershipChange | None
+    restarts_used: int
+    max_restarts: int
+    grace_over: bool = True
+
+
+def decide(view: AgentView) -> AgentAction:
+    """Local results come first (a finished or failed group), then the membership signal.
+
+    A failure that coincides with a membership change is the change's consequence (a peer's
+    death breaks the collectives) and does not count against ``--max-restarts``.
+    """
+    if view.group is GroupStatus.SUCCEEDED:
+        return AgentAction.FINISH
+    if view.group in (GroupStatus.FAILED, GroupStatus.STOPPED):
+        if view.membership is MembershipChange.CLOSED:
+            return AgentAction.STOP_CLOSED
+        if view.membership is not None:
+            return AgentAction.RESTART_FOR_MEMBERSHIP
+        if view.restarts_used < view.max_restarts:
+            return AgentAction.RESTART_AFTER_FAILURE
+        return AgentAction.GIVE_UP if view.grace_over else AgentAction.AWAIT_MEMBERSHIP
+    if view.membership is MembershipChange.CLOSED:
+        return AgentAction.STOP_CLOSED
+    if view.membership is not None:
+        return AgentAction.RESTART_FOR_MEMBERSHIP
+    return AgentAction.KEEP_RUNNING

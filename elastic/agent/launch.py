@@ -1,0 +1,99 @@
+"""``run(config)``: the effectful half of ``elasticrun`` (parsing is the pure half, in elastic.launch.cli).
+
+Sets up what the agent needs — the embedded store for ``--standalone``, the rendezvous handler,
+the event log, the metrics server, signal handling — runs the agent, and returns the exit code.
+Setup errors (a malformed endpoint, an unreachable backend, a busy metrics port) are printed as
+one line, never as a traceback.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import secrets
+import signal
+import socket
+import sys
+import threading
+import uuid
+from contextlib import ExitStack
+
+from elastic.agent.agent import ElasticAgent, SignalReceived
+from elastic.agent.events import EventLog
+from elastic.agent.metrics import AgentMetrics, MetricsServer, MetricsServerError
+from elastic.agent.worker_env import omp_threads_notice
+from elastic.launch.config import LaunchConfig
+from elastic.rendezvous.errors import RendezvousError
+from elastic.rendezvous.registry import create_handler
+from elastic.rendezvous.settings import settings_from_conf
+
+log = logging.getLogger(__name__)
+
+
+def run(config: LaunchConfig) -> int:
+    """Run the agent for ``config`` on this node; returns the process exit code."""
+    _configure_logging()
+    notice = omp_threads_notice(os.environ, config.nproc_per_node)
+    if notice:
+        print(notice, file=sys.stderr)
+    with ExitStack() as cleanup:
+        try:
+            config = _with_standalone_store(config, cleanup)
+            node_addr = config.local_addr or ("127.0.0.1" if config.standalone else socket.getfqdn())
+            settings = settings_from_conf(config.run_id, config.min_nodes, config.max_nodes, config.rdzv_conf)
+            handler = create_handler(config.rdzv_backend, config.rdzv_endpoint, settings, node_addr,
+                                     node_rank=config.node_rank)
+            events = cleanup.enter_context(EventLog(config.event_log, run_id=config.run_id, node=socket.gethostname()))
+            metrics = AgentMetrics(run_id=config.run_id, node=socket.gethostname())
+            agent = ElasticAgent(config, handler, host=socket.gethostname(), events=events, metrics=metrics,
+                                 lease_ttl=settings.lease_ttl)
+            if config.metrics_port is not None:
+                server = MetricsServer(config.metrics_port, registry=metrics.registry,
+                                       health=lambda: (agent.healthy, "running" if agent.healthy else "stopped"))
+                cleanup.callback(server.stop)
+                server.start()
+                log.info("Serving /metrics and /healthz on port %d", server.port)
+        except (RendezvousError, ValueError, MetricsServerError) as error:
+            print(f"elasticrun: {error}", file=sys.stderr)
+            return 1
+        _install_signal_handlers(config.signals_to_handle)
+        result = agent.run()
+    if result.exit_code != 0:
+        print(f"elasticrun: {result.reason}", file=sys.stderr)
+    return result.exit_code
+
+
+def _with_standalone_store(config: LaunchConfig, cleanup: ExitStack) -> LaunchConfig:
+    """For ``--standalone``: host the built-in store on a free loopback port, with a random token."""
+    if not config.standalone:
+        return config
+    from backends.tcp.server import start_server
+
+    token = secrets.token_hex(16)
+    server = start_server("127.0.0.1", 0, token)
+    cleanup.callback(server.stop)
+    run_id = config.run_id if config.run_id not in ("", "none") else str(uuid.uuid4())
+    return dataclasses.replace(config, rdzv_backend="tcp", rdzv_endpoint=server.endpoint, run_id=run_id,
+                               rdzv_conf={**config.rdzv_conf, "token": token})
+
+
+def _install_signal_handlers(names: tuple[str, ...]) -> None:
+    """Turn each handled signal into SignalReceived in the main thread (the agent then stops workers)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def raise_received(signum, _frame):
+        raise SignalReceived(signum)
+
+    for name in names:
+        try:
+            signal.signal(getattr(signal, name), raise_received)
+        except (AttributeError, OSError, ValueError):
+            log.warning("Cannot handle signal %s on this platform", name)
+
+
+def _configure_logging() -> None:
+    level = os.environ.get("LOGLEVEL", "INFO").upper()
+    logging.basicConfig(level=getattr(logging, level, logging.INFO),
+                        format="[%(asctime)s] elasticrun %(levelname)s: %(message)s", stream=sys.stderr)

@@ -1,0 +1,172 @@
+"""What each worker process is given: its environment and its command line, as torchrun gives them.
+
+Pure functions of their inputs (no ``os.environ`` reads, no I/O), so the agent can build and
+log them, and tests can compare them with real torchrun workers key by key.
+
+Matches ``torchrun`` 2.13 (``LocalElasticAgent._start_workers`` + ``DefaultLogsSpecs.reify`` +
+``run.config_from_args``): a worker sees the agent's environment plus
+
+===============================  =============================================================
+``RANK``                         ``group_rank * nproc + local_rank``
+``LOCAL_RANK``                   the worker's index on this node
+``WORLD_SIZE``                   ``group_world_size * nproc``
+``LOCAL_WORLD_SIZE``             ``nproc``
+``GROUP_RANK``                   this node's rank in the round
+``GROUP_WORLD_SIZE``             nodes in the round
+``ROLE_NAME``                    ``--role`` (default ``default``)
+``ROLE_RANK``/``ROLE_WORLD_SIZE``  equal to ``RANK``/``WORLD_SIZE`` (one role per job)
+``MASTER_ADDR``/``MASTER_PORT``  the round's master (a fresh port per round, DESIGN §4)
+``TORCHELASTIC_RESTART_COUNT``   restarts after failures so far
+``TORCHELASTIC_MAX_RESTARTS``    ``--max-restarts``
+``TORCHELASTIC_RUN_ID``          ``--rdzv-id``
+``TORCHELASTIC_USE_AGENT_STORE`` ``True``/``False`` (Python's ``str(bool)``, as torchrun)
+``TORCHELASTIC_ERROR_FILE``      where ``@record`` writes the worker's error JSON
+``TORCHELASTIC_SIGNALS_TO_HANDLE``  ``--signals-to-handle`` (torchrun exports it to its own
+                                 environment, so workers inherit it)
+``TORCH_NCCL_ASYNC_ERROR_HANDLING``  inherited value, else ``1``
+``OMP_NUM_THREADS``              inherited value, else ``1`` when ``nproc > 1``
+===============================  =============================================================
+
+torchrun 2.13 does **not** set ``NCCL_ASYNC_ERROR_HANDLING`` or ``TORCH_NCCL_DUMP_ON_TIMEOUT``.
+Deliberate differences: no ``TORCHELASTIC_TIMER_FILE`` (we run no ``FileTimerServer`` for
+``TORCHELASTIC_ENABLE_FILE_TIMER=1``) and no ``--virtual-local-rank`` ``CUDA_VISIBLE_DEVICES``
+remapping; ``CUDA_VISIBLE_DEVICES`` is inherited unchanged, as torchrun does by default.
+"""
+
+from __future__ import annotations
+
+import sys
+from string import Template
+from typing import TYPE_CHECKING, Mapping
+
+from elastic.launch.config import Entrypoint, LaunchConfig
+
+if TYPE_CHECKING:  # the handler module pulls in the backends; workers need none of it
+    from elastic.rendezvous.handler import RendezvousInfo
+
+__all__ = [
+    "OMP_NOTICE",
+    "RUN_PATH_BOOTSTRAP",
+    "omp_threads_notice",
+    "python_executable",
+    "worker_argv",
+    "worker_env",
+]
+
+# torchrun's warning, word for word, printed once by the agent when it sets OMP_NUM_THREADS.
+OMP_NOTICE = (
+    "\n*****************************************\n"
+    "Setting OMP_NUM_THREADS environment variable for each process to be "
+    "1 in default, to avoid your system being overloaded, "
+    "please further tune the variable for optimal performance in "
+    "your application as needed. \n"
+    "*****************************************"
+)
+
+# ``--run-path``: torchrun calls ``runpy.run_path(script, run_name="__main__")`` with
+# ``sys.argv = [script, *args]`` in a spawned interpreter; this does the same in a fresh one.
+RUN_PATH_BOOTSTRAP = (
+    "import runpy, sys; del sys.argv[0]; runpy.run_path(sys.argv[0], run_name='__main__')"
+)
+
+
+def worker_env(
+    base: Mapping[str, str],
+    config: LaunchConfig,
+    rdzv: RendezvousInfo,
+    local_rank: int,
+    *,
+    restart_count: int,
+    error_file: str,
+    use_agent_store: bool,
+) -> dict[str, str]:
+    """The full environment of worker ``local_rank``: ``base`` plus torchrun's keys.
+
+    ``base`` is the agent's environment; it is copied, never changed.
+
+    Raises:
+        ValueError: ``local_rank`` is outside ``[0, nproc_per_node)``, ``restart_count`` is
+            negative, or the rendezvous result is inconsistent.
+    """
+    nproc = config.nproc_per_node
+    if not 0 <= local_rank < nproc:
+        raise ValueError(f"The local rank ({local_rank}) must be in [0, {nproc}).")
+    if restart_count < 0:
+        raise ValueError(f"The restart count ({restart_count}) must not be negative.")
+    if not 0 <= rdzv.group_rank < rdzv.group_world_size:
+        raise ValueError(
+            f"The group rank ({rdzv.group_rank}) must be in [0, {rdzv.group_world_size})."
+        )
+    rank = rdzv.group_rank * nproc + local_rank
+    world_size = rdzv.group_world_size * nproc
+
+    env = dict(base)
+    env.update(
+        {
+            "RANK": str(rank),
+            "LOCAL_RANK": str(local_rank),
+            "WORLD_SIZE": str(world_size),
+            "LOCAL_WORLD_SIZE": str(nproc),
+            "GROUP_RANK": str(rdzv.group_rank),
+            "GROUP_WORLD_SIZE": str(rdzv.group_world_size),
+            "ROLE_NAME": config.role,
+            "ROLE_RANK": str(rank),
+            "ROLE_WORLD_SIZE": str(world_size),
+            "MASTER_ADDR": rdzv.master_addr,
+            "MASTER_PORT": str(rdzv.master_port),
+            "TORCHELASTIC_RESTART_COUNT": str(restart_count),
+            "TORCHELASTIC_MAX_RESTARTS": str(config.max_restarts),
+            "TORCHELASTIC_RUN_ID": rdzv.run_id,
+            "TORCHELASTIC_USE_AGENT_STORE": str(bool(use_agent_store)),
+            "TORCHELASTIC_ERROR_FILE": error_file,
+            "TORCHELASTIC_SIGNALS_TO_HANDLE": ",".join(config.signals_to_handle),
+            "TORCH_NCCL_ASYNC_ERROR_HANDLING": base.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
+        }
+    )
+    if "OMP_NUM_THREADS" not in base and nproc > 1:
+        env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+def omp_threads_notice(base: Mapping[str, str], nproc_per_node: int) -> str | None:
+    """torchrun's OMP_NUM_THREADS warning when :func:`worker_env` will set it, else ``None``."""
+    if "OMP_NUM_THREADS" not in base and nproc_per_node > 1:
+        return OMP_NOTICE
+    return None
+
+
+def python_executable(base: Mapping[str, str]) -> str:
+    """The interpreter workers run under: ``$PYTHON_EXEC`` if set (as torchrun), else ours."""
+    return base.get("PYTHON_EXEC") or sys.executable
+
+
+def worker_argv(
+    entrypoint: Entrypoint, python: str = sys.executable, local_rank: int | None = None
+) -> list[str]:
+    """The command line of one worker.
+
+    ``script``: ``[python, -u, script, *args]``; ``module``: ``[python, -u, -m, mod, *args]``;
+    ``command`` (``--no-python``): ``[cmd, *args]``; ``run_path``: ``[python, -u, -c,
+    RUN_PATH_BOOTSTRAP, script, *args]``. With ``local_rank``, ``${local_rank}`` in the args is
+    replaced by it, as torchrun's macro substitution does.
+
+    Raises:
+        ValueError: unknown entrypoint kind or empty target.
+    """
+    if not entrypoint.target:
+        raise ValueError("The entrypoint target must not be empty.")
+    args = list(entrypoint.args)
+    if local_rank is not None:
+        args = [Template(a).safe_substitute(local_rank=str(local_rank)) for a in args]
+    kind = entrypoint.kind
+    if kind == "script":
+        return [python, "-u", entrypoint.target, *args]
+    if kind == "module":
+        return [python, "-u", "-m", entrypoint.target, *args]
+    if kind == "command":
+        return [entrypoint.target, *args]
+    if kind == "run_path":
+        return [python, "-u", "-c", RUN_PATH_BOOTSTRAP, entrypoint.target, *args]
+    raise ValueError(
+        f"The entrypoint kind ({kind!r}) must be one of script, module, command, run_path."
+    )

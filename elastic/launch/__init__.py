@@ -1,0 +1,1 @@
+"""The ``elasticrun`` launcher: command line (:mod:`.cli`) → :class:`~.config.LaunchConfig` → agent."""

@@ -1,0 +1,151 @@
+"""``elasticrun``: start this node's workers of an elastic PyTorch job; a torchrun replacement.
+
+``elasticrun`` (or ``python -m elastic.run``) takes torchrun's command line: every flag of
+torchrun 2.13, with the same defaults, both spellings (``--nproc-per-node`` and
+``--nproc_per_node``) and the same ``PET_*`` environment twins. Nodes meet through a rendezvous
+on **etcd v3** or on the **built-in store** (no external service); a node that dies is noticed by
+every survivor within the lease TTL and the job restarts into the new world without spending a
+restart. The launcher never imports torch. ``elasticrun --help`` lists every flag.
+
+Usage
+-----
+
+One node, four workers (like torchrun, a single node runs on a private store on a free port,
+so several jobs can share a host)::
+
+    elasticrun --nproc-per-node=4 train.py --lr 0.1
+
+One worker per visible GPU (``gpu``), per usable CPU (``cpu``), or GPUs if any else CPUs
+(``auto``); GPUs are counted without torch, honouring ``CUDA_VISIBLE_DEVICES``::
+
+    elasticrun --nproc-per-node=auto train.py
+
+Standalone, explicitly (a random run id; ``--rdzv-*`` flags are ignored with a warning)::
+
+    elasticrun --standalone --nnodes=1 --nproc-per-node=8 train.py
+
+A module, or a program that is not Python::
+
+    elasticrun --nproc-per-node=2 -m mypkg.train --epochs 3
+    elasticrun --nproc-per-node=2 --no-python ./train.sh
+
+Several nodes on etcd, a fixed size, three restarts after worker failures (start the same
+command on every node)::
+
+    elasticrun --nnodes=4 --nproc-per-node=8 --max-restarts=3 \\
+        --rdzv-backend=etcd --rdzv-endpoint=etcd-0:2379,etcd-1:2379,etcd-2:2379 \\
+        --rdzv-id=job-42 train.py
+
+Elastic, between 2 and 8 nodes: the job starts once 2 nodes have joined and ``last_call_timeout``
+has passed; nodes that arrive later join at the next round, and a node whose lease expires is
+dropped (membership changes never count against ``--max-restarts``)::
+
+    elasticrun --nnodes=2:8 --nproc-per-node=8 --max-restarts=3 \\
+        --rdzv-backend=etcd-v3 --rdzv-endpoint=etcd-0:2379 --rdzv-id=job-42 \\
+        --rdzv-conf=lease_ttl=5,last_call_timeout=30 \\
+        --rdzv-conf=cacert=/etc/elastic/ca.pem,user=elastic,password_file=/etc/elastic/etcd-pass \\
+        train.py
+
+Without etcd: the built-in store, hosted by the node whose address is the endpoint (``c10d``,
+as torchrun users expect), or a separately run ``elastic-store`` (``tcp``)::
+
+    elasticrun --nnodes=1:4 --nproc-per-node=8 --rdzv-backend=c10d \\
+        --rdzv-endpoint=node0:29400 --rdzv-id=job-42 train.py
+
+Static ranks, torchrun's default backend: no elasticity, each node names its rank::
+
+    elasticrun --nnodes=2 --node-rank=0 --master-addr=node0 --master-port=29500 \\
+        --nproc-per-node=8 train.py
+
+Check what a command line resolves to, without starting anything::
+
+    elasticrun --dry-run --nnodes=2:8 --nproc-per-node=auto --rdzv-backend=etcd \\
+        --rdzv-endpoint=etcd-0:2379 --rdzv-id=job-42 train.py
+
+Environment twins
+-----------------
+
+Every flag torchrun reads from the environment can be set as ``PET_`` + its name in capitals
+with underscores: ``PET_NNODES=2:8``, ``PET_NPROC_PER_NODE=auto``, ``PET_RDZV_BACKEND=etcd``,
+``PET_RDZV_ENDPOINT=...``, ``PET_RDZV_ID=job-42``, ``PET_RDZV_CONF=lease_ttl=5``,
+``PET_STANDALONE=1``, ``PET_MAX_RESTARTS=3``, ... A flag on the command line wins over its
+variable (a repeated ``--rdzv-conf`` replaces ``PET_RDZV_CONF`` as a whole); an empty variable
+counts as unset. Switches take ``1``/``0`` (or true/false). ``--logs-specs`` and
+``--numa-binding`` have no twin, as in torchrun, nor has ``--dry-run``. Our flags have twins
+too: ``PET_EXIT_BARRIER_TIMEOUT``, ``PET_METRICS_PORT``, ``PET_EVENT_LOG``.
+``--shutdown-timeout`` also falls back to ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT``, as in torch.
+
+The training command
+--------------------
+
+Everything from the first word that is not a launcher flag (or everything after ``--``) is the
+training command; it reaches the workers untouched, including words that look like our flags
+and any ``--`` of its own::
+
+    elasticrun --nproc-per-node=2 -- train.py --nnodes 7 -- --raw
+
+Workers get torchrun's environment: ``LOCAL_RANK``, ``RANK``, ``GROUP_RANK``, ``ROLE_RANK``,
+``LOCAL_WORLD_SIZE``, ``WORLD_SIZE``, ``ROLE_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``,
+``TORCHELASTIC_RESTART_COUNT``, ``TORCHELASTIC_MAX_RESTARTS``, ``TORCHELASTIC_RUN_ID`` and
+``TORCHELASTIC_ERROR_FILE`` (so torch's ``@record`` works unchanged).
+
+Output
+------
+
+``-r/--redirects`` sends worker streams to log files and ``-t/--tee`` to log files and the
+console: ``0`` none, ``1`` stdout, ``2`` stderr, ``3`` both, for all local ranks, or per local
+rank (``-t 0:3,1:2``). Files live under ``--log-dir``. ``--local-ranks-filter 0`` shows only
+local rank 0 on the console.
+
+Not in torchrun
+---------------
+
+``--exit-barrier-timeout SECONDS`` (300): how long a node whose workers are done waits for the
+other nodes'. ``--metrics-port PORT``: ``/healthz`` and Prometheus ``/metrics``. ``--event-log
+FILE``: structured events as JSON lines. ``--dry-run``: print the resolved configuration.
+
+Differences from torchrun
+-------------------------
+
+* Accepted but without effect (a warning says so when set): ``--start-method`` (workers are
+  always fresh processes), ``--event-log-handler``, ``--logs-specs``, ``--numa-binding``,
+  ``--duplicate-stdout-filters``, ``--duplicate-stderr-filters``, ``--virtual-local-rank``.
+* ``--rdzv-backend`` is ``etcd``/``etcd-v3`` (etcd's v3 API; never v2), ``tcp``, ``c10d`` or
+  ``static``. Unknown ``--rdzv-conf`` keys are errors, not silently ignored.
+* Flags cannot be abbreviated (``--nproc`` is an error, with a suggestion).
+* ``--nproc-per-node`` detects NVIDIA GPUs only; give XPU and other accelerators a number.
+* A bad command line prints one line, ``elasticrun: error: <flag>: <what is accepted>``, and
+  exits with status 2.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Sequence
+
+from elastic.launch.cli import PROG, describe, parse_or_exit
+
+
+def main(argv: Sequence[str] | None = None) -> int | None:
+    """Parse the command line, then print the configuration (``--dry-run``) or run the agent.
+
+    Returns the agent's exit status (None counts as 0). Raises SystemExit(2) after one error
+    line for a bad command line, SystemExit(0) after ``--help``.
+    """
+    config = parse_or_exit(sys.argv[1:] if argv is None else list(argv), os.environ)
+    if config.dry_run:
+        sys.stdout.write(describe(config))
+        return 0
+    try:
+        from elastic.agent.launch import run
+    except ModuleNotFoundError as error:
+        if not (error.name or "").startswith("elastic.agent"):
+            raise
+        print(f"{PROG}: error: the agent (elastic.agent.launch) is not installed in this build", file=sys.stderr)
+        return 1
+    return run(config)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
