@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import math
 import random
 import time
 import uuid
@@ -98,7 +99,7 @@ class KVState:
             raise ValueError(f"The history limit ({history_limit}) must be positive.")
         self.max_value_bytes = max_value_bytes
         self.store_id = store_id or uuid.uuid4().hex
-        self._clock = clock
+        self.clock = clock
         self._history_limit = history_limit
         self._rng = rng or random.Random()
         self._revision = 1
@@ -182,14 +183,14 @@ class KVState:
         """Create a lease expiring ``ttl`` seconds from now; ids are unique, random and non-zero.
 
         Raises:
-            ValueError: ``ttl`` is not positive.
+            ValueError: ``ttl`` is not a positive finite number.
         """
-        if not ttl > 0:
-            raise ValueError(f"The lease TTL ({ttl}) must be positive.")
+        if not (ttl > 0 and math.isfinite(ttl)):
+            raise ValueError(f"The lease TTL ({ttl}) must be a positive number of seconds.")
         lease_id = NO_LEASE
         while lease_id == NO_LEASE or lease_id in self._leases:
             lease_id = self._rng.getrandbits(63)
-        record = _LeaseRecord(lease_id, float(ttl), self._clock() + ttl)
+        record = _LeaseRecord(lease_id, float(ttl), self.clock() + ttl)
         self._leases[lease_id] = record
         heapq.heappush(self._expiry_heap, (record.deadline, lease_id))
         return Lease(lease_id, record.ttl)
@@ -201,7 +202,9 @@ class KVState:
             LeaseNotFoundError: the lease is unknown, revoked, or past its deadline.
         """
         record = self._check_lease(lease_id)
-        record.deadline = self._clock() + record.ttl
+        if record is None:
+            raise LeaseNotFoundError("Lease 0 means no lease; there is nothing to keep alive.")
+        record.deadline = self.clock() + record.ttl
         heapq.heappush(self._expiry_heap, (record.deadline, lease_id))
         return record.ttl
 
@@ -214,11 +217,11 @@ class KVState:
         record = self._leases.pop(lease_id, None)
         if record is None:
             return Outcome(False)
-        return Outcome(record.deadline > self._clock(), self._delete_keys(sorted(record.keys)))
+        return Outcome(record.deadline > self.clock(), self._delete_keys(sorted(record.keys)))
 
     def expire_due(self) -> tuple[WatchEvent, ...]:
         """Revoke every lease whose deadline has passed; returns the DELETE events (one revision per lease)."""
-        now = self._clock()
+        now = self.clock()
         events: list[WatchEvent] = []
         while (deadline := self.next_expiry()) is not None and deadline <= now:
             _, lease_id = heapq.heappop(self._expiry_heap)
@@ -291,7 +294,7 @@ class KVState:
         if lease_id == NO_LEASE:
             return None
         record = self._leases.get(lease_id)
-        if record is None or record.deadline <= self._clock():
+        if record is None or record.deadline <= self.clock():
             raise LeaseNotFoundError(f"Lease {lease_id:x} does not exist: it expired or was revoked.")
         return record
 

@@ -1,0 +1,455 @@
+"""The TCP store server: one :class:`~backends.kvstate.KVState` served over asyncio.
+
+:class:`StoreServer` runs on an asyncio loop you own; :func:`start_server` runs one in a
+background thread and returns a :class:`StoreServerHandle` (what the agent embeds and what
+``elastic-store`` runs). The server:
+
+* checks the shared token with :func:`hmac.compare_digest` before anything else;
+* answers requests in order per connection (see :mod:`backends.tcp.ops`);
+* pushes watch events as changes happen, replaying history first for a watch that starts in
+  the past (a compacted start gets an error reply);
+* expires leases on a timer set from :meth:`KVState.next_expiry`, so DELETEs go out on time;
+* never falls over on a bad peer: garbage, oversized or half frames and abrupt disconnects
+  cost only that connection, which is logged and dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import hmac
+import logging
+import threading
+import time
+from typing import Any, Sequence, cast
+
+from backends.api import WatchEvent
+from backends.endpoints import Endpoint
+from backends.errors import BackendError, ProtocolError
+from backends.kvstate import DEFAULT_HISTORY_LIMIT, DEFAULT_MAX_VALUE_BYTES, KVState
+from backends.tcp.ops import LEASE_OPS, apply_request, field
+from backends.tcp.protocol import (
+    DEFAULT_MAX_FRAME_BYTES,
+    MAGIC,
+    PROTOCOL_VERSION,
+    Frame,
+    FrameDecoder,
+    encode_frame,
+    error_to_wire,
+    event_batches,
+    event_to_wire,
+    tune_socket,
+)
+
+__all__ = ["StoreServer", "StoreServerHandle", "start_server"]
+
+log = logging.getLogger(__name__)
+
+HELLO_MAX_FRAME_BYTES = 64 * 1024
+"""Frame limit before a client has authenticated, so strangers cannot make us buffer much."""
+
+_READ_BUFFER_BYTES = 64 * 1024
+
+
+class StoreServer:
+    """Serves ``state`` to TCP clients on the running asyncio loop.
+
+    Args:
+        state: the data; lease timers are set from its clock, which must tick in real seconds.
+        token: shared secret clients must present; None accepts every client.
+        max_frame_bytes: largest frame accepted or sent.
+        handshake_timeout: seconds a new connection has to authenticate.
+    """
+
+    def __init__(
+        self,
+        state: KVState,
+        *,
+        token: str | None = None,
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        handshake_timeout: float = 10.0,
+    ) -> None:
+        if max_frame_bytes < HELLO_MAX_FRAME_BYTES:
+            raise ValueError(f"The frame limit ({max_frame_bytes}) must be at least {HELLO_MAX_FRAME_BYTES} bytes.")
+        self.state = state
+        self.max_frame_bytes = max_frame_bytes
+        self.handshake_timeout = handshake_timeout
+        self.address = "unbound"
+        self._token = None if token is None else token.encode()
+        self._server: asyncio.AbstractServer | None = None
+        self._connections: set[_StoreConnection] = set()
+        self._watches: dict[tuple[_StoreConnection, int], str] = {}
+        self._expiry_timer: asyncio.TimerHandle | None = None
+        self._expiry_deadline = 0.0
+
+    async def start(self, host: str, port: int) -> tuple[str, int]:
+        """Listen on ``host:port`` (0: any free port); returns the bound host and port.
+
+        Raises:
+            OSError: the address cannot be bound.
+        """
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(lambda: _StoreConnection(self), host, port, reuse_address=True)
+        bound_port = self._server.sockets[0].getsockname()[1]
+        self.address = Endpoint(host, bound_port).netloc
+        self._schedule_expiry()
+        log.info("elastic-store %s: serving store %s at revision %s",
+                 self.address, self.state.store_id, self.state.revision)
+        return host, bound_port
+
+    def close(self) -> None:
+        """Stop listening and drop every client (they see the connection close). Idempotent."""
+        if self._server is not None:
+            self._server.close()
+        self.drop_connections()
+        if self._expiry_timer is not None:
+            self._expiry_timer.cancel()
+            self._expiry_timer = None
+
+    def drop_connections(self) -> None:
+        """Abort every client connection; clients see the connection drop and reconnect."""
+        for connection in list(self._connections):
+            connection.abort()
+
+    async def wait_closed(self) -> None:
+        if self._server is not None:
+            await self._server.wait_closed()
+
+    # -- used by connections -----------------------------------------------------------------
+    def token_accepted(self, token: object) -> bool:
+        """Whether ``token`` matches the shared token (constant-time)."""
+        if self._token is None:
+            return True
+        return isinstance(token, str) and hmac.compare_digest(token.encode("utf-8", "surrogatepass"), self._token)
+
+    def hello(self) -> dict[str, Any]:
+        state = self.state
+        return {
+            "v": PROTOCOL_VERSION,
+            "store": state.store_id,
+            "rev": state.revision,
+            "crev": state.compact_revision,
+            "max_frame": self.max_frame_bytes,
+            "max_value": state.max_value_bytes,
+        }
+
+    def register(self, connection: "_StoreConnection") -> None:
+        self._connections.add(connection)
+
+    def unregister(self, connection: "_StoreConnection") -> None:
+        self._connections.discard(connection)
+        for key in [key for key in self._watches if key[0] is connection]:
+            del self._watches[key]
+
+    def handle(self, connection: "_StoreConnection", frame: Frame) -> None:
+        """Answer one authenticated request, then fan out the events it produced.
+
+        Raises:
+            ProtocolError: the frame has no request id or op (the connection must be dropped).
+        """
+        header = frame.header
+        request_id, op = header.get("i"), header.get("op")
+        if not isinstance(request_id, int) or isinstance(request_id, bool) or not isinstance(op, str):
+            raise ProtocolError("A request frame lacks its integer id or its op.")
+        try:
+            if op == "watch":
+                self._watch(connection, request_id, header)
+                return
+            if op == "unwatch":
+                self._watches.pop((connection, field(header, "w", int)), None)
+                connection.send({"i": request_id})
+                return
+            reply = apply_request(self.state, op, header, frame.payload)
+        except (BackendError, ValueError) as error:
+            connection.send({"i": request_id, **error_to_wire(error)})
+            return
+        except Exception as error:  # a bug must cost one request, not the server
+            log.exception("elastic-store %s: request %r from %s failed", self.address, op, connection.peer)
+            connection.send({"i": request_id, "err": "internal", "msg": f"The store failed: {error!r}"})
+            return
+        response = reply.header
+        response["i"] = request_id
+        connection.send(response, reply.parts)
+        if reply.events:
+            self.fan_out(reply.events)
+        if op in LEASE_OPS:
+            self._schedule_expiry()
+
+    def fan_out(self, events: Sequence[WatchEvent]) -> None:
+        """Push ``events`` to every watch whose prefix matches."""
+        if not events:
+            return
+        for (connection, watch_id), prefix in list(self._watches.items()):
+            matching = [event for event in events if event.kv.key.startswith(prefix)]
+            if matching:
+                connection.push_events(watch_id, matching)
+
+    # -- internals ---------------------------------------------------------------------------
+    def _watch(self, connection: "_StoreConnection", request_id: int, header: dict[str, Any]) -> None:
+        prefix = field(header, "p", str)
+        start = header.get("s")
+        start = self.state.revision + 1 if start is None else field(header, "s", int)
+        backlog = self.state.events_since(prefix, start)
+        self._watches[(connection, request_id)] = prefix
+        connection.send({"i": request_id, "s": start})
+        if backlog:
+            connection.push_events(request_id, backlog)
+
+    def _schedule_expiry(self) -> None:
+        deadline = self.state.next_expiry()
+        if deadline is None or (self._expiry_timer is not None and self._expiry_deadline <= deadline):
+            return
+        if self._expiry_timer is not None:
+            self._expiry_timer.cancel()
+        delay = max(deadline - self.state.clock(), 0.0)
+        self._expiry_deadline = deadline
+        self._expiry_timer = asyncio.get_running_loop().call_later(delay, self._expire)
+
+    def _expire(self) -> None:
+        self._expiry_timer = None
+        events = self.state.expire_due()
+        if events:
+            log.debug("elastic-store %s: leases expired, %d keys deleted", self.address, len(events))
+            self.fan_out(events)
+        self._schedule_expiry()
+
+
+class _StoreConnection(asyncio.BufferedProtocol):
+    """One client: the handshake, then frames handed to the server in order.
+
+    A buffered protocol, so each read lands in one reused buffer instead of a fresh 256 KiB
+    allocation (which costs mmap/munmap system calls per request).
+    """
+
+    def __init__(self, server: StoreServer) -> None:
+        self._server = server
+        self._transport: asyncio.Transport | None = None
+        self._magic = b""
+        self._decoder = FrameDecoder(HELLO_MAX_FRAME_BYTES)
+        self._authenticated = False
+        self._closing = False
+        self._handshake_timer: asyncio.TimerHandle | None = None
+        self.max_out_frame = server.max_frame_bytes
+        self.peer = "unknown peer"
+        self._buffer = memoryview(bytearray(_READ_BUFFER_BYTES))
+
+    # -- asyncio callbacks -------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)  # create_server gives stream transports
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            tune_socket(sock)
+        peer = transport.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        self._server.register(self)
+        loop = asyncio.get_running_loop()
+        self._handshake_timer = loop.call_later(self._server.handshake_timeout, self._handshake_expired)
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._buffer
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self._closing:
+            return
+        try:
+            self._receive(self._buffer[:nbytes])
+        except ProtocolError as error:
+            log.warning("elastic-store %s: dropping %s: %s", self._server.address, self.peer, error)
+            self.abort()
+        except Exception:
+            log.exception("elastic-store %s: dropping %s after an internal error", self._server.address, self.peer)
+            self.abort()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._closing = True
+        if self._handshake_timer is not None:
+            self._handshake_timer.cancel()
+        self._server.unregister(self)
+        if self._decoder.pending_bytes:
+            log.info("elastic-store %s: %s left mid-frame", self._server.address, self.peer)
+        log.debug("elastic-store %s: %s disconnected (%s)", self._server.address, self.peer, exc)
+
+    # -- sending -----------------------------------------------------------------------------
+    def send(self, header: dict[str, Any], parts: Sequence[bytes] = (), *, magic: bool = False) -> None:
+        """Send one frame; a response over the frame limit becomes an error reply instead."""
+        if self._closing or self._transport is None:
+            return
+        data = encode_frame(header, parts)
+        if len(data) - 4 > self.max_out_frame:
+            message = f"The response is {len(data)} bytes, over the {self.max_out_frame}-byte frame limit."
+            ids: dict[str, Any] = {name: header[name] for name in ("i", "w") if name in header}
+            data = encode_frame({**ids, "err": "internal", "msg": message})
+        self._transport.write(MAGIC + data if magic else data)
+        if self._transport.get_write_buffer_size() > 2 * self._server.max_frame_bytes:
+            log.warning("elastic-store %s: %s reads too slowly; dropping it", self._server.address, self.peer)
+            self.abort()
+
+    def push_events(self, watch_id: int, events: Sequence[WatchEvent]) -> None:
+        for batch in event_batches(events, self.max_out_frame // 2):
+            parts: list[bytes] = []
+            items = [event_to_wire(event, parts) for event in batch]
+            self.send({"w": watch_id, "ev": items}, parts)
+
+    def abort(self) -> None:
+        self._closing = True
+        if self._transport is not None:
+            self._transport.abort()
+
+    # -- receiving ---------------------------------------------------------------------------
+    def _receive(self, data: memoryview) -> None:
+        if len(self._magic) < len(MAGIC):
+            missing = len(MAGIC) - len(self._magic)
+            self._magic += bytes(data[:missing])
+            data = data[missing:]
+            if not MAGIC.startswith(self._magic):
+                raise ProtocolError(f"not an elastic-store client (it sent {self._magic!r})")
+            if len(self._magic) < len(MAGIC):
+                return
+        for frame in self._decoder.feed(data):
+            if self._closing:
+                return
+            if self._authenticated:
+                self._server.handle(self, frame)
+            else:
+                self._hello(frame)
+
+    def _hello(self, frame: Frame) -> None:
+        header = frame.header
+        if header.get("v") != PROTOCOL_VERSION:
+            self._refuse("version", f"The store speaks protocol version {PROTOCOL_VERSION}, the client "
+                         f"{header.get('v')!r}; use matching etcd-elastic versions.")
+            return
+        if not self._server.token_accepted(header.get("token")):
+            log.warning("elastic-store %s: %s presented a wrong or missing token", self._server.address, self.peer)
+            self._refuse("auth", "The store rejected the token (wrong or missing); "
+                                 "pass the token the store was started with.")
+            return
+        peer_max = header.get("max_frame")
+        if isinstance(peer_max, int) and HELLO_MAX_FRAME_BYTES <= peer_max < self.max_out_frame:
+            self.max_out_frame = peer_max
+        self._authenticated = True
+        self._decoder.max_frame_bytes = self._server.max_frame_bytes
+        if self._handshake_timer is not None:
+            self._handshake_timer.cancel()
+        self.send(self._server.hello(), magic=True)
+
+    def _refuse(self, code: str, message: str) -> None:
+        self.send({"err": code, "msg": message}, magic=True)
+        self._closing = True
+        if self._transport is not None:
+            self._transport.close()
+
+    def _handshake_expired(self) -> None:
+        if not self._authenticated and not self._closing:
+            log.warning("elastic-store %s: %s did not complete the handshake in time", self._server.address, self.peer)
+            self.abort()
+
+
+class StoreServerHandle:
+    """A :class:`StoreServer` running on its own loop in a daemon thread; see :func:`start_server`."""
+
+    def __init__(self, server: StoreServer, loop: asyncio.AbstractEventLoop, thread: threading.Thread,
+                 host: str, port: int) -> None:
+        self.server = server
+        self.host = host
+        self.port = port
+        self._loop = loop
+        self._thread = thread
+        self._stop_lock = threading.Lock()
+        self._stopped = False
+
+    @property
+    def endpoint(self) -> str:
+        """``host:port`` to hand to clients."""
+        return Endpoint(self.host, self.port).netloc
+
+    @property
+    def state(self) -> KVState:
+        return self.server.state
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop serving and drop every client; returns once the port is released. Idempotent."""
+        with self._stop_lock:
+            if self._stopped:
+                return
+            self._stopped = True
+        if not self._loop.is_closed():
+            try:
+                self._loop.call_soon_threadsafe(self._shut_down)
+            except RuntimeError:  # the loop closed in the meantime
+                pass
+        self._thread.join(timeout)
+
+    def drop_connections(self, timeout: float = 5.0) -> None:
+        """Abort every client connection but keep serving (fault injection for tests and drills)."""
+        done = concurrent.futures.Future()  # type: concurrent.futures.Future[None]
+
+        def drop() -> None:
+            self.server.drop_connections()
+            done.set_result(None)
+
+        self._loop.call_soon_threadsafe(drop)
+        done.result(timeout)
+
+    def freeze(self, seconds: float) -> None:
+        """Block the server's loop for ``seconds`` (fault injection: an unresponsive server)."""
+        self._loop.call_soon_threadsafe(time.sleep, seconds)
+
+    def _shut_down(self) -> None:
+        self.server.close()
+        self._loop.stop()
+
+    def __enter__(self) -> "StoreServerHandle":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+
+def start_server(
+    host: str = "127.0.0.1",
+    port: int = 0,
+    token: str | None = None,
+    *,
+    state: KVState | None = None,
+    max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
+    history_limit: int = DEFAULT_HISTORY_LIMIT,
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+    handshake_timeout: float = 10.0,
+) -> StoreServerHandle:
+    """Start a store server in a background thread; returns once it listens.
+
+    Pass ``state`` to serve existing data (e.g. to restart a server without losing it);
+    otherwise a fresh :class:`KVState` with ``max_value_bytes`` and ``history_limit``.
+
+    Raises:
+        OSError: the address cannot be bound (e.g. the port is taken).
+        ValueError: a limit is invalid.
+    """
+    state = state if state is not None else KVState(max_value_bytes=max_value_bytes, history_limit=history_limit)
+    server = StoreServer(state, token=token, max_frame_bytes=max_frame_bytes, handshake_timeout=handshake_timeout)
+    loop = asyncio.new_event_loop()
+    started: concurrent.futures.Future[tuple[str, int]] = concurrent.futures.Future()
+    thread = threading.Thread(target=_serve, args=(loop, server, host, port, started),
+                              name=f"elastic-store-{host}:{port}", daemon=True)
+    thread.start()
+    bound_host, bound_port = started.result()
+    return StoreServerHandle(server, loop, thread, bound_host, bound_port)
+
+
+def _serve(loop: asyncio.AbstractEventLoop, server: StoreServer, host: str, port: int,
+           started: "concurrent.futures.Future[tuple[str, int]]") -> None:
+    asyncio.set_event_loop(loop)
+    try:
+        started.set_result(loop.run_until_complete(server.start(host, port)))
+    except BaseException as error:  # handed to the starting thread, which raises it
+        started.set_exception(error)
+        loop.close()
+        return
+    try:
+        loop.run_forever()
+        loop.run_until_complete(server.wait_closed())
+        loop.run_until_complete(asyncio.sleep(0))  # let aborted transports report connection_lost
+    finally:
+        loop.close()
+        log.info("elastic-store %s: stopped", server.address)
