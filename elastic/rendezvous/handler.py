@@ -18,6 +18,7 @@ reads, waits on watches with deadlines, and writes.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -133,6 +134,8 @@ class RendezvousHandler:
         self._joined_key: str | None = None
         self._last_round: RoundRecord | None = None
         self._lock = threading.RLock()
+        self._shutting_down = threading.Event()
+        self._active_watches: set = set()
         self.backend_writes = 0
 
     # -- public API -----------------------------------------------------------------------------
@@ -154,6 +157,8 @@ class RendezvousHandler:
             try:
                 info = self._join_until_included(deadline)
             except BackendError as error:
+                if self._shutting_down.is_set():
+                    raise RendezvousClosedError(f"Node {self.node_id} was shut down while joining.") from error
                 raise RendezvousConnectionError(
                     f"Rendezvous {self.settings.run_id}: the backend failed during the join: {error}"
                 ) from error
@@ -209,7 +214,7 @@ class RendezvousHandler:
         def wait_for_all() -> bool:
             revision = self._backend.put(self.keys.done(record.round, self.node_id), b"{}", lease=self._session.lease_id)
             done = {kv.key for kv in self._backend.get_prefix(prefix).kvs}
-            with self._backend.watch_prefix(prefix, revision + 1) as watch:
+            with self._watch(prefix, revision + 1) as watch:
                 while len(done) < record.world_size:
                     remaining = deadline - self._clock()
                     if remaining <= 0:
@@ -223,7 +228,13 @@ class RendezvousHandler:
         return finished
 
     def shutdown(self) -> bool:
-        """Leave the rendezvous without closing it for the others (their monitors see us go)."""
+        """Leave the rendezvous without closing it for the others (their monitors see us go).
+
+        A join in progress in another thread is interrupted (it raises RendezvousClosedError).
+        """
+        self._shutting_down.set()
+        for watch in list(self._active_watches):
+            watch.cancel()
         with self._lock:
             self._stop_monitor()
             self._leave_quietly()
@@ -245,7 +256,13 @@ class RendezvousHandler:
                 raise RendezvousClosedError(f"The rendezvous {self.settings.run_id} is closed; no new round will form.")
             forming = state.round.round + 1 if state.round else 0
             self._put_join_key(forming)
-            record, revision = self._wait_for_round(forming, state, deadline)
+            try:
+                record, revision = self._wait_for_round(forming, state, deadline)
+            except _JoinKeyLost as lost:
+                log.warning("Rendezvous %s: node %s lost its join key for round %d (%s); joining again",
+                            self.settings.run_id, self.node_id, forming, lost)
+                state = self._read_state()
+                continue
             rank = record.rank_of(self.node_id)
             if rank is not None:
                 return self._included(record, rank)
@@ -275,7 +292,7 @@ class RendezvousHandler:
 
     def _wait_for_round(self, forming: int, state: _StateView, deadline: float) -> tuple[RoundRecord, int]:
         """Block until round ``forming`` (or a later one) is closed; close it ourselves if we are the closer."""
-        with self._backend.watch_prefix(self.keys.state_prefix, state.revision + 1) as state_watch:
+        with self._watch(self.keys.state_prefix, state.revision + 1) as state_watch:
             while True:
                 joiners = self._read_joiners(forming)
                 closer = closer_of(joiners.values())
@@ -295,6 +312,7 @@ class RendezvousHandler:
                 closed = self._closed_round_from(event, forming)
                 if closed is not None:
                     return closed
+            self._check_still_joined()
             if closer is None or self._backend.get(self.keys.node(forming, closer.node_id)).kv is None:
                 return None  # the closer is gone (or unknown): re-elect
 
@@ -313,7 +331,7 @@ class RendezvousHandler:
         """The closer's loop: watch joins, decide, and close with one compare-and-swap."""
         read = self._backend.get_prefix(self.keys.nodes_prefix(forming))
         joined = {joiner.node_id: joiner for joiner in map(_joiner, read.kvs)}
-        with self._backend.watch_prefix(self.keys.root, read.revision + 1) as watch:
+        with self._watch(self.keys.root, read.revision + 1) as watch:
             last_call: float | None = None
             while True:
                 now = self._clock()
@@ -334,6 +352,9 @@ class RendezvousHandler:
                     if closed is not None:
                         return closed
                     self._apply_join_event(joined, forming, event)
+                self._check_still_joined()
+                if self.node_id not in joined:
+                    raise _JoinKeyLost("our key vanished (the lease expired)")
 
     def _apply_join_event(self, joined: dict[str, Joiner], forming: int, event) -> None:
         parsed = self.keys.parse_node_key(event.kv.key)
@@ -381,6 +402,26 @@ class RendezvousHandler:
                               master.addr, master.master_port, record.members)
 
     # -- helpers --------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _watch(self, prefix: str, start_revision: int):
+        """A watch that :meth:`shutdown` can cancel from another thread."""
+        watch = self._backend.watch_prefix(prefix, start_revision)
+        self._active_watches.add(watch)
+        try:
+            if self._shutting_down.is_set():
+                watch.cancel()
+            yield watch
+        finally:
+            self._active_watches.discard(watch)
+            watch.cancel()
+
+    def _check_still_joined(self) -> None:
+        """Raise _JoinKeyLost when our session (so our join key) is gone, or we are shutting down."""
+        if self._shutting_down.is_set():
+            raise RendezvousClosedError(f"Node {self.node_id} was shut down while joining.")
+        if self._session is None or not self._session.alive:
+            raise _JoinKeyLost("our lease was lost")
+
     def _read_state(self) -> _StateView:
         read = self._backend.get_prefix(self.keys.state_prefix)
         round_kv = next((kv for kv in read.kvs if kv.key == self.keys.round), None)
@@ -427,6 +468,10 @@ class RendezvousHandler:
             return call()
         except BackendError as error:
             raise RendezvousConnectionError(f"Rendezvous {self.settings.run_id}: backend failed: {error}") from error
+
+
+class _JoinKeyLost(Exception):
+    """Our join key vanished while waiting for the round (our lease expired); join again."""
 
 
 def _joiner(kv: KeyValue) -> Joiner:

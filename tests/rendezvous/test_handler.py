@@ -185,3 +185,33 @@ def test_a_node_whose_lease_expired_unnoticed_rejoins_with_a_new_lease(make_node
     infos = rendezvous_all([first, second])
     assert sorted(info.group_rank for info in infos) == [0, 1]
     assert {info.round for info in infos} == {1}
+
+
+def test_a_joining_node_whose_lease_lapses_joins_again_and_the_round_still_closes(make_node, harness):
+    # Under CPU starvation a node's keepalives can stall past the TTL while it waits for the
+    # round; its key vanishes. It must notice and join again rather than wait out the join timeout.
+    handlers = [make_node(3, 3, node_id=f"n{index}") for index in range(3)]
+    first_two = threading.Thread(target=lambda: rendezvous_all(handlers[:2]), daemon=True)
+    first_two.start()
+    deadline = time.monotonic() + 10
+    while handlers[0]._session is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    with harness.connect() as client:
+        client.revoke(handlers[0]._session.lease_id)  # n0, the closer, loses its lease mid-join
+    late = rendezvous_all(handlers[2:])
+    first_two.join(timeout=TTL + 10)
+    assert not first_two.is_alive()
+    assert late[0].group_world_size == 3
+
+
+def test_shutdown_interrupts_a_join_in_progress(make_node):
+    handler = make_node(2, 2)
+    outcome = []
+    joiner = threading.Thread(target=lambda: outcome.append(_attempt(handler)), daemon=True)
+    joiner.start()
+    time.sleep(0.5)
+    started = time.monotonic()
+    handler.shutdown()
+    joiner.join(timeout=5)
+    assert not joiner.is_alive() and time.monotonic() - started < 5
+    assert isinstance(outcome[0], RendezvousClosedError)
