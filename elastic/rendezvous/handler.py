@@ -313,8 +313,11 @@ class RendezvousHandler:
                 if closed is not None:
                     return closed
             self._check_still_joined()
-            if closer is None or self._backend.get(self.keys.node(forming, closer.node_id)).kv is None:
-                return None  # the closer is gone (or unknown): re-elect
+            if closer is None:
+                return None
+            current = self._backend.get(self.keys.node(forming, closer.node_id)).kv
+            if current is None or current.create_revision != closer.join_revision:
+                return None  # the closer is gone, or rejoined as a newer node: re-elect
 
     def _closed_round_from(self, event, forming: int) -> tuple[RoundRecord, int] | None:
         if event.type is not EventType.PUT:
