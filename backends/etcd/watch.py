@@ -199,6 +199,8 @@ class ResumingWatch:
             )
             return
         except _TRANSIENT as error:
+            if self._stopped.is_set():
+                return  # cancelled by its owner: not a loss
             log.warning(
                 "etcd watch on %r lost (%s); resuming from revision %d", self._prefix, error, self.resume_revision
             )

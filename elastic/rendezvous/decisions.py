@@ -119,6 +119,8 @@ class RoundView:
     record: RoundRecord
     node_id: str
     max_nodes: int
+    record_revision: int = 0
+    """The revision that wrote ``record``: the monitor replays that PUT, which is not news."""
 
 
 def waiting_counts(view: RoundView, waiting_ids: Iterable[str]) -> int:
@@ -152,6 +154,8 @@ def classify(view: RoundView, event: WatchEvent, state: MonitorState) -> tuple[M
     if key == view.keys.closed and event.type is EventType.PUT:
         return MembershipChange.CLOSED, state
     if key == view.keys.round and event.type is EventType.PUT:
+        if event.revision == view.record_revision:
+            return None, state  # our own round: skip decoding an O(members) record again
         newer = decode_round(key, event.kv.value).round > view.record.round
         return (MembershipChange.ROUND_SUPERSEDED if newer else None), state
     done = view.keys.parse_done_key(key)

@@ -38,7 +38,6 @@ from elastic.rendezvous.decisions import (
     MembershipChange,
     RoundView,
     assign_ranks,
-    closer_of,
     decide_close,
     last_call_deadline,
 )
@@ -214,12 +213,14 @@ class RendezvousHandler:
         def wait_for_all() -> bool:
             revision = self._backend.put(self.keys.done(record.round, self.node_id), b"{}", lease=self._session.lease_id)
             done = {kv.key for kv in self._backend.get_prefix(prefix).kvs}
+            # Any event counts, a DELETE too: a member that saw everyone done leaves and revokes
+            # its lease, and its done key may be gone before our read (the watch replays it).
             with self._watch(prefix, revision + 1) as watch:
                 while len(done) < record.world_size:
                     remaining = deadline - self._clock()
                     if remaining <= 0:
                         return False
-                    done.update(event.kv.key for event in watch.get(timeout=remaining) if event.type is EventType.PUT)
+                    done.update(event.kv.key for event in watch.get(timeout=remaining))
             return True
 
         finished = self._backend_call(wait_for_all)
@@ -265,7 +266,7 @@ class RendezvousHandler:
                 continue
             rank = record.rank_of(self.node_id)
             if rank is not None:
-                return self._included(record, rank)
+                return self._included(record, rank, revision)
             log.info("Rendezvous %s: round %d closed without node %s; waiting for round %d",
                      self.settings.run_id, record.round, self.node_id, record.round + 1)
             state = self._read_state()
@@ -294,8 +295,8 @@ class RendezvousHandler:
         """Block until round ``forming`` (or a later one) is closed; close it ourselves if we are the closer."""
         with self._watch(self.keys.state_prefix, state.revision + 1) as state_watch:
             while True:
-                joiners = self._read_joiners(forming)
-                closer = closer_of(joiners.values())
+                oldest = self._backend.get_first_created(self.keys.nodes_prefix(forming)).kv
+                closer = _joiner(oldest) if oldest is not None else None  # closer_of(), read on the server
                 if closer is not None and closer.node_id == self.node_id:
                     return self._close_round(forming, state, deadline)
                 closed = self._await_close_or_closer_loss(state_watch, forming, closer, deadline)
@@ -392,9 +393,9 @@ class RendezvousHandler:
             f"The round record {self.keys.round} changed to round {current.round} while closing round {forming}."
         )
 
-    def _included(self, record: RoundRecord, rank: int) -> RendezvousInfo:
+    def _included(self, record: RoundRecord, rank: int, revision: int) -> RendezvousInfo:
         self._last_round = record
-        view = RoundView(self.keys, record, self.node_id, self.settings.max_nodes)
+        view = RoundView(self.keys, record, self.node_id, self.settings.max_nodes, revision)
         self._monitor = MembershipMonitor(self._backend, view, record.members_revision + 1)
         session = self._session
         if session is not None:

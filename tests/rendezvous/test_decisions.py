@@ -120,6 +120,12 @@ def test_classify(the_event, expected):
     assert change is expected
 
 
+def test_the_put_of_our_own_round_record_is_skipped_without_decoding_it():
+    current = RoundView(KEYS, RoundRecord(3, members("me", "a")), "me", 4, record_revision=10)
+    change, _ = classify(current, event(PUT, KEYS.round, b"not decoded: it is the record we hold"), MonitorState())
+    assert change is None
+
+
 def test_a_member_that_finished_may_leave_without_being_lost():
     current = view()
     change, state = classify(current, event(PUT, KEYS.done(3, "a")), MonitorState())
