@@ -3,7 +3,9 @@
 The loop: rendezvous → start the worker group → watch it and the membership signal →
 :func:`elastic.agent.decisions.decide` → restart, finish (exit barrier) or give up. The
 membership signal comes from the rendezvous watch, so survivors blocked in a collective are
-stopped within the lease TTL of a peer's death, not after a collective timeout. The agent
+stopped within the lease TTL of a peer's death, not after a collective timeout. A worker
+failure restarts the group at once, and counts against ``--max-restarts`` only if the next
+round still has every member of the last one (else it was a dead peer's consequence). The agent
 never imports torch.
 """
 
@@ -79,6 +81,7 @@ class ElasticAgent:
         self._group: WorkerGroup | None = None
         self._last_group: WorkerGroup | None = None
         self.restarts_used = 0
+        self._unsettled: _UnsettledFailure | None = None
         self.attempt = 0
         self.healthy = True
 
@@ -104,6 +107,7 @@ class ElasticAgent:
     def _run(self) -> AgentResult:
         while True:
             info = self._rendezvous()
+            self._settle_failure(info)
             group = self._start_group(info)
             if group is None:
                 action, state = AgentAction.GIVE_UP, GroupState(GroupStatus.FAILED)
@@ -154,7 +158,9 @@ class ElasticAgent:
             grace_over = True
             if state.status is GroupStatus.FAILED and change is None:
                 if grace_deadline is None:
-                    grace_deadline = self._clock() + self.lease_ttl + 1.0
+                    # Only a peer's death can be a membership change in disguise; alone, there is no peer.
+                    grace = self.lease_ttl + 1.0 if group.rdzv.group_world_size > 1 else 0.0
+                    grace_deadline = self._clock() + grace
                     group.stop()
                 grace_over = self._clock() >= grace_deadline
             view = AgentView(state.status, change, self.restarts_used, self.config.max_restarts, grace_over)
@@ -172,23 +178,20 @@ class ElasticAgent:
         """Apply ``action``; returns the final result, or None to go round again."""
         if action is AgentAction.FINISH:
             self._stop_group()
-            finished = self.handler.finish(self.config.exit_barrier_timeout) if hasattr(self.handler, "finish") else True
-            if finished:
-                self.handler.set_closed("the job finished")
+            self._exit_barrier()
             self.handler.shutdown()
             self.events.emit(Event.JOB_FINISHED, status="succeeded")
             return AgentResult(0, "workers finished")
-        if action in (AgentAction.RESTART_AFTER_FAILURE, AgentAction.RESTART_FOR_MEMBERSHIP):
+        if action is AgentAction.RESTART_AFTER_FAILURE:
             self._stop_group()
-            failure = action is AgentAction.RESTART_AFTER_FAILURE
-            if failure:
-                self.restarts_used += 1
-                self._print_failure(state, final=False)
-            cause = RestartCause.WORKER_FAILURE if failure else RestartCause.MEMBERSHIP_CHANGE
-            self.events.emit(Event.RESTART, cause=cause, restart_count=self.restarts_used,
-                             remaining=self.config.max_restarts - self.restarts_used)
-            if self.metrics:
-                self.metrics.restart(cause)
+            # Restart at once, but count the failure only once the next round shows every member
+            # survived: a peer's death breaks our collectives before its lease expires.
+            self._unsettled = _UnsettledFailure(state, self._last_members())
+            self.attempt += 1
+            return None
+        if action is AgentAction.RESTART_FOR_MEMBERSHIP:
+            self._stop_group()
+            self._record_restart(RestartCause.MEMBERSHIP_CHANGE)
             self.attempt += 1
             return None
         if action is AgentAction.STOP_CLOSED:
@@ -205,6 +208,50 @@ class ElasticAgent:
         return AgentResult(1, summary.splitlines()[0] if summary else "workers failed")
 
     # -- helpers --------------------------------------------------------------------------------
+    def _settle_failure(self, info: RendezvousInfo) -> None:
+        """Count the failure that caused this round, unless a member of the previous one is gone.
+
+        Its restart is then a membership change (DESIGN §4: those are free): the peer died, and
+        our workers failed on the connections it reset, before its lease expired.
+        """
+        unsettled, self._unsettled = self._unsettled, None
+        if unsettled is None:
+            return
+        lost = sorted(set(unsettled.members) - {member.node_id for member in info.members})
+        if lost:
+            reason = f"worker failure after the loss of {', '.join(lost)} (absent from round {info.round})"
+            self.events.emit(Event.MEMBER_LOST, reason=reason)
+            log.info("Run %s node %s: %s; not counted as a failure", info.run_id, self.host, reason)
+            self._record_restart(RestartCause.MEMBERSHIP_CHANGE)
+            return
+        self.restarts_used += 1
+        self._print_failure(unsettled.state, final=False)
+        self._record_restart(RestartCause.WORKER_FAILURE)
+
+    def _record_restart(self, cause: RestartCause) -> None:
+        self.events.emit(Event.RESTART, cause=cause, restart_count=self.restarts_used,
+                         remaining=self.config.max_restarts - self.restarts_used)
+        if self.metrics:
+            self.metrics.restart(cause)
+
+    def _last_members(self) -> tuple[str, ...]:
+        group = self._last_group
+        return tuple(member.node_id for member in group.rdzv.members) if group is not None else ()
+
+    def _exit_barrier(self) -> None:
+        """Wait for the other members' workers, then close the rendezvous.
+
+        Best effort, as torchrun's: our workers have succeeded, so a backend that goes away now
+        (a c10d host that finished first stops its store) is logged, not turned into a failure.
+        """
+        try:
+            finished = self.handler.finish(self.config.exit_barrier_timeout) if hasattr(self.handler, "finish") else True
+            if finished:
+                self.handler.set_closed("the job finished")
+        except RendezvousError as error:
+            log.warning("Run %s node %s: the exit barrier failed (%s); the workers had finished, so exiting 0",
+                        self.handler.get_run_id(), self.host, error)
+
     def _stop_group(self, forward: int | None = None) -> None:
         group, self._group = self._group, None
         if group is None:
@@ -241,6 +288,14 @@ class ElasticAgent:
         summary = self._last_group.failure_report(self.host)
         print(summary, file=self._console)
         return summary
+
+
+@dataclass(frozen=True)
+class _UnsettledFailure:
+    """A worker failure restarted at once, counted or not after the next round (see _settle_failure)."""
+
+    state: GroupState
+    members: tuple[str, ...]
 
 
 def _exit_text(exitcode: int) -> str:

@@ -40,7 +40,8 @@ def run(config: LaunchConfig) -> int:
     with ExitStack() as cleanup:
         try:
             config = _with_standalone_store(config, cleanup)
-            node_addr = config.local_addr or ("127.0.0.1" if config.standalone else socket.getfqdn())
+            # torchrun's --standalone gives workers MASTER_ADDR=localhost; match it.
+            node_addr = config.local_addr or ("localhost" if config.standalone else socket.getfqdn())
             settings = settings_from_conf(config.run_id, config.min_nodes, config.max_nodes, config.rdzv_conf)
             handler = create_handler(config.rdzv_backend, config.rdzv_endpoint, settings, node_addr,
                                      node_rank=config.node_rank)
