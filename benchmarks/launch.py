@@ -1,0 +1,155 @@
+"""Launcher overhead: ``elasticrun`` against ``torchrun``, same flags, same run.
+
+Run:  python benchmarks/launch.py [--repetitions 5] [--nproc 2] [--json FILE]
+
+Each repetition runs ``--standalone --nproc-per-node=N workers/noop.py`` under both launchers
+(``python -m elastic.run`` and ``python -m torch.distributed.run``, alternating which goes first)
+and measures, from the moment the launcher process is created:
+
+  first worker    wall time until the first worker started (each noop worker notes its start
+                  time before any import but json/os/sys): the launcher's own overhead
+  all workers     until the last worker started
+  completion      until the launcher exited (noop workers exit at once, so this adds the
+                  launcher's teardown: exit barrier, store shutdown)
+  agent peak RSS  the launcher process alone (psutil, sampled every 5 ms), workers excluded
+  wait4 maxrss    ru_maxrss from os.wait4: the largest of the launcher and the workers it reaped
+
+and prints the medians, and the ratio ours / torchrun of each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+
+import psutil
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+NOOP = os.path.join(HERE, "workers", "noop.py")
+LAUNCHERS = {
+    "elasticrun": [sys.executable, "-m", "elastic.run"],
+    "torchrun": [sys.executable, "-m", "torch.distributed.run"],
+}
+SAMPLE_S = 0.005
+RUN_TIMEOUT_S = 120.0
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One launch: seconds from process creation, and memory in MiB."""
+
+    first_worker_s: float
+    all_workers_s: float
+    completion_s: float
+    agent_peak_rss_mib: float
+    wait4_maxrss_mib: float
+
+
+def launch_once(name: str, nproc: int, workdir: str) -> Sample:
+    """Run one launcher to completion and measure it.
+
+    Raises:
+        RuntimeError: the launcher failed, timed out, or not every worker reported.
+    """
+    out = os.path.join(workdir, f"{name}-{time.monotonic_ns()}.jsonl")
+    argv = LAUNCHERS[name] + ["--standalone", f"--nproc-per-node={nproc}", NOOP, out]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PET_", "TORCHELASTIC_"))}
+    env["LOGLEVEL"] = "WARNING"
+    started_wall, started = time.time(), time.monotonic()
+    proc = subprocess.Popen(argv, env=env, cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    agent, peak = psutil.Process(proc.pid), 0
+    deadline = started + RUN_TIMEOUT_S
+    status = rusage = None
+    while time.monotonic() < deadline:
+        try:
+            peak = max(peak, agent.memory_info().rss)
+        except psutil.Error:
+            pass
+        pid, status, rusage = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            break
+        time.sleep(SAMPLE_S)
+    else:
+        proc.kill()
+        proc.wait()
+        raise RuntimeError(f"{name} did not finish within {RUN_TIMEOUT_S:g}s")
+    completion = time.monotonic() - started
+    proc.returncode = os.waitstatus_to_exitcode(status)  # reaped by wait4; keep Popen consistent
+    stderr = proc.stderr.read().decode(errors="replace")
+    proc.stderr.close()
+    if proc.returncode != 0:
+        raise RuntimeError(f"{name} exited {proc.returncode}: {stderr[-2000:]}")
+    with open(out) as reports:
+        starts = sorted(json.loads(line)["started"] for line in reports if line.strip())
+    if len(starts) != nproc:
+        raise RuntimeError(f"{name}: {len(starts)} of {nproc} workers reported")
+    return Sample(
+        first_worker_s=starts[0] - started_wall,
+        all_workers_s=starts[-1] - started_wall,
+        completion_s=completion,
+        agent_peak_rss_mib=peak / 2**20,
+        wait4_maxrss_mib=rusage.ru_maxrss / 1024,  # KiB on Linux
+    )
+
+
+def median_of(samples: list[Sample], field: str) -> float:
+    return statistics.median(getattr(sample, field) for sample in samples)
+
+
+def report(results: dict[str, list[Sample]], nproc: int, repetitions: int) -> str:
+    rows = [("first worker started (s)", "first_worker_s", "{:.3f}"),
+            ("all workers started (s)", "all_workers_s", "{:.3f}"),
+            ("completion (s)", "completion_s", "{:.3f}"),
+            ("agent peak RSS (MiB)", "agent_peak_rss_mib", "{:.1f}"),
+            ("wait4 maxrss (MiB)", "wait4_maxrss_mib", "{:.1f}")]
+    lines = [f"--standalone --nproc-per-node={nproc} noop.py, median of {repetitions} runs each",
+             f"{'metric':<26} {'elasticrun':>11} {'torchrun':>11} {'ours/theirs':>12}"]
+    for label, field, form in rows:
+        ours, theirs = median_of(results["elasticrun"], field), median_of(results["torchrun"], field)
+        ratio = ours / theirs if theirs else float("nan")
+        lines.append(f"{label:<26} {form.format(ours):>11} {form.format(theirs):>11} {ratio:>11.2f}x")
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repetitions", type=int, default=5, help="runs per launcher (default 5)")
+    parser.add_argument("--nproc", type=int, default=2, help="workers per run (default 2)")
+    parser.add_argument("--json", help="also write every sample to this file")
+    args = parser.parse_args(argv)
+    if args.repetitions < 1 or args.nproc < 1:
+        parser.error("--repetitions and --nproc must be at least 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    results: dict[str, list[Sample]] = {name: [] for name in LAUNCHERS}
+    with tempfile.TemporaryDirectory(prefix="bench-launch-") as workdir:
+        for repetition in range(args.repetitions):
+            order = list(LAUNCHERS) if repetition % 2 == 0 else list(reversed(LAUNCHERS))
+            for name in order:
+                sample = launch_once(name, args.nproc, workdir)
+                results[name].append(sample)
+                print(f"  run {repetition + 1} {name:<10} first worker {sample.first_worker_s:.3f}s  "
+                      f"completion {sample.completion_s:.3f}s  agent RSS {sample.agent_peak_rss_mib:.1f} MiB",
+                      file=sys.stderr)
+    sys.stderr.flush()
+    print(report(results, args.nproc, args.repetitions))
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump({name: [asdict(s) for s in samples] for name, samples in results.items()}, out, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,322 @@
+"""Recovery time: from a membership or failure event to the first collective of the new group.
+
+Run:  python benchmarks/recovery.py [--repetitions 3] [--quick] [--json FILE]
+
+Every job is ``--nnodes 2:3 --nproc-per-node 1`` on loopback; each worker loops gloo
+all-reduces (``tests/agent/workers/allreduce.py``) and notes each one's wall time. Cases:
+
+  node_loss     3 nodes running; SIGKILL one whole node (agent and worker, not the store host)
+                → first all-reduce of the 2 survivors
+  worker_crash  2 nodes; one worker exits 1 on its first attempt (``--max-restarts 1``)
+                → first all-reduce of the restarted group
+  scale_up      2 nodes running; a third agent is started
+                → first all-reduce at world size 3 (includes the third launcher's own start)
+
+Launchers, all with the same liveness budget (a silent node is dead after 2 s) and a 1 s last
+call, in one run:
+
+  elasticrun/etcd   ``--rdzv-backend etcd``  ``--rdzv-conf lease_ttl=2,last_call_timeout=1``
+  elasticrun/c10d   ``--rdzv-backend c10d``  (the first node hosts the built-in store), same conf
+  torchrun/c10d     ``--rdzv-backend c10d``  ``--rdzv-conf last_call_timeout=1,
+                    keep_alive_interval=1,keep_alive_max_attempt=2``, with
+                    ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``: by default torchrun 2.13 workers
+                    share the rendezvous store, and a restarted gloo group reads the previous
+                    attempt's addresses and fails (pytorch/pytorch#135712); the default is
+                    available as ``--launchers torchrun/c10d-shared-store`` (expect failures)
+
+etcd comes from :mod:`elastic.testing.etcd_server` (``ETCD_TEST_BACKEND``: docker or the local
+binary), or ``--etcd-endpoint`` for a running one without auth. Prints the median recovery per
+case and launcher, and ours / torchrun. ``--quick`` (CI): one repetition of node_loss and
+worker_crash.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from typing import Callable
+
+import psutil
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WORKER = os.path.join(REPO, "tests", "agent", "workers", "allreduce.py")
+CASES = ("node_loss", "worker_crash", "scale_up")
+LAUNCHERS = ("elasticrun/etcd", "elasticrun/c10d", "torchrun/c10d")
+# torchrun as shipped: workers share the rendezvous TCPStore, so a restarted gloo group can read
+# the previous attempt's addresses and fail (pytorch/pytorch#135712). Opt-in: it rarely recovers.
+TORCHRUN_SHARED = "torchrun/c10d-shared-store"
+LIVENESS_S = 2
+LAST_CALL_S = 1
+WAIT_S = 30.0  # per step; --timeout
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def wait_for_port(port: int, deadline: float) -> None:
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"nothing listens on 127.0.0.1:{port}")
+
+
+@dataclass
+class Job:
+    """The agents of one measured job, their worker reports, and their cleanup."""
+
+    launcher: str
+    etcd_endpoint: str
+    workdir: str
+    max_restarts: int = 3
+    worker_args: tuple[str, ...] = ()
+    run_id: str = field(default_factory=lambda: f"bench-{uuid.uuid4().hex[:8]}")
+    port: int = field(default_factory=free_port)
+    agents: list[subprocess.Popen] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.reports = os.path.join(self.workdir, f"{self.run_id}.jsonl")
+        self.stop_file = os.path.join(self.workdir, f"{self.run_id}.stop")
+
+    def argv(self) -> list[str]:
+        common = ["--nnodes=2:3", "--nproc-per-node=1", f"--max-restarts={self.max_restarts}",
+                  "--rdzv-id", self.run_id, "--local-addr", "127.0.0.1", "--monitor-interval", "0.1"]
+        worker = [WORKER, self.reports, "--loop", "--stop-file", self.stop_file, "--max-seconds", "120",
+                  *self.worker_args]
+        ours_conf = f"lease_ttl={LIVENESS_S},last_call_timeout={LAST_CALL_S}"
+        if self.launcher == "elasticrun/etcd":
+            head = ["-m", "elastic.run", "--rdzv-backend", "etcd", "--rdzv-endpoint", self.etcd_endpoint,
+                    "--rdzv-conf", ours_conf]
+        elif self.launcher == "elasticrun/c10d":
+            head = ["-m", "elastic.run", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{self.port}",
+                    "--rdzv-conf", ours_conf]
+        else:
+            conf = f"last_call_timeout={LAST_CALL_S},keep_alive_interval=1,keep_alive_max_attempt={LIVENESS_S}"
+            head = ["-m", "torch.distributed.run", "--rdzv-backend", "c10d",
+                    "--rdzv-endpoint", f"127.0.0.1:{self.port}", "--rdzv-conf", conf]
+        return [sys.executable, *head, *common, *worker]
+
+    def start_agent(self) -> float:
+        """Start one more agent; returns its wall start time. The first one hosts any c10d store."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("PET_", "TORCHELASTIC_"))}
+        env["LOGLEVEL"] = "WARNING"
+        if self.launcher == "torchrun/c10d":
+            env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"  # torch's workaround for #135712
+        log = open(os.path.join(self.workdir, f"{self.run_id}-agent{len(self.agents)}.log"), "wb")
+        started = time.time()
+        with log:
+            self.agents.append(subprocess.Popen(self.argv(), cwd=REPO, env=env, stdin=subprocess.DEVNULL,
+                                                stdout=log, stderr=log))
+        if len(self.agents) == 1 and self.launcher.endswith("c10d"):
+            wait_for_port(self.port, time.monotonic() + WAIT_S)
+        return started
+
+    def records(self) -> list[dict]:
+        if not os.path.exists(self.reports):
+            return []
+        with open(self.reports) as reports:
+            complete = reports.read().split("\n")[:-1]  # the last piece may be a line still being written
+        return [json.loads(line) for line in complete if line.strip()]
+
+    def wait_for(self, what: str, predicate: Callable[[list[dict]], object]):
+        deadline = time.monotonic() + WAIT_S
+        while time.monotonic() < deadline:
+            found = predicate(self.records())
+            if found:
+                return found
+            time.sleep(0.02)
+        raise RuntimeError(f"{self.launcher}: no {what} within {WAIT_S:g}s (logs in {self.workdir})")
+
+    def kill_agent(self, index: int) -> float:
+        """SIGKILL agent ``index`` and all its descendants at once; returns the wall time."""
+        try:
+            root = psutil.Process(self.agents[index].pid)
+            tree = [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            tree = []
+        killed_at = time.time()
+        for proc in tree:
+            try:
+                proc.send_signal(signal.SIGKILL)
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(tree, timeout=10)
+        self.agents[index].wait(timeout=10)
+        return killed_at
+
+    def stop(self) -> None:
+        """Let the workers stop together, give the agents a moment, then kill what is left (by PID)."""
+        open(self.stop_file, "w").close()
+        deadline = time.monotonic() + 20
+        for agent in self.agents:
+            try:
+                agent.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        for index, agent in enumerate(self.agents):
+            if agent.poll() is None:
+                self.kill_agent(index)
+        for pid in {r["pid"] for r in self.records()}:
+            try:
+                proc = psutil.Process(pid)
+                if WORKER in " ".join(proc.cmdline()):
+                    proc.kill()
+            except psutil.Error:
+                pass
+
+
+def allreduce_times(records: list[dict], world: int, after: float, pids: set[int] | None = None) -> list[float]:
+    return [r["time"] for r in records
+            if r["event"] == "allreduce" and r["world_size"] == world and r["time"] > after
+            and (pids is None or r["pid"] in pids)]
+
+
+def full_world(world: int, after: float = 0.0) -> Callable[[list[dict]], bool]:
+    def seen(records: list[dict]) -> bool:
+        ranks = {r["rank"] for r in records
+                 if r["event"] == "allreduce" and r["world_size"] == world and r["time"] > after}
+        return ranks == set(range(world))
+    return seen
+
+
+def node_loss(job: Job) -> float:
+    for _ in range(3):
+        job.start_agent()
+    job.wait_for("world of 3", full_world(3))
+    killed_at = job.kill_agent(2)
+    job.wait_for("world of 2 after the kill", full_world(2, after=killed_at))
+    return min(allreduce_times(job.records(), 2, killed_at)) - killed_at
+
+
+def worker_crash(job: Job) -> float:
+    for _ in range(2):
+        job.start_agent()
+    crash = job.wait_for("crash", lambda records: next((r for r in records if r["event"] == "crash"), None))
+
+    def restarted(records: list[dict]) -> list[float]:
+        new_pids = {r["pid"] for r in records if r["event"] == "started" and r["time"] > crash["time"]}
+        times = allreduce_times(records, 2, crash["time"], new_pids)
+        return times if len({r["rank"] for r in records if r["pid"] in new_pids and r["event"] == "allreduce"}) == 2 else []
+
+    return min(job.wait_for("restarted group", restarted)) - crash["time"]
+
+
+def scale_up(job: Job) -> float:
+    for _ in range(2):
+        job.start_agent()
+    job.wait_for("world of 2", full_world(2))
+    joined_at = job.start_agent()
+    job.wait_for("world of 3", full_world(3, after=joined_at))
+    return min(allreduce_times(job.records(), 3, joined_at)) - joined_at
+
+
+def measure(case: str, launcher: str, etcd_endpoint: str, workdir: str) -> float:
+    """One measurement; every process it started is gone when it returns."""
+    if case == "worker_crash":
+        job = Job(launcher, etcd_endpoint, workdir, max_restarts=1,
+                  worker_args=("--crash-rank", "1", "--crash-restart", "0", "--crash-after", "1.0"))
+    else:
+        job = Job(launcher, etcd_endpoint, workdir)
+    try:
+        return {"node_loss": node_loss, "worker_crash": worker_crash, "scale_up": scale_up}[case](job)
+    finally:
+        job.stop()
+
+
+def table(results: dict[tuple[str, str], list[float]], cases: list[str], launchers: list[str]) -> str:
+    widths = {name: max(17, len(name) + 2) for name in launchers}
+    header = f"{'case':<13}" + "".join(f"{name:>{widths[name]}}" for name in launchers)
+    ours = [name for name in launchers if not name.startswith("torchrun")]
+    if "torchrun/c10d" in launchers:
+        header += "".join(f"{name.split('/')[1] + '/torchrun':>16}" for name in ours)
+    lines = ["recovery: event -> first all-reduce of the new group, median seconds", header]
+    for case in cases:
+        medians = {name: statistics.median(results[case, name]) if results[case, name] else None for name in launchers}
+        row = f"{case:<13}" + "".join(f"{medians[name]:>{widths[name]}.2f}" if medians[name] is not None
+                                      else f"{'failed':>{widths[name]}}" for name in launchers)
+        theirs = medians.get("torchrun/c10d")
+        for name in ours if "torchrun/c10d" in launchers else []:
+            ratio = medians[name] / theirs if medians[name] is not None and theirs else None
+            row += f"{ratio:>15.2f}x" if ratio is not None else f"{'n/a':>16}"
+        lines.append(row)
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repetitions", type=int, default=3, help="measurements per case and launcher (default 3)")
+    parser.add_argument("--quick", action="store_true", help="one repetition of node_loss and worker_crash (CI)")
+    parser.add_argument("--cases", default=",".join(CASES), help=f"any of {','.join(CASES)}")
+    parser.add_argument("--launchers", default=",".join(LAUNCHERS), help=f"any of {','.join(LAUNCHERS)}")
+    parser.add_argument("--etcd-endpoint", help="a running etcd without auth (default: start one)")
+    parser.add_argument("--timeout", type=float, default=WAIT_S,
+                        help=f"seconds to wait for each step before a measurement counts as failed (default {WAIT_S:g})")
+    parser.add_argument("--json", help="also write every measurement to this file")
+    args = parser.parse_args(argv)
+    args.cases = [c for c in args.cases.split(",") if c]
+    args.launchers = [name for name in args.launchers.split(",") if name]
+    if args.quick:
+        args.repetitions, args.cases = 1, [c for c in args.cases if c != "scale_up"]
+    unknown = set(args.cases) - set(CASES) | set(args.launchers) - set(LAUNCHERS) - {TORCHRUN_SHARED}
+    if unknown or args.repetitions < 1:
+        parser.error(f"unknown case or launcher {sorted(unknown)}, or --repetitions < 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    global WAIT_S
+    args = parse_args(argv)
+    WAIT_S = args.timeout
+    results: dict[tuple[str, str], list[float]] = {(c, name): [] for c in args.cases for name in args.launchers}
+    failures = 0
+    with ExitStack() as cleanup:
+        endpoint = args.etcd_endpoint or ""
+        if not endpoint and "elasticrun/etcd" in args.launchers:
+            sys.path.insert(0, REPO)
+            from elastic.testing.etcd_server import EtcdServerOptions, start_etcd_server
+
+            server = start_etcd_server(EtcdServerOptions())
+            cleanup.callback(server.close)
+            endpoint = server.endpoints
+        workdir = tempfile.mkdtemp(prefix="bench-recovery-")
+        for repetition in range(args.repetitions):
+            for case in args.cases:
+                for launcher in args.launchers:
+                    try:
+                        seconds = measure(case, launcher, endpoint, workdir)
+                    except (RuntimeError, subprocess.TimeoutExpired) as error:
+                        failures += 1
+                        print(f"  run {repetition + 1} {case:<12} {launcher:<16} FAILED: {error}", file=sys.stderr)
+                        continue
+                    results[case, launcher].append(seconds)
+                    print(f"  run {repetition + 1} {case:<12} {launcher:<16} {seconds:.2f}s", file=sys.stderr)
+        print(table(results, args.cases, args.launchers))
+    if failures:
+        print(f"{failures} measurement(s) failed; agent logs and worker reports kept in {workdir}", file=sys.stderr)
+    else:
+        shutil.rmtree(workdir, ignore_errors=True)
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump({f"{case} {name}": values for (case, name), values in results.items()}, out, indent=1)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
