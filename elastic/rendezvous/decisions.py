@@ -29,13 +29,10 @@ class Joiner:
 
 
 # -- who closes the round --------------------------------------------------------------------
-def closer_of(joiners: Iterable[Joiner]) -> Joiner | None:
-    """The node that closes the forming round: the oldest live join key (lowest revision).
-
-    Only it watches every join, so the round costs O(N) watch events, not O(N^2). If it dies
-    its key vanishes with its lease and the next oldest takes over.
-    """
-    return min(joiners, key=lambda joiner: (joiner.join_revision, joiner.node_id), default=None)
+# The oldest live join key (lowest create revision) closes the round: only it watches every
+# join, so a round costs O(N) watch events, not O(N^2); if it dies its key vanishes with its
+# lease and the next oldest takes over. The handler asks the backend for that key directly
+# (``get_first_created``), so the rule runs on the server, not here.
 
 
 # -- when to close ---------------------------------------------------------------------------

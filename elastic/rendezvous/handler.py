@@ -296,7 +296,7 @@ class RendezvousHandler:
         with self._watch(self.keys.state_prefix, state.revision + 1) as state_watch:
             while True:
                 oldest = self._backend.get_first_created(self.keys.nodes_prefix(forming)).kv
-                closer = _joiner(oldest) if oldest is not None else None  # closer_of(), read on the server
+                closer = _joiner(oldest) if oldest is not None else None  # the oldest join key closes (see decisions)
                 if closer is not None and closer.node_id == self.node_id:
                     return self._close_round(forming, state, deadline)
                 closed = self._await_close_or_closer_loss(state_watch, forming, closer, deadline)

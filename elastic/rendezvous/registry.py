@@ -21,6 +21,7 @@ from backends.api import KVBackend
 from backends.endpoints import parse_endpoint
 from backends.errors import BackendError, EndpointError
 from elastic.rendezvous.errors import RendezvousConfigError, RendezvousConnectionError
+from elastic.rendezvous.settings import RendezvousSettings
 
 log = logging.getLogger(__name__)
 
@@ -170,7 +171,7 @@ def _secret(options: Mapping[str, str], name: str) -> str | None:
 def create_handler(
     backend_name: str,
     endpoint: str,
-    settings: "RendezvousSettings",
+    settings: RendezvousSettings,
     node_addr: str,
     *,
     node_rank: int | None = None,
@@ -194,5 +195,3 @@ def create_handler(
     opened = open_backend(backend_name, endpoint, settings.backend_options)
     return RendezvousHandler(settings, opened.backend, node_addr, release=opened.release)
 
-
-from elastic.rendezvous.settings import RendezvousSettings  # noqa: E402  (typing of create_handler)

@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from backends.api import ABSENT, EventType, KVBackend, WatchEvent
+from backends.api import ABSENT, KVBackend, WatchEvent
 from backends.errors import (
     BackendAuthError,
     BackendClosedError,

@@ -12,7 +12,6 @@ from elastic.rendezvous.decisions import (
     RoundView,
     assign_ranks,
     classify,
-    closer_of,
     decide_close,
     last_call_deadline,
     waiting_counts,
@@ -61,12 +60,6 @@ def test_decide_close(joined, minimum, maximum, deadline, now, action, wait_unti
 )
 def test_last_call_deadline(previous, joined, minimum, now, expected):
     assert last_call_deadline(previous, joined, minimum, now, 30.0) == expected
-
-
-def test_the_oldest_join_key_closes_and_ties_break_by_node_id():
-    assert closer_of([joiner("b", 7), joiner("a", 9), joiner("c", 8)]).node_id == "b"
-    assert closer_of([joiner("b", 7), joiner("a", 7)]).node_id == "a"
-    assert closer_of([]) is None
 
 
 @pytest.mark.parametrize(
