@@ -3,7 +3,8 @@
 Modules, one job each: :mod:`~backends.etcd.config` (settings), :mod:`~backends.etcd.translate`
 (gRPC errors to :mod:`backends.errors`), :mod:`~backends.etcd.convert` (protobuf to contract
 types), :mod:`~backends.etcd.connection` (channels, auth, failover, retries),
-:mod:`~backends.etcd.watch` (resuming watches), :mod:`~backends.etcd.backend` (the contract).
+:mod:`~backends.etcd.watch` (every watch on one resuming stream),
+:mod:`~backends.etcd.keepalive` (lease renewals on one stream per endpoint), :mod:`~backends.etcd.backend` (the contract).
 """
 
 from backends.etcd.backend import EtcdBackend

@@ -3,8 +3,9 @@
 Conditional writes are single etcd transactions (compare the key's mod or create revision,
 put or delete on success, read the key on failure), so a :class:`~backends.api.WriteResult`
 always comes from one round trip and one revision. Reads report the header revision they were
-served at. Leases map to etcd leases (whole seconds). Watches resume across restarts (see
-:mod:`backends.etcd.watch`). Errors are translated at this boundary (see
+served at. Leases map to etcd leases (whole seconds), renewed on one persistent stream per endpoint (see
+:mod:`backends.etcd.keepalive`). Every watch of a client shares one Watch stream and resumes
+across restarts (see :mod:`backends.etcd.watch`). Errors are translated at this boundary (see
 :mod:`backends.etcd.translate`).
 """
 
@@ -31,9 +32,10 @@ from backends.api import (
 )
 from backends.errors import BackendError, CompactedError, LeaseNotFoundError, ValueTooLargeError
 from backends.etcd.config import EtcdConfig
-from backends.etcd.connection import CallOptions, EndpointChannel, EtcdConnection
+from backends.etcd.connection import EtcdConnection
 from backends.etcd.convert import encode_key, first_key_value, key_value, prefix_range_end
-from backends.etcd.watch import ResumingWatch
+from backends.etcd.keepalive import KeepAliveStreams
+from backends.etcd.watch import WatchHub
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +59,9 @@ class EtcdBackend(KVBackend):
         self.config = config if isinstance(config, EtcdConfig) else EtcdConfig(endpoints=config)
         self.max_value_bytes = self.config.max_value_bytes
         self._connection = EtcdConnection(self.config)
-        self._watches: set[ResumingWatch] = set()
-        self._watches_lock = threading.Lock()
+        self._watch_hub = WatchHub(self._connection)
+        self._keepalives = KeepAliveStreams()
+        self._close_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"EtcdBackend({self.config.endpoint_list})"
@@ -175,8 +178,9 @@ class EtcdBackend(KVBackend):
         Raises:
             LeaseNotFoundError: the lease expired or was revoked.
         """
-        request = etcdrpc.LeaseKeepAliveRequest(ID=lease_id)
-        response = self._call(f"keepalive lease {lease_id:x}", lambda c, o: _keepalive_once(c, o, request))
+        response = self._call(
+            f"keepalive lease {lease_id:x}", lambda c, o: self._keepalives.renew(c, o, lease_id)
+        )
         if response is None or response.TTL <= 0:
             raise LeaseNotFoundError(f"etcd lease {lease_id:x} expired or was revoked; open a new session.")
         return float(response.TTL)
@@ -206,12 +210,8 @@ class EtcdBackend(KVBackend):
             raise ValueError(f"The watch start revision ({start_revision}) must be at least 1.")
         if start_revision is None:
             start_revision = self.get(prefix).revision + 1
-        resuming = ResumingWatch(self._connection, prefix, start_revision, on_done=self._forget_watch)
-        with self._watches_lock:
-            self._connection.check_open(f"watch {prefix!r}")
-            self._watches.add(resuming)
-        resuming.start()
-        return resuming.watch
+        self._connection.check_open(f"watch {prefix!r}")
+        return self._watch_hub.watch(prefix, start_revision)
 
     def compact(self, revision: int) -> None:
         """Compact history before ``revision``; compacting an already-compacted revision is a no-op."""
@@ -223,14 +223,13 @@ class EtcdBackend(KVBackend):
 
     # -- lifecycle ---------------------------------------------------------------------------
     def close(self) -> None:
-        """Cancel every watch and close the channels; idempotent."""
-        with self._watches_lock:
+        """Cancel every watch, end the keepalive streams and close the channels; idempotent."""
+        with self._close_lock:
             if self._connection.closed:
                 return
-            watches = list(self._watches)
             self._connection.close()
-        for resuming in watches:
-            resuming.watch.cancel()
+        self._watch_hub.close()
+        self._keepalives.close()
 
     # -- helpers -----------------------------------------------------------------------------
     def _call(self, operation: str, invoke: Any, *, resend_safe: bool = True) -> Any:
@@ -246,10 +245,6 @@ class EtcdBackend(KVBackend):
             )
         return bytes(value)
 
-    def _forget_watch(self, resuming: ResumingWatch) -> None:
-        with self._watches_lock:
-            self._watches.discard(resuming)
-
 
 def _revision_compare(raw_key: bytes, expected: int | Absent) -> Any:
     """``create_revision == 0`` for ABSENT, else ``mod_revision == expected``."""
@@ -259,11 +254,3 @@ def _revision_compare(raw_key: bytes, expected: int | Absent) -> Any:
         raise ValueError(f"The expected mod revision ({expected!r}) must be ABSENT or a non-negative integer.")
     return etcdrpc.Compare(key=raw_key, target=etcdrpc.Compare.MOD, result=_EQUAL, mod_revision=expected)
 
-
-def _keepalive_once(channel: EndpointChannel, options: CallOptions, request: Any) -> Any:
-    """Send one keepalive on a short-lived LeaseKeepAlive stream; the first answer, or None."""
-    responses = channel.lease.LeaseKeepAlive(iter([request]), **options.kwargs)
-    try:
-        return next(responses, None)
-    finally:
-        responses.cancel()

@@ -1,32 +1,49 @@
-"""Prefix watches that survive etcd restarts and failover, resuming without loss or duplicates.
+"""Prefix watches multiplexed on one etcd Watch stream per client, resumed across restarts.
 
-Each watch drives its own gRPC ``Watch`` stream (the etcd v3 API through the generated
-``etcd3.etcdrpc`` stubs) from one daemon thread, and feeds a :class:`~backends.api.QueueWatch`.
+etcd's Watch RPC is a bidirectional stream that carries any number of watches, told apart by
+the ``watch_id`` etcd assigns when it confirms each create. A :class:`WatchHub` keeps one such
+stream open for its client and puts every :meth:`~WatchHub.watch` on it, as etcd's Go client
+does. Why: in gRPC's Python client each open stream costs a blocked reader thread plus a
+request thread, and gRPC wakes every blocked stream reader every 100 ms; with a stream per
+watch, a process hosting a few hundred rendezvous nodes spent its CPU on those wake-ups, not
+on etcd (profiled at 1024 simulated nodes). With one stream, a new watch is one request
+message and a cancel another; one reader thread routes every response by its watch id into
+that watch's :class:`~backends.api.QueueWatch`.
 
-Why not the ``etcd3`` library's watcher: when etcd restarts, its watcher thread dies with
-``NameError: name 'six' is not defined`` and every watch on it is lost silently; it never
-re-establishes a watch, allows one pending create at a time per client, and cannot resume
-from a revision. Here a broken stream (an RPC error, the stream ending, a server-side cancel)
-is reopened, on any endpoint, from ``delivered_revision + 1`` (or past the last progress
-notification), so the consumer sees every event once. When history from there has been
-compacted the watch fails with :class:`~backends.errors.CompactedError`; when no endpoint
-answers within ``watch_reconnect_timeout`` it fails with
+Routing: etcd answers creates in the order it received them (its server handles one stream's
+requests in order and sends create confirmations through one ordered control channel, and
+holds back a new watch's events until its confirmation is sent), so confirmations are matched
+to pending creates first-in, first-out.
+
+Resuming: when the stream breaks (an RPC error, the stream ending, etcd restarting) the reader
+opens a new one, on any endpoint, and re-creates every live watch from its own resume point,
+``max(delivered revision, last progress notification) + 1``, so every consumer sees every
+event once. A watch whose history from there has been compacted fails alone with
+:class:`~backends.errors.CompactedError`; a watch the server refuses (say, no read permission
+on its prefix) fails alone with the translated error; when no endpoint answers within
+``watch_reconnect_timeout`` every live watch fails with
 :class:`~backends.errors.BackendConnectionError`.
+
+Why not the ``etcd3`` library's watcher: when etcd restarts its watcher thread dies with
+``NameError: name 'six' is not defined`` and every watch on it is lost silently; it never
+re-establishes a watch, allows one pending create at a time, and cannot resume from a revision.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 import queue
 import threading
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import grpc
 from etcd3 import etcdrpc
 
 from backends.api import QueueWatch
 from backends.errors import (
+    BackendAuthError,
     BackendClosedError,
     BackendConnectionError,
     BackendError,
@@ -42,36 +59,89 @@ log = logging.getLogger(__name__)
 _TRANSIENT = (BackendConnectionError, BackendTimeoutError)
 
 
-class _Stream:
-    """One open gRPC Watch stream carrying our single watch."""
+class WatchRegistration:
+    """One consumer's prefix watch: its queue, its resume point, and its state on the stream.
 
-    def __init__(
-        self, call: Any, requests: "queue.SimpleQueue[Any]", channel: EndpointChannel, start_revision: int
-    ) -> None:
+    Attributes:
+        watch: what the consumer reads; cancelling it cancels the registration.
+        requested_revision: the start revision of the most recent create (for error messages).
+    """
+
+    def __init__(self, hub: "WatchHub", prefix: str, start_revision: int) -> None:
+        self.prefix = prefix
+        self.key = encode_key(prefix)
+        self.range_end = prefix_range_end(self.key)
+        self.watch = QueueWatch(start_revision, on_cancel=lambda: hub.cancel(self))
+        self.requested_revision = start_revision
+        self.progress_revision = 0
+        self.cancelled = False
+
+    def __repr__(self) -> str:
+        return f"WatchRegistration({self.prefix!r}, resume at {self.resume_revision})"
+
+    @property
+    def resume_revision(self) -> int:
+        """First revision a (re)created watch must ask for: nothing at or below it is missing."""
+        return max(self.watch.delivered_revision, self.progress_revision) + 1
+
+    def create_request(self) -> Any:
+        """The create message for this watch, starting at its resume point."""
+        self.requested_revision = self.resume_revision
+        create = etcdrpc.WatchCreateRequest(
+            key=self.key, range_end=self.range_end, start_revision=self.requested_revision, progress_notify=True
+        )
+        return etcdrpc.WatchRequest(create_request=create)
+
+    def note_progress(self, revision: int) -> None:
+        """A progress notification: every event up to ``revision`` has been sent."""
+        self.progress_revision = max(self.progress_revision, revision)
+
+
+class WatchStream:
+    """One open gRPC Watch stream and the watches on it.
+
+    ``pending`` holds registrations whose create is not confirmed yet, in sending order;
+    ``by_id`` / ``id_of`` map confirmed watches both ways. Mutated only under the hub's lock.
+    """
+
+    def __init__(self, call: Any, requests: "queue.SimpleQueue[Any]", channel: EndpointChannel) -> None:
         self.call = call
         self.requests = requests
         self.channel = channel
-        self.start_revision = start_revision
-        self.watch_id: int | None = None
+        self.pending: collections.deque[WatchRegistration] = collections.deque()
+        self.by_id: dict[int, WatchRegistration] = {}
+        self.id_of: dict[WatchRegistration, int] = {}
         self.expired = False
         self._closed = False
 
+    def create(self, registration: WatchRegistration) -> None:
+        self.pending.append(registration)
+        self.requests.put(registration.create_request())
+
+    def confirm(self, registration: WatchRegistration, watch_id: int) -> None:
+        self.by_id[watch_id] = registration
+        self.id_of[registration] = watch_id
+
+    def forget(self, registration: WatchRegistration) -> int | None:
+        """Drop a confirmed registration; returns its watch id (None if it was not confirmed)."""
+        watch_id = self.id_of.pop(registration, None)
+        if watch_id is not None:
+            self.by_id.pop(watch_id, None)
+        return watch_id
+
+    def cancel_on_server(self, watch_id: int) -> None:
+        self.requests.put(etcdrpc.WatchRequest(cancel_request=etcdrpc.WatchCancelRequest(watch_id=watch_id)))
+
     def expire(self) -> None:
-        """Abort the stream because the server did not confirm the watch in time."""
+        """Abort the stream because the server did not answer in time."""
         self.expired = True
         self.call.cancel()
 
     def close(self) -> None:
-        """Cancel the watch on the server, half-close the stream, and cancel the RPC; idempotent.
-
-        Half-closing also ends gRPC's thread that consumes our request queue.
-        """
+        """Half-close the stream (ending gRPC's request thread) and cancel the RPC; idempotent."""
         if self._closed:
             return
         self._closed = True
-        if self.watch_id is not None:
-            cancel = etcdrpc.WatchCancelRequest(watch_id=self.watch_id)
-            self.requests.put(etcdrpc.WatchRequest(cancel_request=cancel))
         self.requests.put(None)
         self.call.cancel()
 
@@ -81,155 +151,240 @@ def _drain(requests: "queue.SimpleQueue[Any]") -> Iterator[Any]:
         yield request
 
 
-class ResumingWatch:
-    """Keeps one prefix watch alive and feeds :attr:`watch` (see the module docstring).
+class WatchHub:
+    """Every watch of one client on one resuming Watch stream (see the module docstring).
 
-    Call :meth:`start` once; the owner ends it with ``watch.cancel()``.
+    Thread-safe. The reader thread starts with the first watch and ends at :meth:`close`.
     """
 
-    def __init__(
-        self,
-        connection: EtcdConnection,
-        prefix: str,
-        start_revision: int,
-        on_done: Callable[["ResumingWatch"], None] = lambda _watch: None,
-    ) -> None:
-        self.watch = QueueWatch(start_revision, on_cancel=self._on_cancel)
+    def __init__(self, connection: EtcdConnection) -> None:
         self._connection = connection
-        self._prefix = prefix
-        self._key = encode_key(prefix)
-        self._range_end = prefix_range_end(self._key)
-        self._on_done = on_done
-        self._progress_revision = 0
+        self._lock = threading.Condition()
+        self._live: set[WatchRegistration] = set()
+        self._stream: WatchStream | None = None
+        self._closed = False
         self._stopped = threading.Event()
-        self._lock = threading.Lock()
-        self._stream: _Stream | None = None
-        budget = connection.config.watch_reconnect_timeout
-        self._budget = budget
-        self._policy = dataclasses.replace(persistent_policy(connection.config.retry, budget), sleep=self._stopped.wait)
-        self._thread = threading.Thread(target=self._run, name=f"etcd-watch {prefix}", daemon=True)
+        self._budget = connection.config.watch_reconnect_timeout
+        self._policy = dataclasses.replace(
+            persistent_policy(connection.config.retry, self._budget), sleep=self._stopped.wait
+        )
+        self._thread: threading.Thread | None = None
+
+    # -- consumer side -----------------------------------------------------------------------
+    def watch(self, prefix: str, start_revision: int) -> QueueWatch:
+        """Start watching ``prefix`` from ``start_revision``; returns at once (no round trip).
+
+        Raises:
+            BackendClosedError: the hub (its client) was closed.
+        """
+        registration = WatchRegistration(self, prefix, start_revision)
+        with self._lock:
+            if self._closed:
+                raise BackendClosedError(f"etcd watch {prefix!r}: the client was closed; open a new EtcdBackend.")
+            self._live.add(registration)
+            if self._stream is not None:
+                self._stream.create(registration)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="etcd-watch-hub", daemon=True)
+                self._thread.start()
+            self._lock.notify_all()
+        return registration.watch
+
+    def cancel(self, registration: WatchRegistration) -> None:
+        """Drop ``registration`` and cancel it on the server (called when its watch is cancelled)."""
+        with self._lock:
+            registration.cancelled = True
+            self._live.discard(registration)
+            stream = self._stream
+            if stream is not None:
+                watch_id = stream.forget(registration)
+                if watch_id is not None:
+                    stream.cancel_on_server(watch_id)
+                # A create still pending is cancelled when its confirmation arrives.
 
     @property
-    def resume_revision(self) -> int:
-        """First revision a new stream must ask for: nothing at or below it is missing."""
-        return max(self.watch.delivered_revision, self._progress_revision) + 1
-
-    def start(self) -> None:
-        self._thread.start()
-
-    # -- the producer thread -----------------------------------------------------------------
-    def _run(self) -> None:
-        try:
-            while not self._stopped.is_set():
-                stream = self._connection.call(
-                    f"watch {self._prefix!r}", self._open, budget=self._budget, policy=self._policy
-                )
-                try:
-                    self._pump(stream)
-                finally:
-                    stream.close()
-        except BackendError as error:
-            self._fail(error)
-        except Exception as error:  # a bug must not end the watch silently
-            log.exception("etcd watch on %r: internal error", self._prefix)
-            self._fail(BackendError(f"etcd watch on {self._prefix!r} stopped on an internal error: {error!r}"))
-
-    def _fail(self, error: BackendError) -> None:
-        if self._stopped.is_set():
-            return
-        log.warning("etcd watch on %r failed: %s", self._prefix, error)
-        self.watch.fail(error)
-
-    def _open(self, channel: EndpointChannel, options: CallOptions) -> _Stream:
-        """Open a stream on ``channel`` and wait (up to the request timeout) for the watch to be created."""
-        revision = self.resume_revision
-        create = etcdrpc.WatchCreateRequest(
-            key=self._key, range_end=self._range_end, start_revision=revision, progress_notify=True
-        )
-        requests: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
-        requests.put(etcdrpc.WatchRequest(create_request=create))
-        call = channel.watch.Watch(_drain(requests), metadata=options.metadata, wait_for_ready=False)
-        stream = _Stream(call, requests, channel, revision)
+    def live_count(self) -> int:
+        """Watches being kept alive (for tests and diagnostics)."""
         with self._lock:
-            if self._stopped.is_set():
+            return len(self._live)
+
+    def interrupt(self) -> None:
+        """Fault injection for tests: break the current stream as a network failure would."""
+        with self._lock:
+            stream = self._stream
+        if stream is not None:
+            stream.call.cancel()
+
+    def close(self) -> None:
+        """End the stream and cancel every watch (their ``get`` raises BackendClosedError); idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._stopped.set()
+            registrations = list(self._live)
+            self._live.clear()
+            stream, self._stream = self._stream, None
+            self._lock.notify_all()
+        if stream is not None:
+            stream.close()
+        for registration in registrations:
+            registration.watch.cancel()
+
+    # -- the reader thread -------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                self._lock.wait_for(lambda: self._live or self._closed)
+                if self._closed:
+                    return
+            try:
+                stream = self._connection.call("watch", self._open, budget=self._budget, policy=self._policy)
+            except BackendError as error:
+                self._fail_all(error)
+                continue
+            except Exception as error:  # a bug must not end every watch silently
+                log.exception("etcd watch stream: internal error while opening")
+                self._fail_all(BackendError(f"etcd watches stopped on an internal error: {error!r}"))
+                continue
+            if stream is None:
+                continue
+            try:
+                self._pump(stream)
+            except BackendError as error:
+                self._fail_all(error)
+            except Exception as error:
+                log.exception("etcd watch stream: internal error")
+                self._fail_all(BackendError(f"etcd watches stopped on an internal error: {error!r}"))
+            finally:
+                with self._lock:
+                    if self._stream is stream:
+                        self._stream = None
                 stream.close()
-                raise BackendClosedError(f"etcd watch on {self._prefix!r} was cancelled.")
+
+    def _open(self, channel: EndpointChannel, options: CallOptions) -> WatchStream | None:
+        """Open a stream on ``channel``, create every live watch on it, and wait for the first answer.
+
+        Returns None when no watch is left to carry. The first answer (up to the request
+        timeout) proves the endpoint serves watches; without it the call fails over.
+        """
+        requests: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
+        call = channel.watch.Watch(_drain(requests), metadata=options.metadata, wait_for_ready=False)
+        stream = WatchStream(call, requests, channel)
+        with self._lock:
+            if self._closed or not self._live:
+                stream.close()
+                if self._closed:
+                    raise BackendClosedError("etcd watches: the client was closed.")
+                return None
+            for registration in self._live:
+                stream.create(registration)
             self._stream = stream
+            count = len(stream.pending)
         try:
-            self._await_created(stream, options.timeout)
+            first = self._first_response(stream, options.timeout)
+            self._handle(first, stream)
         except BaseException:
+            with self._lock:
+                if self._stream is stream:
+                    self._stream = None
             stream.close()
             raise
+        log.debug("etcd watch stream opened on %s carrying %d watches", channel, count)
         return stream
 
-    def _await_created(self, stream: _Stream, timeout: float) -> None:
+    def _first_response(self, stream: WatchStream, timeout: float) -> Any:
         timer = threading.Timer(timeout, stream.expire)
+        timer.daemon = True
         timer.start()
         try:
-            created = next(stream.call)
+            return next(stream.call)
         except grpc.RpcError as error:
             if stream.expired:
                 raise BackendTimeoutError(
-                    f"etcd at {stream.channel} did not confirm the watch on {self._prefix!r} within {timeout:.3g}s."
+                    f"etcd at {stream.channel} did not confirm a watch within {timeout:.3g}s."
                 ) from error
             raise
         except StopIteration:
             raise BackendConnectionError(
-                f"etcd at {stream.channel} closed the watch stream before creating the watch on {self._prefix!r}."
+                f"etcd at {stream.channel} closed the watch stream before confirming a watch."
             ) from None
         finally:
             timer.cancel()
-        stream.watch_id = created.watch_id
-        self._handle(created, stream)
-        log.debug("etcd watch on %r created at revision %d on %s", self._prefix, stream.start_revision, stream.channel)
 
-    def _pump(self, stream: _Stream) -> None:
-        """Deliver events until the stream breaks; returns to resume, raises to fail the watch."""
+    def _pump(self, stream: WatchStream) -> None:
+        """Route responses until the stream breaks; returns to resume, raises to fail every watch."""
         try:
             for response in stream.call:
                 self._handle(response, stream)
         except grpc.RpcError as error:
             if self._stopped.is_set():
                 return
-            translated = self._connection.translate(error, f"watch {self._prefix!r}", stream.channel, None)
-            if not isinstance(translated, _TRANSIENT):
+            translated = self._connection.translate(error, "watch", stream.channel, None)
+            if isinstance(translated, BackendAuthError) and self._connection.config.user is not None:
+                # A token the member forgot (it restarted): the next stream authenticates again.
+                stream.channel.forget_token(stream.channel.token)
+            elif not isinstance(translated, _TRANSIENT):
                 raise translated from error
-            log.warning(
-                "etcd watch on %r lost (%s); resuming from revision %d", self._prefix, translated, self.resume_revision
-            )
-            return
-        except _TRANSIENT as error:
-            if self._stopped.is_set():
-                return  # cancelled by its owner: not a loss
-            log.warning(
-                "etcd watch on %r lost (%s); resuming from revision %d", self._prefix, error, self.resume_revision
-            )
+            log.warning("etcd watch stream on %s lost (%s); resuming %d watches", stream.channel, translated,
+                        self.live_count)
             return
         if not self._stopped.is_set():
-            log.warning("etcd watch on %r: stream ended; resuming from revision %d", self._prefix, self.resume_revision)
+            log.warning("etcd watch stream on %s ended; resuming %d watches", stream.channel, self.live_count)
 
-    def _handle(self, response: Any, stream: _Stream) -> None:
+    def _handle(self, response: Any, stream: WatchStream) -> None:
+        """Route one response to its watch (see the module docstring for the matching rule)."""
+        failed: tuple[WatchRegistration, BackendError] | None = None
+        with self._lock:
+            if response.created:
+                if not stream.pending:
+                    log.warning("etcd at %s confirmed watch %d that was never asked for", stream.channel,
+                                response.watch_id)
+                    return
+                registration = stream.pending.popleft()
+                if response.canceled or response.compact_revision:
+                    failed = registration, self._refusal(registration, response, stream)
+                elif registration.cancelled:
+                    stream.cancel_on_server(response.watch_id)
+                    return
+                else:
+                    stream.confirm(registration, response.watch_id)
+            else:
+                registration = stream.by_id.get(response.watch_id)
+                if registration is None:
+                    return  # cancelled by its consumer, or a stream-wide notification
+                if response.canceled or response.compact_revision:
+                    stream.forget(registration)
+                    failed = registration, self._refusal(registration, response, stream)
+            if failed is not None:
+                self._live.discard(failed[0])
+        if failed is not None:
+            registration, error = failed
+            log.warning("etcd watch on %r failed: %s", registration.prefix, error)
+            registration.watch.fail(error)
+        elif response.events:
+            registration.watch.deliver([watch_event(event) for event in response.events])
+        elif not response.created:
+            registration.note_progress(response.header.revision)
+
+    @staticmethod
+    def _refusal(registration: WatchRegistration, response: Any, stream: WatchStream) -> BackendError:
         if response.compact_revision:
-            raise CompactedError(
-                f"etcd watch on {self._prefix!r} asked for history from revision {stream.start_revision}, but etcd "
-                f"compacted it up to revision {response.compact_revision}; re-read the current state and watch "
-                "from its revision.",
-                requested_revision=stream.start_revision,
+            return CompactedError(
+                f"etcd watch on {registration.prefix!r} asked for history from revision "
+                f"{registration.requested_revision}, but etcd compacted it up to revision "
+                f"{response.compact_revision}; re-read the current state and watch from its revision.",
+                requested_revision=registration.requested_revision,
                 compact_revision=response.compact_revision,
             )
-        if response.canceled:
-            raise translate_watch_cancel(response.cancel_reason, prefix=self._prefix, endpoint=str(stream.channel))
-        if response.events:
-            self.watch.deliver([watch_event(event) for event in response.events])
-        elif not response.created:
-            # A progress notification: every event up to header.revision has been sent.
-            self._progress_revision = max(self._progress_revision, response.header.revision)
+        return translate_watch_cancel(response.cancel_reason, prefix=registration.prefix, endpoint=str(stream.channel))
 
-    # -- cancellation (consumer side) --------------------------------------------------------
-    def _on_cancel(self) -> None:
-        self._stopped.set()
+    def _fail_all(self, error: BackendError) -> None:
         with self._lock:
-            stream, self._stream = self._stream, None
-        if stream is not None:
-            stream.close()
-        self._on_done(self)
+            if self._closed:
+                return
+            registrations = list(self._live)
+            self._live.clear()
+        log.warning("etcd watches failed (%d watches): %s", len(registrations), error)
+        for registration in registrations:
+            registration.watch.fail(error)

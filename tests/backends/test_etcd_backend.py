@@ -13,6 +13,7 @@ import threading
 import time
 import urllib.request
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import pytest
@@ -134,8 +135,7 @@ def test_a_watch_resuming_into_compacted_history_fails_with_compacted(client, pr
     for _ in range(3):
         last = client.put(prefix[:-1] + "-outside/" + uuid.uuid4().hex, b"x")
     client.compact(last)
-    (resuming,) = client._watches  # fault injection: break the live gRPC stream under the watch
-    resuming._stream.call.cancel()
+    client._watch_hub.interrupt()  # fault injection: break the live gRPC stream under the watch
     with pytest.raises(CompactedError) as raised:
         watch.get(timeout=10)
     assert raised.value.requested_revision == delivered + 1
@@ -143,20 +143,125 @@ def test_a_watch_resuming_into_compacted_history_fails_with_compacted(client, pr
 
 
 def test_a_progress_notification_moves_the_resume_point_past_quiet_history():
-    from types import SimpleNamespace
-
-    from backends.etcd.watch import ResumingWatch
+    from backends.etcd.watch import WatchHub, WatchRegistration
 
     connection = EtcdConnection(EtcdConfig(f"127.0.0.1:{dead_port()}"))
     try:
-        resuming = ResumingWatch(connection, "/p/", start_revision=10)
-        progress = SimpleNamespace(
-            compact_revision=0, canceled=False, created=False, events=[], header=SimpleNamespace(revision=42)
-        )
-        resuming._handle(progress, stream=None)
-        assert resuming.resume_revision == 43
+        registration = WatchRegistration(WatchHub(connection), "/p/", start_revision=10)
+        assert registration.resume_revision == 10
+        registration.note_progress(42)
+        registration.note_progress(30)
+        assert registration.resume_revision == 43
     finally:
         connection.close()
+
+
+def test_many_watches_share_one_stream_and_each_sees_only_its_prefix(client, prefix):
+    baseline = threading.active_count()
+    watches = [client.watch_prefix(f"{prefix}{i}/") for i in range(40)]
+    revisions = [client.put(f"{prefix}{i}/k", str(i).encode()) for i in range(40)]
+    for i, watch in enumerate(watches):
+        (event,) = collect(watch, 1, timeout=5)
+        assert (event.kv.key, event.kv.value, event.revision) == (f"{prefix}{i}/k", str(i).encode(), revisions[i])
+        assert watch.get(timeout=0) == []
+    # One reader thread and one gRPC request thread for all 40 (was three threads per watch).
+    assert threading.active_count() - baseline <= 4
+    assert client._watch_hub.live_count == 40
+    for watch in watches:
+        watch.cancel()
+    assert client._watch_hub.live_count == 0
+
+
+def test_cancelling_one_watch_leaves_the_others_on_the_stream_running(client, prefix):
+    keep = client.watch_prefix(prefix + "keep/")
+    dropped = client.watch_prefix(prefix + "drop/")
+    client.put(prefix + "keep/1", b"1")
+    assert len(collect(keep, 1, timeout=5)) == 1
+    dropped.cancel()
+    client.put(prefix + "drop/1", b"x")
+    revision = client.put(prefix + "keep/2", b"2")
+    assert [event.revision for event in collect(keep, 1, timeout=5)] == [revision]
+    with pytest.raises(BackendClosedError):
+        dropped.get(timeout=0.2)
+    keep.cancel()
+
+
+def test_a_watch_cancelled_before_etcd_confirms_it_is_cancelled_on_the_server(etcd_server, client, prefix):
+    baseline = watcher_count(etcd_server)
+    with client.watch_prefix(prefix + "last/") as last:
+        first = client.put(prefix + "last/1", b"v")
+        assert [event.revision for event in collect(last, 1, timeout=5)] == [first]  # the stream is open
+        for i in range(20):
+            client.watch_prefix(f"{prefix}{i}/").cancel()  # cancelled while its create is in flight
+        second = client.put(prefix + "last/2", b"v")
+        assert [event.revision for event in collect(last, 1, timeout=5)] == [second]
+    deadline = time.monotonic() + 5
+    while watcher_count(etcd_server) > baseline and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert watcher_count(etcd_server) <= baseline
+    assert client._watch_hub.live_count == 0
+
+
+def test_after_a_broken_stream_only_the_watch_whose_history_is_compacted_fails(client, prefix):
+    stale = client.watch_prefix(prefix + "stale/")
+    delivered = client.put(prefix + "stale/k", b"1")
+    assert [event.revision for event in collect(stale, 1, timeout=5)] == [delivered]
+    for _ in range(3):
+        last = client.put(prefix + "other/" + uuid.uuid4().hex, b"x")
+    client.compact(last)
+    fresh = client.watch_prefix(prefix + "fresh/")  # starts after the compaction point
+    assert collect(fresh, 1, timeout=0.3) == []  # created on the stream before it breaks
+    client._watch_hub.interrupt()
+    with pytest.raises(CompactedError) as raised:
+        stale.get(timeout=10)
+    assert raised.value.requested_revision == delivered + 1
+    revision = client.put(prefix + "fresh/k", b"2")
+    assert [event.revision for event in collect(fresh, 1, timeout=10)] == [revision]
+    fresh.cancel()
+
+
+@pytest.mark.slow
+def test_every_watch_on_the_stream_resumes_after_an_etcd_restart(start_etcd, prefix):
+    server = start_etcd()
+    with server.connect(watch_reconnect_timeout=20) as backend:
+        watches = [backend.watch_prefix(f"{prefix}{i}/") for i in range(10)]
+        before = [backend.put(f"{prefix}{i}/a", b"before") for i in range(10)]
+        for watch, revision in zip(watches, before, strict=True):
+            assert [event.revision for event in collect(watch, 1, timeout=5)] == [revision]
+        server.stop(graceful=False)
+        server.start()
+        after = [backend.put(f"{prefix}{i}/b", b"after") for i in range(10)]
+        for watch, revision in zip(watches, after, strict=True):
+            assert [event.revision for event in collect(watch, 1, timeout=15)] == [revision]
+            assert watch.get(timeout=0) == []
+            watch.cancel()
+
+
+def test_renewals_of_many_leases_share_one_keepalive_stream(client):
+    leases = [client.grant(5) for _ in range(30)]
+    client.keepalive(leases[0].id)
+    baseline = threading.active_count()
+    with ThreadPoolExecutor(8) as pool:
+        ttls = list(pool.map(lambda lease: client.keepalive(lease.id), leases * 3))
+    assert all(ttl == 5.0 for ttl in ttls)
+    assert threading.active_count() - baseline <= 8  # the pool's threads; no thread per renewal
+    client.revoke(leases[1].id)
+    with pytest.raises(LeaseNotFoundError):
+        client.keepalive(leases[1].id)
+    assert client.keepalive(leases[2].id) == 5.0  # the stream survives an unknown lease
+    for lease in leases:
+        client.revoke(lease.id)
+
+
+@pytest.mark.slow
+def test_keepalive_works_again_after_an_etcd_restart(start_etcd):
+    server = start_etcd()
+    with server.connect() as backend:
+        lease = backend.grant(30)
+        assert backend.keepalive(lease.id) == 30.0
+        server.stop(graceful=False)
+        server.start()
+        assert backend.keepalive(lease.id) > 0  # the broken stream is replaced transparently
 
 
 def test_watching_from_a_compacted_revision_raises_compacted_from_get(client, prefix):
