@@ -116,6 +116,21 @@ class WriteResult:
 
 
 @dataclass(frozen=True)
+class ClaimResult:
+    """Result of :meth:`KVBackend.put_and_claim`.
+
+    Attributes:
+        revision: the revision of the write (the put always applies).
+        claimed: whether this call created the claim key.
+        holder: the claim key after the operation: ours if ``claimed``, else the holder's.
+    """
+
+    revision: int
+    claimed: bool
+    holder: KeyValue
+
+
+@dataclass(frozen=True)
 class Lease:
     """A granted lease: its id and the TTL the server granted, in seconds."""
 
@@ -321,6 +336,27 @@ class KVBackend(abc.ABC):
             ValueTooLargeError: ``value`` exceeds :attr:`max_value_bytes`.
             LeaseNotFoundError: ``lease`` does not exist.
         """
+
+    def put_and_claim(
+        self, key: str, value: bytes, claim_key: str, claim_value: bytes, *, lease: int = NO_LEASE
+    ) -> ClaimResult:
+        """Write ``key`` and, in the same step, create ``claim_key`` if it is absent; both on ``lease``.
+
+        One round trip tells a joining node both that it joined and who holds the claim (the
+        rendezvous closer), without a contended retry: the put applies whatever the claim's
+        state. Backends with transactions (etcd, the built-in store) do it atomically at one
+        revision; this default uses two writes, which is still correct for a claim whose holder
+        only has to exist (a crash between them leaves the claim to the next node).
+
+        Raises:
+            ValueTooLargeError: a value exceeds :attr:`max_value_bytes`.
+            LeaseNotFoundError: ``lease`` does not exist.
+        """
+        revision = self.put(key, value, lease=lease)
+        claim = self.put_if(claim_key, claim_value, ABSENT, lease=lease)
+        if claim.current is None:  # the holder vanished between the two writes: claim again
+            return self.put_and_claim(key, value, claim_key, claim_value, lease=lease)
+        return ClaimResult(claim.revision if claim.applied else revision, claim.applied, claim.current)
 
     @abc.abstractmethod
     def delete(self, key: str) -> WriteResult:

@@ -19,6 +19,7 @@ from typing import Callable
 from backends.api import (
     NO_LEASE,
     Absent,
+    ClaimResult,
     KVBackend,
     Lease,
     QueueWatch,
@@ -187,6 +188,11 @@ class FakeBackend(KVBackend):
 
     def put_if(self, key: str, value: bytes, expected: int | Absent, *, lease: int = NO_LEASE) -> WriteResult:
         return self._call(lambda state: state.put_if(key, value, expected, lease))
+
+    def put_and_claim(
+        self, key: str, value: bytes, claim_key: str, claim_value: bytes, *, lease: int = NO_LEASE
+    ) -> ClaimResult:
+        return self._call(lambda state: state.put_and_claim(key, value, claim_key, claim_value, lease))
 
     def delete(self, key: str) -> WriteResult:
         return self._call(lambda state: state.delete(key))

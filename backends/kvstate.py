@@ -30,6 +30,7 @@ from typing import Callable, Generic, Iterable, TypeVar
 from backends.api import (
     NO_LEASE,
     Absent,
+    ClaimResult,
     EventType,
     KeyValue,
     Lease,
@@ -163,6 +164,27 @@ class KVState:
         if not self._matches(key, expected):
             return Outcome(WriteResult(False, self._revision, self._kvs.get(key)))
         return self.put(key, value, lease)
+
+    def put_and_claim(
+        self, key: str, value: bytes, claim_key: str, claim_value: bytes, lease: int = NO_LEASE
+    ) -> Outcome[ClaimResult]:
+        """Write ``key`` and create ``claim_key`` if absent, at one revision (one etcd transaction).
+
+        Raises:
+            ValueTooLargeError: a value exceeds :attr:`max_value_bytes`.
+            LeaseNotFoundError: ``lease`` is not live.
+        """
+        self._check_value(key, value)
+        self._check_value(claim_key, claim_value)
+        self._check_lease(lease)
+        revision = self._revision + 1
+        events = [self._store(key, value, lease, revision)]
+        holder = self._kvs.get(claim_key)
+        claimed = holder is None
+        if claimed:
+            events.append(self._store(claim_key, claim_value, lease, revision))
+            holder = events[-1].kv
+        return Outcome(ClaimResult(revision, claimed, holder), self._commit(events))  # type: ignore[arg-type]
 
     def delete(self, key: str) -> Outcome[WriteResult]:
         """Delete ``key``; not applied (and no new revision) when it does not exist."""

@@ -22,6 +22,7 @@ from backends.api import (
     ABSENT,
     NO_LEASE,
     Absent,
+    ClaimResult,
     KeyValue,
     KVBackend,
     Lease,
@@ -131,6 +132,39 @@ class EtcdBackend(KVBackend):
             lease=lease,
         )
         return WriteResult(True, revision, current)
+
+    def put_and_claim(
+        self, key: str, value: bytes, claim_key: str, claim_value: bytes, *, lease: int = NO_LEASE
+    ) -> ClaimResult:
+        """One transaction: put ``key``; create ``claim_key`` if its create revision is 0, else read it.
+
+        Never resent after an unknown outcome (as put_if).
+
+        Raises:
+            ValueTooLargeError: a value exceeds :attr:`max_value_bytes`.
+            LeaseNotFoundError: ``lease`` does not exist.
+        """
+        raw_claim = encode_key(claim_key)
+        put = etcdrpc.RequestOp(
+            request_put=etcdrpc.PutRequest(key=encode_key(key), value=self._checked(key, value), lease=lease)
+        )
+        claim = etcdrpc.PutRequest(key=raw_claim, value=self._checked(claim_key, claim_value), lease=lease)
+        request = etcdrpc.TxnRequest(
+            compare=[_revision_compare(raw_claim, ABSENT)],
+            success=[put, etcdrpc.RequestOp(request_put=claim)],
+            failure=[put, etcdrpc.RequestOp(request_range=etcdrpc.RangeRequest(key=raw_claim))],
+        )
+        response = self._call(
+            f"put {key!r} and claim {claim_key!r}", lambda c, o: c.kv.Txn(request, **o.kwargs), resend_safe=False
+        )
+        revision = response.header.revision
+        if response.succeeded:
+            holder = KeyValue(claim_key, bytes(claim_value), revision, revision, 1, lease)
+            return ClaimResult(revision, True, holder)
+        holder = first_key_value(response.responses[1].response_range.kvs)
+        if holder is None:  # cannot happen: the comparison saw the claim at this revision
+            raise BackendError(f"etcd reported {claim_key!r} as held but returned no holder.")
+        return ClaimResult(revision, False, holder)
 
     def delete(self, key: str) -> WriteResult:
         request = etcdrpc.DeleteRangeRequest(key=encode_key(key))

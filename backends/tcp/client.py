@@ -21,6 +21,7 @@ from typing import Any, Callable
 from backends.api import (
     NO_LEASE,
     Absent,
+    ClaimResult,
     KVBackend,
     Lease,
     QueueWatch,
@@ -164,6 +165,15 @@ class TcpStoreBackend(KVBackend):
         compare = None if isinstance(expected, Absent) else expected
         frame = self._request({"op": "put_if", "k": key, "l": lease, "e": compare}, (value,))
         return _decode(frame, _write_result)
+
+    def put_and_claim(
+        self, key: str, value: bytes, claim_key: str, claim_value: bytes, *, lease: int = NO_LEASE
+    ) -> ClaimResult:
+        self._check_value(key, value)
+        self._check_value(claim_key, claim_value)
+        header = {"op": "put_claim", "k": key, "ck": claim_key, "l": lease, "n": len(value)}
+        frame = self._request(header, (value, claim_value))
+        return _decode(frame, lambda h, r: ClaimResult(int(h["r"]), bool(h["c"]), r.kv(h["kv"])))
 
     def delete(self, key: str) -> WriteResult:
         return _decode(self._request({"op": "del", "k": key}), _write_result)

@@ -96,6 +96,19 @@ def _put_if(state: KVState, header: dict[str, Any], payload: bytes) -> Reply:
     return _write_reply(outcome.result, outcome.events)
 
 
+def _put_claim(state: KVState, header: dict[str, Any], payload: bytes) -> Reply:
+    split = field(header, "n", int)
+    if not 0 <= split <= len(payload):
+        raise ProtocolError(f"The request's value length ({split}) exceeds its payload ({len(payload)} bytes).")
+    outcome = state.put_and_claim(
+        field(header, "k", str), payload[:split], field(header, "ck", str), payload[split:], field(header, "l", int, 0)
+    )
+    result = outcome.result
+    parts: list[bytes] = []
+    holder = kv_to_wire(result.holder, parts)
+    return Reply({"r": result.revision, "c": result.claimed, "kv": holder}, parts, outcome.events)
+
+
 def _delete(state: KVState, header: dict[str, Any], payload: bytes) -> Reply:
     outcome = state.delete(field(header, "k", str))
     return _write_reply(outcome.result, outcome.events)
@@ -136,6 +149,7 @@ _HANDLERS: dict[str, Callable[[KVState, dict[str, Any], bytes], Reply]] = {
     "first": _first,
     "put": _put,
     "put_if": _put_if,
+    "put_claim": _put_claim,
     "del": _delete,
     "del_if": _delete_if,
     "del_prefix": _delete_prefix,

@@ -29,10 +29,12 @@ class Joiner:
 
 
 # -- who closes the round --------------------------------------------------------------------
-# The oldest live join key (lowest create revision) closes the round: only it watches every
-# join, so a round costs O(N) watch events, not O(N^2); if it dies its key vanishes with its
-# lease and the next oldest takes over. The handler asks the backend for that key directly
-# (``get_first_created``), so the rule runs on the server, not here.
+# The first node to join a round claims ``state/closer/<r>`` in the same transaction as its join
+# key (``put_and_claim``), so every joiner learns who closes from its own join write, with no
+# extra read and no contended retry. Only the closer watches every join, so a round costs O(N)
+# watch events, not O(N^2). The claim is bound to the closer's lease: if the closer dies, the
+# others see the claim's DELETE on the ``state/`` watch they wait on, and claim it again with
+# one create-if-absent; the one that wins closes.
 
 
 # -- when to close ---------------------------------------------------------------------------

@@ -4,10 +4,11 @@ Protocol (DESIGN §3), per round ``r`` of one run:
 
 1. A node holds one :class:`~backends.session.Session` (a lease) for its whole life.
 2. It joins by writing its own lease-bound key ``rounds/<r>/nodes/<node>``: one uncontended put.
-3. The node with the oldest join key is the *closer*: it alone watches every join; it closes
-   the round at ``max_nodes``, or at ``min_nodes`` once the last-call window has passed, with a
-   single compare-and-swap on ``state/round`` recording the members read at one revision.
-   Everyone else watches only ``state/`` and checks once per lease TTL that the closer lives.
+3. The same write claims ``state/closer/<r>`` if nobody holds it: that node is the *closer*. It
+   alone watches every join; it closes the round at ``max_nodes``, or at ``min_nodes`` once the
+   last-call window has passed, with a single compare-and-swap on ``state/round`` recording the
+   members read at one revision. Everyone else watches only ``state/``, where they see the
+   round close, or the closer's claim vanish with its lease (then they claim it again).
 4. A node not in the closed round moves to round ``r + 1`` and is *waiting*; members see it
    through their :class:`~elastic.rendezvous.monitor.MembershipMonitor` and restart.
 5. A member whose lease vanishes deletes its key; every member's monitor sees the DELETE.
@@ -131,6 +132,8 @@ class RendezvousHandler:
         self._session: Session | None = None
         self._monitor: MembershipMonitor | None = None
         self._joined_key: str | None = None
+        self._join_value = b""
+        self._claimed_key: str | None = None
         self._last_round: RoundRecord | None = None
         self._lock = threading.RLock()
         self._shutting_down = threading.Event()
@@ -256,9 +259,9 @@ class RendezvousHandler:
             if state.closed:
                 raise RendezvousClosedError(f"The rendezvous {self.settings.run_id} is closed; no new round will form.")
             forming = state.round.round + 1 if state.round else 0
-            self._put_join_key(forming)
+            closer = self._put_join_key(forming)
             try:
-                record, revision = self._wait_for_round(forming, state, deadline)
+                record, revision = self._wait_for_round(forming, state, closer, deadline)
             except _JoinKeyLost as lost:
                 log.warning("Rendezvous %s: node %s lost its join key for round %d (%s); joining again",
                             self.settings.run_id, self.node_id, forming, lost)
@@ -271,11 +274,14 @@ class RendezvousHandler:
                      self.settings.run_id, record.round, self.node_id, record.round + 1)
             state = self._read_state()
 
-    def _put_join_key(self, forming: int) -> None:
+    def _put_join_key(self, forming: int) -> KeyValue:
+        """Join round ``forming`` and claim its closer if unclaimed; returns the closer's claim."""
         key = self.keys.node(forming, self.node_id)
         value = records.encode_join(JoinRecord(self.node_id, self.node_addr, self._port_picker(self.node_addr)))
+        claim_key = self.keys.closer(forming)
+        self._join_value = value
         try:
-            self._backend.put(key, value, lease=self._ensure_session().lease_id)
+            result = self._backend.put_and_claim(key, value, claim_key, value, lease=self._ensure_session().lease_id)
         except LeaseNotFoundError:
             # The lease expired before the keepalive thread noticed (the process was frozen for
             # longer than the TTL): its keys are gone with it, so join again on a new lease.
@@ -284,27 +290,48 @@ class RendezvousHandler:
             self.backend_writes += 1
             self._session.close(revoke=False)  # type: ignore[union-attr]
             self._session = None
-            self._backend.put(key, value, lease=self._ensure_session().lease_id)
+            result = self._backend.put_and_claim(key, value, claim_key, value, lease=self._ensure_session().lease_id)
         self.backend_writes += 1
         if self._joined_key is not None and self._joined_key != key:
             self._backend.delete(self._joined_key)
             self.backend_writes += 1
         self._joined_key = key
+        if result.claimed:
+            self._claimed_key = claim_key
+        return result.holder
 
-    def _wait_for_round(self, forming: int, state: _StateView, deadline: float) -> tuple[RoundRecord, int]:
-        """Block until round ``forming`` (or a later one) is closed; close it ourselves if we are the closer."""
+    def _is_mine(self, claim: KeyValue) -> bool:
+        session = self._session
+        return session is not None and claim.lease == session.lease_id and _joiner(claim).node_id == self.node_id
+
+    def _wait_for_round(
+        self, forming: int, state: _StateView, closer: KeyValue, deadline: float
+    ) -> tuple[RoundRecord, int]:
+        """Block until round ``forming`` (or a later one) is closed; close it ourselves if we hold the claim."""
+        claim_key = self.keys.closer(forming)
         with self._watch(self.keys.state_prefix, state.revision + 1) as state_watch:
             while True:
-                oldest = self._backend.get_first_created(self.keys.nodes_prefix(forming)).kv
-                closer = _joiner(oldest) if oldest is not None else None  # the oldest join key closes (see decisions)
-                if closer is not None and closer.node_id == self.node_id:
-                    return self._close_round(forming, state, deadline)
+                if self._is_mine(closer):
+                    self._claimed_key = claim_key
+                    closed = self._close_round(forming, state, deadline)
+                    self._release_claim()
+                    return closed
                 closed = self._await_close_or_closer_loss(state_watch, forming, closer, deadline)
                 if closed is not None:
                     return closed
+                # The closer's claim vanished (its lease lapsed, or it left): claim it ourselves.
+                result = self._backend.put_if(claim_key, self._join_value, ABSENT, lease=self._ensure_session().lease_id)
+                self.backend_writes += 1
+                if result.current is None:
+                    continue  # the winner is already gone too: try again
+                closer = result.current
+                log.info("Rendezvous %s: the closer of round %d left; node %s now closes it",
+                         self.settings.run_id, forming, _joiner(closer).node_id)
 
-    def _await_close_or_closer_loss(self, state_watch, forming, closer, deadline) -> tuple[RoundRecord, int] | None:
-        """Wait on ``state/`` for the close; every lease TTL check the closer's key still exists."""
+    def _await_close_or_closer_loss(self, state_watch, forming: int, closer: KeyValue, deadline: float):
+        """Wait on ``state/`` for the close (returns it) or the loss of the closer's claim (None)."""
+        claim_key = self.keys.closer(forming)
+        held_since = closer.create_revision
         while True:
             now = self._clock()
             if now >= deadline:
@@ -313,12 +340,12 @@ class RendezvousHandler:
                 closed = self._closed_round_from(event, forming)
                 if closed is not None:
                     return closed
+                if event.kv.key != claim_key or event.revision <= held_since:
+                    continue  # not the claim, or a change from before the current holder claimed
+                if event.type is EventType.DELETE:
+                    return None
+                held_since = event.kv.create_revision  # a new holder (seen before our claim attempt)
             self._check_still_joined()
-            if closer is None:
-                return None
-            current = self._backend.get(self.keys.node(forming, closer.node_id)).kv
-            if current is None or current.create_revision != closer.join_revision:
-                return None  # the closer is gone, or rejoined as a newer node: re-elect
 
     def _closed_round_from(self, event, forming: int) -> tuple[RoundRecord, int] | None:
         if event.type is not EventType.PUT:
@@ -451,7 +478,19 @@ class RendezvousHandler:
             self._monitor.stop()
             self._monitor = None
 
+    def _release_claim(self) -> None:
+        """Delete our closer claim (the round is closed, or we leave); best effort."""
+        claim, self._claimed_key = self._claimed_key, None
+        if claim is None:
+            return
+        try:
+            self._backend.delete(claim)
+            self.backend_writes += 1
+        except BackendError as error:
+            log.warning("Rendezvous %s: could not delete %s: %s (it goes with our lease)", self.settings.run_id, claim, error)
+
     def _leave_quietly(self) -> None:
+        self._release_claim()
         if self._joined_key is None:
             return
         try:

@@ -180,6 +180,43 @@ class BackendContract:
             results = list(pool.map(create, range(16)))
         assert sum(result.applied for result in results) == 1
 
+    def test_put_and_claim_always_writes_and_claims_only_when_the_claim_is_absent(self, backend, prefix):
+        lease = backend.grant(30)
+        first = backend.put_and_claim(prefix + "nodes/a", b"a", prefix + "claim", b"by-a", lease=lease.id)
+        assert first.claimed
+        assert (first.holder.key, first.holder.value, first.holder.lease) == (prefix + "claim", b"by-a", lease.id)
+        assert first.holder.create_revision == first.holder.mod_revision == first.revision
+        claim = backend.get(prefix + "claim").kv
+        assert (claim.value, claim.create_revision, claim.lease) == (b"by-a", first.revision, lease.id)
+        assert backend.get(prefix + "nodes/a").kv.mod_revision == first.revision  # one revision for both
+        second = backend.put_and_claim(prefix + "nodes/b", b"b", prefix + "claim", b"by-b")
+        assert not second.claimed and second.revision > first.revision
+        assert (second.holder.value, second.holder.create_revision) == (b"by-a", first.revision)
+        assert backend.get(prefix + "nodes/b").kv.value == b"b"
+        backend.revoke(lease.id)  # the claim goes with its holder's lease: the next writer claims
+        third = backend.put_and_claim(prefix + "nodes/c", b"c", prefix + "claim", b"by-c")
+        assert third.claimed and backend.get(prefix + "claim").kv.value == b"by-c"
+
+    def test_exactly_one_of_16_racing_put_and_claims_claims_and_all_agree_on_the_holder(self, backend, prefix):
+        barrier = threading.Barrier(16)
+
+        def join(index: int):
+            barrier.wait()
+            return backend.put_and_claim(prefix + f"nodes/{index}", b"x", prefix + "claim", str(index).encode())
+
+        with ThreadPoolExecutor(16) as pool:
+            results = list(pool.map(join, range(16)))
+        assert sum(result.claimed for result in results) == 1
+        assert len({result.holder.value for result in results}) == 1
+        assert len(backend.get_prefix(prefix + "nodes/").kvs) == 16
+
+    def test_put_and_claim_on_an_unknown_lease_writes_nothing(self, backend, prefix):
+        lease = backend.grant(30)
+        backend.revoke(lease.id)
+        with pytest.raises(LeaseNotFoundError):
+            backend.put_and_claim(prefix + "k", b"v", prefix + "claim", b"c", lease=lease.id)
+        assert backend.get_prefix(prefix).kvs == ()
+
     def test_delete_and_delete_if_report_whether_they_applied(self, backend, prefix):
         revision = backend.put(prefix + "k", b"v")
         assert not backend.delete_if(prefix + "k", revision - 1).applied
