@@ -11,7 +11,8 @@ could); torch's nodes each have their own TCPStore client, because a TCPStore cl
 other threads while it waits for a key and torch's rank exchange waits for one.
 
 Measured per repetition: the time from the first node's ``next_rendezvous`` call to the last
-one's return, and the backend writes per node (ours: ``handler.backend_writes``: lease grant,
+one's return, the CPU seconds the worker processes and the server spent meanwhile (where the
+time goes on a loaded machine), and the backend writes per node (ours: ``handler.backend_writes``: lease grant,
 join put, the closer's compare-and-swap; torch: calls of its backend's ``set_state``, i.e. its
 compare-and-set attempts including heartbeats). The table shows the median over repetitions,
 the writes per node (mean and max) and torch's median divided by ours.
@@ -89,6 +90,8 @@ class TrialResult:
     budget: float = 0.0
     problem: str = ""
     per_node_p50: float | None = None
+    client_cpu: float = 0.0  # CPU seconds of every worker process during the rendezvous
+    server_cpu: float | None = None  # CPU seconds of the backend's server process over the same span
 
 
 @dataclass
@@ -223,6 +226,18 @@ def _run_nodes(nodes: Any, handlers: dict[int, Any], start_at: float, wait: floa
     return list(results.values())
 
 
+def _settle(window: float = 0.25, idle_share: float = 0.04, budget: float = 30.0) -> None:
+    """Wait until this process is idle (or ``budget`` s), so one repetition's tail does not
+    bill the next: N nodes leaving send every remaining member's watch N deletes (O(N^2)
+    events at the end of a job), which clients may still be draining when the next starts."""
+    deadline = time.monotonic() + budget
+    while time.monotonic() < deadline:
+        before = time.process_time()
+        time.sleep(window)
+        if time.process_time() - before < idle_share * window:
+            return
+
+
 def worker_main(conn: Connection, kind: str, endpoint: str, token: str | None) -> None:
     """A worker process: serves prepare / go / release / exit requests from the parent."""
     import logging
@@ -238,12 +253,15 @@ def worker_main(conn: Connection, kind: str, endpoint: str, token: str | None) -
                 handlers = {index: nodes.make(payload, index) for index in payload["indices"]}
                 conn.send(("prepared", len(handlers)))
             elif op == "go":
+                cpu_before = time.process_time()
                 results = _run_nodes(nodes, handlers, payload["start_at"], payload["wait"])
-                conn.send(("results", [asdict(result) for result in results]))
+                cpu = time.process_time() - cpu_before
+                conn.send(("results", ([asdict(result) for result in results], cpu)))
             elif op == "release":
                 with ThreadPoolExecutor(8) as pool:
                     list(pool.map(nodes.release, handlers.values()))
                 handlers = {}
+                _settle()
                 conn.send(("released", None))
             elif op == "exit":
                 nodes.close()
@@ -278,8 +296,11 @@ class WorkerPool:
     def size(self) -> int:
         return len(self._workers)
 
-    def trial(self, spec: dict[str, Any], wait: float) -> list[NodeResult] | None:
-        """Run one rendezvous of ``spec["nodes"]`` nodes; None when a worker did not answer in time."""
+    def trial(self, spec: dict[str, Any], wait: float) -> tuple[list[NodeResult], float] | None:
+        """Run one rendezvous of ``spec["nodes"]`` nodes: the node results and the workers' CPU seconds.
+
+        None when a worker did not answer in time.
+        """
         shares = [list(range(slot, spec["nodes"], self.size)) for slot in range(self.size)]
         for (_, conn), indices in zip(self._workers, shares):
             conn.send(("prepare", {**spec, "indices": indices}))
@@ -289,20 +310,23 @@ class WorkerPool:
         for _, conn in self._workers:
             conn.send(("go", {"start_at": start_at, "wait": wait}))
         results: list[NodeResult] = []
+        cpu = 0.0
         late = False
         for _, conn in self._workers:
             remaining = start_at + wait + 30 - time.monotonic()
             if not conn.poll(max(remaining, 0.1)):
                 late = True
                 break
-            results += [NodeResult(**item) for item in self._expect(conn, "results", 1)]
+            items, worker_cpu = self._expect(conn, "results", 1)
+            results += [NodeResult(**item) for item in items]
+            cpu += worker_cpu
         if late:
             return None
         for _, conn in self._workers:
             conn.send(("release", None))
         for _, conn in self._workers:
             self._expect(conn, "released", 120)
-        return results
+        return results, cpu
 
     def stop(self) -> None:
         for process, conn in self._workers:
@@ -328,14 +352,15 @@ class WorkerPool:
         return payload
 
 
-def judge(kind: str, nodes: int, budget: float, results: list[NodeResult] | None) -> TrialResult:
+def judge(kind: str, nodes: int, budget: float, outcome: tuple[list[NodeResult], float] | None) -> TrialResult:
     """Turn one repetition's node results into a TrialResult, checking ranks and world sizes."""
-    if results is None:
+    if outcome is None:
         return TrialResult(kind, nodes, None, budget=budget, problem="workers did not answer")
+    results, client_cpu = outcome
     failed = [result for result in results if result.error]
     done = [result for result in results if not result.error]
     writes = [result.writes for result in done]
-    trial = TrialResult(kind, nodes, None, budget=budget,
+    trial = TrialResult(kind, nodes, None, budget=budget, client_cpu=client_cpu,
                         writes_per_node=statistics.mean(writes) if writes else 0.0,
                         max_writes=max(writes, default=0))
     if failed or len(done) < nodes:
@@ -359,12 +384,15 @@ class Servers:
 
     def __init__(self, stack: ExitStack) -> None:
         self._stack = stack
+        self.pids: dict[str, int | None] = {}
+        """Server process of each backend (None when not a local process), for CPU accounting."""
 
     def etcd(self) -> tuple[str, None]:
         from elastic.testing.etcd_server import EtcdServerOptions, start_etcd_server
 
         server = start_etcd_server(EtcdServerOptions())
         self._stack.callback(server.close)
+        self.pids["etcd"] = getattr(server, "pid", None)
         return server.endpoints, None
 
     def tcp(self) -> tuple[str, str]:
@@ -375,7 +403,7 @@ class Servers:
         self._stack.callback(os.unlink, token_file.name)
         command = [sys.executable, "-m", "backends.tcp.cli", "--host", "127.0.0.1", "--port", "0",
                    "--token-file", token_file.name, "--log-level", "WARNING"]
-        return self._spawn(command, "elastic-store listening on "), token
+        return self._spawn("tcp", command, "elastic-store listening on "), token
 
     def torch(self) -> tuple[str, None]:
         script = (
@@ -387,12 +415,13 @@ class Servers:
             "signal.signal(signal.SIGTERM, lambda *_: stop.set())\n"
             "stop.wait()\n"
         )
-        return self._spawn([sys.executable, "-c", script], "torch TCPStore listening on "), None
+        return self._spawn("torch", [sys.executable, "-c", script], "torch TCPStore listening on "), None
 
-    def _spawn(self, command: list[str], marker: str) -> str:
+    def _spawn(self, kind: str, command: list[str], marker: str) -> str:
         root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=root)
         self._stack.callback(_stop_process, process)
+        self.pids[kind] = process.pid
         line = process.stdout.readline() if process.stdout else ""  # blocks until it listens (or dies)
         if not line.startswith(marker):
             raise RuntimeError(f"{command[:3]} did not start (said {line!r})")
@@ -409,7 +438,21 @@ def _stop_process(process: subprocess.Popen[str]) -> None:
             process.wait()
 
 
-def run_backend(kind: str, endpoint: str, token: str | None, sizes: list[int], args: argparse.Namespace) -> list[Row]:
+def _cpu_seconds(pid: int | None) -> float | None:
+    """User + system CPU seconds of process ``pid`` so far (None when it cannot be read)."""
+    if pid is None:
+        return None
+    try:
+        import psutil
+
+        times = psutil.Process(pid).cpu_times()
+    except Exception:  # gone, or no permission: the column shows "-"
+        return None
+    return times.user + times.system
+
+
+def run_backend(kind: str, endpoint: str, token: str | None, sizes: list[int], args: argparse.Namespace,
+                server_pid: int | None = None) -> list[Row]:
     rows: list[Row] = []
     pool: WorkerPool | None = None
     try:
@@ -428,7 +471,11 @@ def run_backend(kind: str, endpoint: str, token: str | None, sizes: list[int], a
                 run_id = f"bench-{kind}-{nodes}-{repeat}-{uuid.uuid4().hex[:8]}"
                 spec = {"run_id": run_id, "namespace": f"/bench-{uuid.uuid4().hex[:10]}",
                         "nodes": nodes, "budget": budget}
+                server_before = _cpu_seconds(server_pid)
                 trial = judge(kind, nodes, budget, pool.trial(spec, budget + 5))
+                server_after = _cpu_seconds(server_pid)
+                if server_before is not None and server_after is not None:
+                    trial.server_cpu = server_after - server_before
                 row.trials.append(trial)
                 _report(trial, repeat, repeats)
                 if trial.elapsed is None:
@@ -469,8 +516,10 @@ def _report(trial: TrialResult, repeat: int, repeats: int) -> None:
     if trial.elapsed is None:
         print(f"{label} did not complete in {trial.budget:g} s ({trial.problem})", flush=True)
     else:
+        server = "-" if trial.server_cpu is None else f"{trial.server_cpu:.2f}"
         print(f"{label} {trial.elapsed:7.3f} s, writes/node {trial.writes_per_node:.2f} (max {trial.max_writes}), "
-              f"per-node median {trial.per_node_p50:.3f} s", flush=True)
+              f"per-node median {trial.per_node_p50:.3f} s, CPU s: clients {trial.client_cpu:.2f} "
+              f"server {server}", flush=True)
 
 
 def print_table(rows: list[Row], sizes: list[int]) -> None:
@@ -542,7 +591,7 @@ def main(argv: list[str] | None = None) -> int:
         for kind in args.backend_list:
             endpoint, token = getattr(servers, kind)()
             print(f"{kind}: server at {endpoint}", flush=True)
-            rows += run_backend(kind, endpoint, token, args.size_list, args)
+            rows += run_backend(kind, endpoint, token, args.size_list, args, servers.pids.get(kind))
     print_table(rows, args.size_list)
     print(f"load average at the end: {os.getloadavg()[0]:.1f} (other work on this machine skews the times)")
     if args.json:
