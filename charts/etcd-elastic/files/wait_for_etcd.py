@@ -1,0 +1,62 @@
+"""Wait until etcd accepts the job's connection settings, as elasticrun will use them.
+
+Run by the worker pods' init container with elasticrun's own ``--rdzv-endpoint`` and
+``--rdzv-conf`` connection options (TLS files, user, password file). It connects exactly as the
+agent does (``elastic.rendezvous.registry.open_backend``, which reads ``/`` to check the
+endpoints and credentials), so a pod starts its agent only once etcd is up, its certificates
+verify and, with auth, its user exists.
+
+Exit status: 0 connected; 1 not reachable within ``--timeout`` seconds (Kubernetes retries the
+pod); 2 the settings are wrong and waiting will not help (a bad option or unreadable file).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from elastic.rendezvous.errors import RendezvousConfigError, RendezvousConnectionError
+from elastic.rendezvous.registry import open_backend
+from elastic.rendezvous.settings import parse_rdzv_conf, settings_from_conf
+
+RETRY_INTERVAL = 2.0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--endpoint", required=True, help="etcd endpoints, as --rdzv-endpoint")
+    parser.add_argument("--conf", default="", help="connection options, as --rdzv-conf")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds before giving up")
+    args = parser.parse_args(argv)
+    try:  # the keys and values elasticrun would accept, or exit 2 now
+        options = settings_from_conf("wait-for-etcd", 1, 1, parse_rdzv_conf(args.conf)).backend_options
+    except RendezvousConfigError as error:
+        print(f"wait-for-etcd: the connection settings are wrong: {error}", file=sys.stderr)
+        return 2
+    started = time.monotonic()
+    deadline = started + args.timeout
+    attempt = 0
+    while True:
+        attempt += 1
+        try:
+            opened = open_backend("etcd", args.endpoint, options)
+        except RendezvousConfigError as error:
+            print(f"wait-for-etcd: the connection settings are wrong: {error}", file=sys.stderr)
+            return 2
+        except RendezvousConnectionError as error:
+            if time.monotonic() >= deadline:
+                print(f"wait-for-etcd: etcd at {args.endpoint} not usable after {time.monotonic() - started:.0f}s "
+                      f"(--timeout {args.timeout:g}): {error}", file=sys.stderr)
+                return 1
+            if attempt == 1 or attempt % 5 == 0:
+                print(f"wait-for-etcd: waiting for etcd at {args.endpoint} (attempt {attempt}): {error}", flush=True)
+            time.sleep(min(RETRY_INTERVAL, max(0.0, deadline - time.monotonic())))
+            continue
+        opened.release()
+        print(f"wait-for-etcd: etcd at {args.endpoint} is ready (attempt {attempt}).", flush=True)
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
