@@ -132,6 +132,29 @@ def waiting_counts(view: RoundView, waiting_ids: Iterable[str]) -> int:
     return len(rejoining) + (len(newcomers) if room else 0)
 
 
+# -- the exit barrier -------------------------------------------------------------------------
+class BarrierOutcome(enum.Enum):
+    """Where the exit barrier stands: WAIT -> ALL_DONE or MEMBER_LOST (both final)."""
+
+    WAIT = "wait"
+    ALL_DONE = "all done"
+    MEMBER_LOST = "member lost"
+
+
+def barrier_outcome(members: frozenset[str], present: frozenset[str], done: frozenset[str]) -> BarrierOutcome:
+    """The exit barrier's state from the round's join keys (``present``) and done keys seen.
+
+    A member whose join key is gone without it ever marking itself done will never finish
+    this round (its lease lapsed: its agent restarts into the next one), so waiting for it
+    until the barrier's timeout would only hold the others back.
+    """
+    if members <= done:
+        return BarrierOutcome.ALL_DONE
+    if (members - done) - present:
+        return BarrierOutcome.MEMBER_LOST
+    return BarrierOutcome.WAIT
+
+
 @dataclass(frozen=True)
 class MonitorState:
     """What a member has learned since its round closed: who waits for the next round, who is done."""

@@ -34,11 +34,13 @@ from backends.errors import BackendError, LeaseNotFoundError
 from backends.session import Session
 from elastic.rendezvous import records
 from elastic.rendezvous.decisions import (
+    BarrierOutcome,
     CloseAction,
     Joiner,
     MembershipChange,
     RoundView,
     assign_ranks,
+    barrier_outcome,
     decide_close,
     last_call_deadline,
 )
@@ -201,7 +203,9 @@ class RendezvousHandler:
         """The exit barrier: mark this member done and wait until every member is, or ``timeout``.
 
         Members that are done may leave without their peers seeing them as *lost*, so a node
-        whose workers finished first does not restart the others' last steps.
+        whose workers finished first does not restart the others' last steps. A member whose
+        join key vanishes before it is done (its lease lapsed; it restarts into the next round)
+        ends the wait at once: it will never finish this round.
         Returns True when every member of the round finished in time.
 
         Raises:
@@ -210,26 +214,44 @@ class RendezvousHandler:
         record = self._last_round
         if record is None or self._session is None:
             return True
-        prefix = self.keys.done_prefix(record.round)
+        round_number = record.round
+        members = frozenset(member.node_id for member in record.members)
         deadline = self._clock() + timeout
 
-        def wait_for_all() -> bool:
-            revision = self._backend.put(self.keys.done(record.round, self.node_id), b"{}", lease=self._session.lease_id)
-            done = {kv.key for kv in self._backend.get_prefix(prefix).kvs}
-            # Any event counts, a DELETE too: a member that saw everyone done leaves and revokes
-            # its lease, and its done key may be gone before our read (the watch replays it).
-            with self._watch(prefix, revision + 1) as watch:
-                while len(done) < record.world_size:
+        def wait_for_all() -> tuple[BarrierOutcome, frozenset[str]]:
+            revision = self._backend.put(self.keys.done(round_number, self.node_id), b"{}", lease=self._session.lease_id)
+            present: set[str] = set()
+            done: set[str] = set()
+            for kv in self._backend.get_prefix(self.keys.round_prefix(round_number)).kvs:
+                self._note_barrier_key(kv.key, True, round_number, present, done)
+            # Any done event counts, a DELETE too: a member that saw everyone done leaves and
+            # revokes its lease, and its done key may be gone before our read (the watch replays
+            # it, in the same batch as its join key's DELETE).
+            with self._watch(self.keys.round_prefix(round_number), revision + 1) as watch:
+                while (outcome := barrier_outcome(members, frozenset(present), frozenset(done))) is BarrierOutcome.WAIT:
                     remaining = deadline - self._clock()
                     if remaining <= 0:
-                        return False
-                    done.update(event.kv.key for event in watch.get(timeout=remaining))
-            return True
+                        return BarrierOutcome.WAIT, members - done
+                    for event in watch.get(timeout=remaining):
+                        self._note_barrier_key(event.kv.key, event.type is EventType.PUT, round_number, present, done)
+            return outcome, members - done
 
-        finished = self._backend_call(wait_for_all)
-        if not finished:
+        outcome, unfinished = self._backend_call(wait_for_all)
+        if outcome is BarrierOutcome.WAIT:
             log.warning("Rendezvous %s: exit barrier timed out after %.0fs; leaving anyway", self.settings.run_id, timeout)
-        return finished
+        elif outcome is BarrierOutcome.MEMBER_LOST:
+            log.warning("Rendezvous %s: a member of round %d left before finishing (%s); leaving the exit barrier",
+                        self.settings.run_id, round_number, ", ".join(sorted(unfinished)))
+        return outcome is BarrierOutcome.ALL_DONE
+
+    def _note_barrier_key(self, key: str, put: bool, round_number: int, present: set[str], done: set[str]) -> None:
+        marked = self.keys.parse_done_key(key)
+        if marked is not None and marked[0] == round_number:
+            done.add(marked[1])  # a PUT or a DELETE: either way it was done
+            return
+        joined = self.keys.parse_node_key(key)
+        if joined is not None and joined[0] == round_number:
+            (present.add if put else present.discard)(joined[1])
 
     def shutdown(self) -> bool:
         """Leave the rendezvous without closing it for the others (their monitors see us go).

@@ -52,6 +52,10 @@ class RendezvousKeys:
         """The claim of the node that closes round ``round_number``."""
         return f"{self.state_prefix}closer/{round_number}"
 
+    def round_prefix(self, round_number: int) -> str:
+        """Every key of round ``round_number``: its join keys and its done keys."""
+        return f"{self.root}rounds/{round_number}/"
+
     def nodes_prefix(self, round_number: int) -> str:
         return f"{self.root}rounds/{round_number}/nodes/"
 

@@ -78,3 +78,46 @@ def wait_until(condition, timeout: float = 10.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, "condition not met in time"
         time.sleep(0.01)
+
+
+def test_a_member_whose_lease_lapses_before_it_is_done_ends_the_barrier_at_once(harness):
+    # The peer's agent restarts into the next round; it will never finish this one, so the
+    # barrier must not hold the others until its timeout.
+    settings = RendezvousSettings("job", 2, 2, namespace=f"/barrier-{uuid.uuid4().hex[:8]}",
+                                  lease_ttl=2.0, last_call_timeout=1.0)
+    a = RendezvousHandler(settings, harness.connect(), "127.0.0.1", node_id="a", owns_backend=True)
+    b = RendezvousHandler(settings, harness.connect(), "127.0.0.1", node_id="b", owns_backend=True)
+    observer = harness.connect()
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            list(pool.map(lambda handler: handler.next_rendezvous(), [a, b], timeout=30))
+            a_finished = pool.submit(a.finish, 60.0)
+            done_prefix = a.keys.done_prefix(a._last_round.round)
+            wait_until(lambda: len(observer.get_prefix(done_prefix).kvs) == 1)  # a is waiting for b
+            started = time.monotonic()
+            observer.revoke(b._session.lease_id)  # b's lease lapses before b is done
+            assert a_finished.result(timeout=10) is False
+            assert time.monotonic() - started < 3.0
+    finally:
+        a.shutdown()
+        b.shutdown()
+        observer.close()
+
+
+@pytest.mark.parametrize(
+    ("present", "done", "expected"),
+    [
+        ({"a", "b"}, set(), "WAIT"),
+        ({"a", "b"}, {"a"}, "WAIT"),
+        ({"a", "b"}, {"a", "b"}, "ALL_DONE"),
+        ({"a"}, {"a", "b"}, "ALL_DONE"),  # b was done, then left
+        ({"a"}, {"a"}, "MEMBER_LOST"),  # b left before it was done
+        (set(), set(), "MEMBER_LOST"),
+        ({"a", "b", "c"}, {"a", "b"}, "ALL_DONE"),  # c is not a member of this round
+    ],
+)
+def test_barrier_outcome_case_table(present, done, expected):
+    from elastic.rendezvous.decisions import BarrierOutcome, barrier_outcome
+
+    outcome = barrier_outcome(frozenset({"a", "b"}), frozenset(present), frozenset(done))
+    assert outcome is BarrierOutcome[expected]
