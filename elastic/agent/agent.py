@@ -25,7 +25,7 @@ from elastic.agent.metrics import AgentMetrics
 from elastic.agent.workers import GroupState, GroupStatus, WorkerGroup, WorkerStartError
 from elastic.launch.config import LaunchConfig
 from elastic.rendezvous.decisions import MembershipChange
-from elastic.rendezvous.errors import RendezvousError
+from elastic.rendezvous.errors import RendezvousClosedError, RendezvousError
 from elastic.rendezvous.handler import RendezvousInfo
 
 log = logging.getLogger(__name__)
@@ -96,6 +96,17 @@ class ElasticAgent:
             name = signal.Signals(received.signum).name
             self.events.emit(Event.JOB_FINISHED, status=f"signalled:{name}")
             return AgentResult(128 + received.signum, f"the agent received {name}; workers stopped")
+        except RendezvousClosedError as error:
+            self._stop_group()
+            self.handler.shutdown()
+            if error.job_finished and self._last_group is None:
+                # A late (or restarted) agent of a job that already succeeded: nothing to do.
+                self.events.emit(Event.JOB_FINISHED, status="already_finished")
+                reason = f"{error}; nothing to do (use a new --rdzv-id to run the job again)"
+                log.warning("Run %s node %s: %s", self.handler.get_run_id(), self.host, reason)
+                return AgentResult(0, reason)
+            self.events.emit(Event.JOB_FINISHED, status="rendezvous_closed")
+            return AgentResult(1, str(error))
         except RendezvousError as error:
             self._stop_group()
             self.handler.shutdown()

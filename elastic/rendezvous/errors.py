@@ -16,7 +16,23 @@ class RendezvousStateError(RendezvousError):
 
 
 class RendezvousClosedError(RendezvousError):
-    """The rendezvous was closed (the job finished or failed for good); no new round will form."""
+    """The rendezvous was closed (the job finished or failed for good); no new round will form.
+
+    Attributes:
+        reason: the reason recorded by the node that closed it ("" if unknown).
+        job_finished: the job ended successfully (an agent arriving late has nothing to do).
+    """
+
+    JOB_FINISHED = "the job finished"
+    """The reason an agent records when every member's workers succeeded."""
+
+    def __init__(self, message: str, reason: str = "") -> None:
+        super().__init__(f"{message} (reason: {reason})" if reason else message)
+        self.reason = reason
+
+    @property
+    def job_finished(self) -> bool:
+        return self.reason == self.JOB_FINISHED
 
 
 class RendezvousTimeoutError(RendezvousError):

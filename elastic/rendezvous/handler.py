@@ -78,6 +78,7 @@ class _StateView:
     round: RoundRecord | None
     round_kv: KeyValue | None
     closed: bool
+    closed_reason: str = ""
 
 
 def free_port(addr: str) -> int:
@@ -178,7 +179,7 @@ class RendezvousHandler:
         """Whether the rendezvous was closed for good. Raises RendezvousConnectionError."""
         return self._backend_call(lambda: self._read_state().closed)
 
-    def set_closed(self, reason: str = "the job finished") -> None:
+    def set_closed(self, reason: str = RendezvousClosedError.JOB_FINISHED) -> None:
         """Close the rendezvous for every node (job finished or failed for good). Idempotent."""
         record = records.encode_closed(records.ClosedRecord(reason))
         self._backend_call(lambda: self._backend.put_if(self.keys.closed, record, ABSENT))
@@ -279,7 +280,9 @@ class RendezvousHandler:
         state = self._read_state()
         while True:
             if state.closed:
-                raise RendezvousClosedError(f"The rendezvous {self.settings.run_id} is closed; no new round will form.")
+                raise RendezvousClosedError(
+                    f"The rendezvous {self.settings.run_id} is closed; no new round will form", state.closed_reason
+                )
             forming = state.round.round + 1 if state.round else 0
             closer = self._put_join_key(forming)
             try:
@@ -373,7 +376,10 @@ class RendezvousHandler:
         if event.type is not EventType.PUT:
             return None
         if event.kv.key == self.keys.closed:
-            raise RendezvousClosedError(f"The rendezvous {self.settings.run_id} was closed while joining.")
+            raise RendezvousClosedError(
+                f"The rendezvous {self.settings.run_id} was closed while joining",
+                records.decode_closed(event.kv.key, event.kv.value).reason,
+            )
         if event.kv.key == self.keys.round:
             record = records.decode_round(event.kv.key, event.kv.value)
             if record.round >= forming:
@@ -478,9 +484,10 @@ class RendezvousHandler:
     def _read_state(self) -> _StateView:
         read = self._backend.get_prefix(self.keys.state_prefix)
         round_kv = next((kv for kv in read.kvs if kv.key == self.keys.round), None)
-        closed = any(kv.key == self.keys.closed for kv in read.kvs)
+        closed_kv = next((kv for kv in read.kvs if kv.key == self.keys.closed), None)
+        reason = records.decode_closed(closed_kv.key, closed_kv.value).reason if closed_kv is not None else ""
         round_record = records.decode_round(round_kv.key, round_kv.value) if round_kv is not None else None
-        return _StateView(read.revision, round_record, round_kv, closed)
+        return _StateView(read.revision, round_record, round_kv, closed_kv is not None, reason)
 
     def _read_joiners(self, forming: int) -> dict[str, Joiner]:
         read = self._backend.get_prefix(self.keys.nodes_prefix(forming))

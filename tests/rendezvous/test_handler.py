@@ -96,8 +96,18 @@ def test_a_closed_rendezvous_refuses_joins(make_node):
     first.next_rendezvous()
     first.set_closed()
     assert first.is_closed()
-    with pytest.raises(RendezvousClosedError):
+    with pytest.raises(RendezvousClosedError) as raised:
         make_node(1, 2).next_rendezvous()
+    assert raised.value.job_finished and "the job finished" in str(raised.value)
+
+
+def test_a_rendezvous_closed_for_a_failure_says_why_and_is_not_finished(make_node):
+    first = make_node(1, 1)
+    first.next_rendezvous()
+    first.set_closed("node x gave up after 3 restarts")
+    with pytest.raises(RendezvousClosedError) as raised:
+        make_node(1, 2).next_rendezvous()
+    assert not raised.value.job_finished and "gave up after 3 restarts" in str(raised.value)
 
 
 def test_closing_the_rendezvous_is_seen_by_members(make_node):
