@@ -21,6 +21,8 @@ import grpc
 from etcd3 import etcdrpc
 from etcd3.etcdrpc import auth_pb2
 
+from backends.etcd.convert import prefix_range_end  # the worker image carries etcd-elastic
+
 ROOT = "root"
 REQUEST_TIMEOUT = 10.0
 RETRY_INTERVAL = 2.0
@@ -29,17 +31,6 @@ _RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
 class SetupError(RuntimeError):
     """etcd refused a request; the message names it."""
-
-
-def prefix_range_end(prefix: bytes) -> bytes:
-    """The range end that covers every key starting with ``prefix`` (etcd's ``--prefix``)."""
-    end = bytearray(prefix)
-    while end:
-        if end[-1] < 0xFF:
-            end[-1] += 1
-            return bytes(end)
-        end.pop()
-    return b"\0"  # every key
 
 
 class AuthAdmin:
