@@ -222,6 +222,13 @@ def _optional_text(text: str | None) -> str | None:
     return text.strip() if text and text.strip() else None
 
 
+def _host_address(text: str | None) -> str | None:
+    """An address as workers and sockets take it: an IPv6 literal without its URL brackets."""
+    if text and text.startswith("[") and text.endswith("]"):
+        return text[1:-1]
+    return text
+
+
 def _nnodes(text: str | None, where: str) -> tuple[int, int]:
     match = re.fullmatch(r"\s*([0-9]+)\s*(?::\s*([0-9]+)\s*)?", text or "")
     low = int(match[1]) if match else 0
@@ -546,7 +553,7 @@ def config_from_args(
         redirects=_std_mask(*sources.text("redirects")),
         tee=_std_mask(*sources.text("tee")),
         local_ranks_filter=_local_ranks(*sources.text("local_ranks_filter")),
-        local_addr=_optional_text(sources.text("local_addr")[0]),
+        local_addr=_host_address(_optional_text(sources.text("local_addr")[0])),
         signals_to_handle=_signals(*sources.text("signals_to_handle")),
         shutdown_timeout=_shutdown_timeout(sources),
         exit_barrier_timeout=_seconds(*sources.text("exit_barrier_timeout")),

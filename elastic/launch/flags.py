@@ -125,7 +125,7 @@ OPTIONS: tuple[Option, ...] = (
     _option("--master-port", STATIC, f"Port where rank 0's workers meet; static backend only (default "
             f"{STATIC_DEFAULT_PORT}).", metavar="PORT"),
     _option("--local-addr", STATIC, "Address other nodes use to reach this one (default: this host's "
-            "fully qualified name).", metavar="HOST"),
+            "fully qualified name). IPv6 with or without brackets.", metavar="HOST"),
     _option("--max-restarts", LIFECYCLE, "Worker-group restarts allowed after worker failures before the "
             "job fails; membership changes do not count.", metavar="N", default="0"),
     _option("--monitor-interval", LIFECYCLE, "Seconds between checks of the workers.", metavar="SECONDS",

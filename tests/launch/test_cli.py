@@ -132,6 +132,8 @@ SPELLINGS = [
     ("--master-addr", "node0", ("--nnodes=2",), "master_addr", "node0"),
     ("--master-port", "1234", (), "master_port", 1234),
     ("--local-addr", "10.0.0.7", (), "local_addr", "10.0.0.7"),
+    ("--local-addr", "fd00::7", (), "local_addr", "fd00::7"),
+    ("--local-addr", "[fd00::7]", (), "local_addr", "fd00::7"),  # URL brackets dropped: MASTER_ADDR is raw
     ("--max-restarts", "3", (), "max_restarts", 3),
     ("--monitor-interval", "0.5", (), "monitor_interval", 0.5),
     ("--signals-to-handle", "SIGTERM,SIGUSR1", (), "signals_to_handle", ("SIGTERM", "SIGUSR1")),
