@@ -75,6 +75,7 @@ class WatchRegistration:
         self.requested_revision = start_revision
         self.progress_revision = 0
         self.cancelled = False
+        self.reauthenticated = False  # refused once for auth and re-sent with a fresh token
 
     def __repr__(self) -> str:
         return f"WatchRegistration({self.prefix!r}, resume at {self.resume_revision})"
@@ -104,14 +105,18 @@ class WatchStream:
     ``by_id`` / ``id_of`` map confirmed watches both ways. Mutated only under the hub's lock.
     """
 
-    def __init__(self, call: Any, requests: "queue.SimpleQueue[Any]", channel: EndpointChannel) -> None:
+    def __init__(
+        self, call: Any, requests: "queue.SimpleQueue[Any]", channel: EndpointChannel, token: str | None = None
+    ) -> None:
         self.call = call
         self.requests = requests
         self.channel = channel
+        self.token = token  # the auth token the stream was opened with (etcd checks it on every create)
         self.pending: collections.deque[WatchRegistration] = collections.deque()
         self.by_id: dict[int, WatchRegistration] = {}
         self.id_of: dict[WatchRegistration, int] = {}
         self.expired = False
+        self.renewing_token = False  # ended on purpose, to re-create its watches with a new token
         self._closed = False
 
     def create(self, registration: WatchRegistration) -> None:
@@ -270,7 +275,8 @@ class WatchHub:
         """
         requests: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
         call = channel.watch.Watch(_drain(requests), metadata=options.metadata, wait_for_ready=False)
-        stream = WatchStream(call, requests, channel)
+        token = next((value for name, value in options.metadata if name == "token"), None)
+        stream = WatchStream(call, requests, channel, token)
         with self._lock:
             if self._closed or not self._live:
                 stream.close()
@@ -318,7 +324,7 @@ class WatchHub:
             for response in stream.call:
                 self._handle(response, stream)
         except grpc.RpcError as error:
-            if self._stopped.is_set():
+            if self._stopped.is_set() or stream.renewing_token:
                 return
             translated = self._connection.translate(error, "watch", stream.channel, None)
             if isinstance(translated, BackendAuthError) and self._connection.config.user is not None:
@@ -343,11 +349,21 @@ class WatchHub:
                     return
                 registration = stream.pending.popleft()
                 if response.canceled or response.compact_revision:
-                    failed = registration, self._refusal(registration, response, stream)
+                    error = self._refusal(registration, response, stream)
+                    if self._token_may_have_expired(registration, error):
+                        registration.reauthenticated = True
+                        stream.channel.forget_token(stream.token)
+                        stream.renewing_token = True
+                        log.info("etcd at %s refused watch %r with the stream's token (%s); authenticating again "
+                                 "and resuming every watch", stream.channel, registration.prefix, error)
+                        stream.call.cancel()  # the reader resumes on a new stream with a new token
+                        return
+                    failed = registration, error
                 elif registration.cancelled:
                     stream.cancel_on_server(response.watch_id)
                     return
                 else:
+                    registration.reauthenticated = False
                     stream.confirm(registration, response.watch_id)
             else:
                 registration = stream.by_id.get(response.watch_id)
@@ -366,6 +382,19 @@ class WatchHub:
             registration.watch.deliver([watch_event(event) for event in response.events])
         elif not response.created:
             registration.note_progress(response.header.revision)
+
+    def _token_may_have_expired(self, registration: WatchRegistration, error: BackendError) -> bool:
+        """A create refused for auth is retried once with a fresh token.
+
+        etcd checks a Watch stream's token on every create, and a simple token lapses after
+        ``--auth-token-ttl`` (300 s) unused: a long-lived stream's token goes stale while its
+        watches run. etcd 3.4 reports that as "invalid auth token" or "permission denied".
+        """
+        return (
+            isinstance(error, BackendAuthError)
+            and self._connection.config.user is not None
+            and not registration.reauthenticated
+        )
 
     @staticmethod
     def _refusal(registration: WatchRegistration, response: Any, stream: WatchStream) -> BackendError:

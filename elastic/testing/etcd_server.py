@@ -62,6 +62,8 @@ class EtcdServerOptions:
         tls: serve clients over TLS, with certificates from a throwaway CA.
         client_cert_auth: also require client certificates (implies ``tls``).
         max_request_bytes: etcd's ``--max-request-bytes`` (None: etcd's default, 1.5 MiB).
+        auth_token_ttl: etcd's ``--auth-token-ttl``, seconds an unused auth token lives (None:
+            etcd's default, 300 s); short values test token expiry.
         startup_timeout: seconds to wait for ``/health`` to answer.
     """
 
@@ -70,6 +72,7 @@ class EtcdServerOptions:
     tls: bool = False
     client_cert_auth: bool = False
     max_request_bytes: int | None = None
+    auth_token_ttl: int | None = None
     startup_timeout: float = 30.0
 
     @property
@@ -257,6 +260,8 @@ class BinaryEtcdServer(EtcdServer):
                 args.append("--client-cert-auth")
         if self.options.max_request_bytes is not None:
             args.append(f"--max-request-bytes={self.options.max_request_bytes}")
+        if self.options.auth_token_ttl is not None:
+            args.append(f"--auth-token-ttl={self.options.auth_token_ttl}")
         return args
 
 
@@ -292,6 +297,8 @@ class DockerEtcdServer(EtcdServer):
                 command.append("--client-cert-auth")
         if options.max_request_bytes is not None:
             command.append(f"--max-request-bytes={options.max_request_bytes}")
+        if options.auth_token_ttl is not None:
+            command.append(f"--auth-token-ttl={options.auth_token_ttl}")
         self._container = container.with_command(command)
         self._container.start()
         try:

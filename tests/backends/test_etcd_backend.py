@@ -237,6 +237,44 @@ def test_every_watch_on_the_stream_resumes_after_an_etcd_restart(start_etcd, pre
             watch.cancel()
 
 
+@pytest.mark.slow
+def test_watches_created_after_the_streams_auth_token_lapsed_still_work(start_etcd, prefix):
+    # etcd checks the Watch stream's token on every create; an unused simple token lapses
+    # (--auth-token-ttl, 300 s by default), so a long-lived stream's token goes stale.
+    server = start_etcd(auth=True, auth_token_ttl=1)
+    with server.connect() as backend:
+        first = backend.watch_prefix(prefix + "first/")
+        revision = backend.put(prefix + "first/k", b"1")
+        assert [event.revision for event in collect(first, 1, timeout=5)] == [revision]
+        time.sleep(2.5)  # the token lapses on the server; the stream stays open
+        later = backend.watch_prefix(prefix + "later/", start_revision=revision)
+        assert collect(later, 1, timeout=0.5) == []  # created (after a re-authentication), not failed
+        again = backend.put(prefix + "later/k", b"2")
+        assert [event.revision for event in collect(later, 1, timeout=5)] == [again]
+        again = backend.put(prefix + "first/k", b"3")  # the watch that was running resumed too
+        assert [event.revision for event in collect(first, 1, timeout=5)] == [again]
+
+
+def test_a_watch_refused_for_permission_fails_alone_after_one_fresh_token(etcd_server, prefix):
+    import subprocess
+
+    config = etcd_server.client_config()
+    user, role = f"reader-{uuid.uuid4().hex[:6]}", f"role-{uuid.uuid4().hex[:6]}"
+    etcdctl = ["etcdctl", f"--endpoints={etcd_server.endpoints}", f"--user={config.user}:{config.password}"]
+    for args in (["user", "add", f"{user}:pw"], ["role", "add", role],
+                 ["role", "grant-permission", role, "--prefix=true", "read", prefix + "allowed/"],
+                 ["user", "grant-role", user, role]):
+        subprocess.run(etcdctl + args, check=True, capture_output=True, timeout=30)
+    with etcd_server.connect(user=user, password="pw") as backend:
+        now = backend.get(prefix + "allowed/").revision + 1  # (reading denied/ would be refused at once)
+        allowed = backend.watch_prefix(prefix + "allowed/", start_revision=now)
+        denied = backend.watch_prefix(prefix + "denied/", start_revision=now)
+        with pytest.raises(BackendAuthError, match="refused"):
+            denied.get(timeout=10)
+        assert allowed.get(timeout=0.5) == []  # still running
+        assert backend._watch_hub.live_count == 1
+
+
 def test_renewals_of_many_leases_share_one_keepalive_stream(client):
     leases = [client.grant(5) for _ in range(30)]
     client.keepalive(leases[0].id)
