@@ -265,3 +265,16 @@ def test_the_history_is_bounded_and_never_keeps_part_of_a_revision(clock):
 def test_a_start_revision_below_one_is_rejected(state):
     with pytest.raises(ValueError):
         state.events_since("", 0)
+
+
+def test_put_and_claim_writes_both_keys_at_one_revision_and_emits_both_events(state):
+    lease = state.grant(10)
+    outcome = state.put_and_claim("n/a", b"a", "claim", b"by-a", lease.id)
+    assert outcome.result.claimed and outcome.result.revision == state.revision == 2
+    assert kinds(outcome.events) == [(EventType.PUT, "n/a", 2), (EventType.PUT, "claim", 2)]
+    again = state.put_and_claim("n/b", b"b", "claim", b"by-b")
+    assert not again.result.claimed and again.result.holder.value == b"by-a"
+    assert kinds(again.events) == [(EventType.PUT, "n/b", 3)]
+    assert {key for key in ("n/a", "claim")} <= set(kv.key for kv in state.get_prefix("").kvs)
+    state.revoke(lease.id)
+    assert state.get("claim").kv is None and state.get("n/b").kv is not None
