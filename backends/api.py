@@ -307,15 +307,6 @@ class KVBackend(abc.ABC):
     def get_prefix(self, prefix: str) -> RangeResult:
         """Read every key starting with ``prefix``, in key order, at one revision."""
 
-    def get_first_created(self, prefix: str) -> ReadResult:
-        """The key under ``prefix`` with the lowest create revision (None if none), at one revision.
-
-        etcd's ``WithFirstCreate()``: who leads an election, without reading every candidate.
-        This default reads the whole prefix; backends that can sort on the server override it.
-        """
-        read = self.get_prefix(prefix)
-        return ReadResult(read.revision, min(read.kvs, key=lambda kv: kv.create_revision, default=None))
-
     # -- writes ------------------------------------------------------------------------------
     @abc.abstractmethod
     def put(self, key: str, value: bytes, *, lease: int = NO_LEASE) -> int:

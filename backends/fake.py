@@ -180,9 +180,6 @@ class FakeBackend(KVBackend):
     def get_prefix(self, prefix: str) -> RangeResult:
         return self._call(lambda state: state.get_prefix(prefix))
 
-    def get_first_created(self, prefix: str) -> ReadResult:
-        return self._call(lambda state: state.get_first_created(prefix))
-
     def put(self, key: str, value: bytes, *, lease: int = NO_LEASE) -> int:
         return self._call(lambda state: state.put(key, value, lease)).revision
 

@@ -131,11 +131,6 @@ class KVState:
         """Read every key starting with ``prefix``, in key (code point = UTF-8 byte) order."""
         return RangeResult(self._revision, tuple(self._kvs[key] for key in self._keys_under(prefix)))
 
-    def get_first_created(self, prefix: str) -> ReadResult:
-        """The key under ``prefix`` with the lowest create revision (None if none)."""
-        kvs = (self._kvs[key] for key in self._keys_under(prefix))
-        return ReadResult(self._revision, min(kvs, key=lambda kv: kv.create_revision, default=None))
-
     # -- writes -------------------------------------------------------------------------------
     def put(self, key: str, value: bytes, lease: int = NO_LEASE) -> Outcome[WriteResult]:
         """Write ``key`` unconditionally, binding it to ``lease`` (0: unbind).

@@ -79,15 +79,6 @@ class EtcdBackend(KVBackend):
         response = self._call(f"get prefix {prefix!r}", lambda c, o: c.kv.Range(request, **o.kwargs))
         return RangeResult(revision=response.header.revision, kvs=tuple(key_value(kv) for kv in response.kvs))
 
-    def get_first_created(self, prefix: str) -> ReadResult:
-        raw = encode_key(prefix)
-        request = etcdrpc.RangeRequest(
-            key=raw, range_end=prefix_range_end(raw), limit=1,
-            sort_target=etcdrpc.RangeRequest.CREATE, sort_order=etcdrpc.RangeRequest.ASCEND,
-        )
-        response = self._call(f"get first created {prefix!r}", lambda c, o: c.kv.Range(request, **o.kwargs))
-        return ReadResult(revision=response.header.revision, kv=first_key_value(response.kvs))
-
     # -- writes ------------------------------------------------------------------------------
     def put(self, key: str, value: bytes, *, lease: int = NO_LEASE) -> int:
         """Write ``key``; resent after an unknown outcome (the result is the same value).

@@ -150,10 +150,6 @@ class TcpStoreBackend(KVBackend):
         frame = self._request({"op": "range", "p": prefix})
         return _decode(frame, lambda h, r: RangeResult(h["r"], tuple(r.kv(item) for item in h["kvs"])))
 
-    def get_first_created(self, prefix: str) -> ReadResult:
-        frame = self._request({"op": "first", "p": prefix})
-        return _decode(frame, lambda h, r: ReadResult(h["r"], r.kv_or_none(h["kv"])))
-
     # -- writes -------------------------------------------------------------------------------
     def put(self, key: str, value: bytes, *, lease: int = NO_LEASE) -> int:
         self._check_value(key, value)

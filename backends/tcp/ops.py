@@ -78,12 +78,6 @@ def _range(state: KVState, header: dict[str, Any], payload: bytes) -> Reply:
     return Reply({"r": result.revision, "kvs": [kv_to_wire(kv, parts) for kv in result.kvs]}, parts)
 
 
-def _first(state: KVState, header: dict[str, Any], payload: bytes) -> Reply:
-    read = state.get_first_created(field(header, "p", str))
-    parts: list[bytes] = []
-    return Reply({"r": read.revision, "kv": None if read.kv is None else kv_to_wire(read.kv, parts)}, parts)
-
-
 def _put(state: KVState, header: dict[str, Any], payload: bytes) -> Reply:
     outcome = state.put(field(header, "k", str), payload, field(header, "l", int, 0))
     return Reply({"r": outcome.result.revision}, (), outcome.events)
@@ -146,7 +140,6 @@ def _compact(state: KVState, header: dict[str, Any], payload: bytes) -> Reply:
 _HANDLERS: dict[str, Callable[[KVState, dict[str, Any], bytes], Reply]] = {
     "get": _get,
     "range": _range,
-    "first": _first,
     "put": _put,
     "put_if": _put_if,
     "put_claim": _put_claim,

@@ -108,19 +108,6 @@ class BackendContract:
         assert result.revision >= last
         backend.delete(prefix[:-1] + "-sibling")
 
-    def test_get_first_created_returns_the_oldest_live_key_not_the_first_in_key_order(self, backend, prefix):
-        assert backend.get_first_created(prefix).kv is None
-        for key in ("m", "a", "z"):
-            backend.put(prefix + key, key.encode())
-        backend.put(prefix + "m", b"rewritten")  # a rewrite keeps the create revision
-        last = backend.put(prefix[:-1] + "-sibling", b"older keys elsewhere do not count")
-        first = backend.get_first_created(prefix)
-        assert first.kv is not None and first.kv.key == prefix + "m" and first.kv.value == b"rewritten"
-        assert first.revision >= last
-        backend.delete(prefix + "m")
-        assert backend.get_first_created(prefix).kv.key == prefix + "a"
-        backend.delete(prefix[:-1] + "-sibling")
-
     def test_unicode_keys_and_binary_values_round_trip(self, backend, prefix):
         value = bytes(range(256))
         backend.put(prefix + "nœud-ü", value)
