@@ -96,21 +96,17 @@ class ElasticAgent:
             name = signal.Signals(received.signum).name
             self.events.emit(Event.JOB_FINISHED, status=f"signalled:{name}")
             return AgentResult(128 + received.signum, f"the agent received {name}; workers stopped")
-        except RendezvousClosedError as error:
+        except RendezvousError as error:
             self._stop_group()
             self.handler.shutdown()
-            if error.job_finished and self._last_group is None:
+            if isinstance(error, RendezvousClosedError) and error.job_finished and self._last_group is None:
                 # A late (or restarted) agent of a job that already succeeded: nothing to do.
                 self.events.emit(Event.JOB_FINISHED, status="already_finished")
                 reason = f"{error}; nothing to do (use a new --rdzv-id to run the job again)"
                 log.warning("Run %s node %s: %s", self.handler.get_run_id(), self.host, reason)
                 return AgentResult(0, reason)
-            self.events.emit(Event.JOB_FINISHED, status="rendezvous_closed")
-            return AgentResult(1, str(error))
-        except RendezvousError as error:
-            self._stop_group()
-            self.handler.shutdown()
-            self.events.emit(Event.JOB_FINISHED, status="rendezvous_error")
+            closed = isinstance(error, RendezvousClosedError)
+            self.events.emit(Event.JOB_FINISHED, status="rendezvous_closed" if closed else "rendezvous_error")
             return AgentResult(1, str(error))
         finally:
             self.healthy = False

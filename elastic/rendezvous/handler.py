@@ -77,8 +77,12 @@ class _StateView:
     revision: int
     round: RoundRecord | None
     round_kv: KeyValue | None
-    closed: bool
-    closed_reason: str = ""
+    closed_reason: str | None = None
+    """Why the rendezvous was closed for good; None while it is open."""
+
+    @property
+    def closed(self) -> bool:
+        return self.closed_reason is not None
 
 
 def free_port(addr: str) -> int:
@@ -321,8 +325,6 @@ class RendezvousHandler:
             self._backend.delete(self._joined_key)
             self.backend_writes += 1
         self._joined_key = key
-        if result.claimed:
-            self._claimed_key = claim_key
         return result.holder
 
     def _is_mine(self, claim: KeyValue) -> bool:
@@ -485,9 +487,9 @@ class RendezvousHandler:
         read = self._backend.get_prefix(self.keys.state_prefix)
         round_kv = next((kv for kv in read.kvs if kv.key == self.keys.round), None)
         closed_kv = next((kv for kv in read.kvs if kv.key == self.keys.closed), None)
-        reason = records.decode_closed(closed_kv.key, closed_kv.value).reason if closed_kv is not None else ""
+        reason = records.decode_closed(closed_kv.key, closed_kv.value).reason if closed_kv is not None else None
         round_record = records.decode_round(round_kv.key, round_kv.value) if round_kv is not None else None
-        return _StateView(read.revision, round_record, round_kv, closed_kv is not None, reason)
+        return _StateView(read.revision, round_record, round_kv, reason)
 
     def _read_joiners(self, forming: int) -> dict[str, Joiner]:
         read = self._backend.get_prefix(self.keys.nodes_prefix(forming))

@@ -79,6 +79,15 @@ class EtcdServerOptions:
     def uses_tls(self) -> bool:
         return self.tls or self.client_cert_auth
 
+    def limit_flags(self) -> list[str]:
+        """etcd flags for the limits set here (the same for the binary and the container)."""
+        flags = []
+        if self.max_request_bytes is not None:
+            flags.append(f"--max-request-bytes={self.max_request_bytes}")
+        if self.auth_token_ttl is not None:
+            flags.append(f"--auth-token-ttl={self.auth_token_ttl}")
+        return flags
+
 
 class EtcdServer(abc.ABC):
     """A running etcd for tests; use as a context manager or call :meth:`close`."""
@@ -258,11 +267,7 @@ class BinaryEtcdServer(EtcdServer):
             args += [f"--trusted-ca-file={self.tls_files.ca_cert}"]
             if self.options.client_cert_auth:
                 args.append("--client-cert-auth")
-        if self.options.max_request_bytes is not None:
-            args.append(f"--max-request-bytes={self.options.max_request_bytes}")
-        if self.options.auth_token_ttl is not None:
-            args.append(f"--auth-token-ttl={self.options.auth_token_ttl}")
-        return args
+        return args + self.options.limit_flags()
 
 
 # -- docker ------------------------------------------------------------------------------------
@@ -295,11 +300,7 @@ class DockerEtcdServer(EtcdServer):
             command += ["--cert-file=/tls/server.crt", "--key-file=/tls/server.key", "--trusted-ca-file=/tls/ca.crt"]
             if options.client_cert_auth:
                 command.append("--client-cert-auth")
-        if options.max_request_bytes is not None:
-            command.append(f"--max-request-bytes={options.max_request_bytes}")
-        if options.auth_token_ttl is not None:
-            command.append(f"--auth-token-ttl={options.auth_token_ttl}")
-        self._container = container.with_command(command)
+        self._container = container.with_command(command + options.limit_flags())
         self._container.start()
         try:
             self._address = f"{self._container.get_container_host_ip()}:{self._container.get_exposed_port(2379)}"
