@@ -131,6 +131,26 @@ class ClaimResult:
 
 
 @dataclass(frozen=True)
+class GuardedClaimResult:
+    """Result of :meth:`KVBackend.put_and_claim_if`.
+
+    Attributes:
+        applied: whether every guard held, so the put and the claim ran.
+        claim: what the put and the claim did (None when not applied).
+        read: the keys under the requested prefix, read in the same step (after the writes
+            when applied).
+    """
+
+    applied: bool
+    claim: ClaimResult | None
+    read: RangeResult
+
+
+Guard = tuple[str, int | Absent]
+"""``(key, expected)``: holds when ``key``'s mod revision is ``expected``, or ``key`` is absent for ABSENT."""
+
+
+@dataclass(frozen=True)
 class Lease:
     """A granted lease: its id and the TTL the server granted, in seconds."""
 
@@ -238,6 +258,13 @@ class QueueWatch(Watch):
     @property
     def cancelled(self) -> bool:
         return self._cancelled
+
+    def begin_after(self, revision: int) -> None:
+        """Producer side, for a watch started "from now": the server reports only revisions above
+        ``revision`` (the store revision when it registered the watch), which becomes
+        :attr:`last_revision` until events arrive. Call before delivering any event."""
+        self._delivered_revision = max(self._delivered_revision, revision)
+        self._last_revision = max(self._last_revision, revision)
 
     def deliver(self, events: Sequence[WatchEvent]) -> None:
         """Producer side: append events; events at or below the last delivered revision are dropped."""
@@ -349,6 +376,39 @@ class KVBackend(abc.ABC):
             return self.put_and_claim(key, value, claim_key, claim_value, lease=lease)
         return ClaimResult(claim.revision if claim.applied else revision, claim.applied, claim.current)
 
+    def put_and_claim_if(
+        self,
+        guards: Sequence[Guard],
+        key: str,
+        value: bytes,
+        claim_key: str,
+        claim_value: bytes,
+        *,
+        lease: int = NO_LEASE,
+        read_prefix: str,
+    ) -> GuardedClaimResult:
+        """:meth:`put_and_claim` if every guard holds, and in any case read ``read_prefix``.
+
+        Why: a node that knows (or guesses) the current round joins it and reads the round's
+        state in one round trip instead of two; a wrong guess writes nothing and returns the
+        state to join from. Backends with transactions do it atomically at one revision. This
+        default checks the guards, writes and reads in separate steps: a guard may change
+        between the check and the write, which is as safe as reading the state and then
+        joining (the caller sees the change on its watch).
+
+        Raises:
+            ValueTooLargeError: a value exceeds :attr:`max_value_bytes`.
+            LeaseNotFoundError: ``lease`` does not exist.
+        """
+        for guard_key, expected in guards:
+            current = self.get(guard_key).kv
+            holds = current is None if isinstance(expected, Absent) else (
+                current is not None and current.mod_revision == expected)
+            if not holds:
+                return GuardedClaimResult(False, None, self.get_prefix(read_prefix))
+        claim = self.put_and_claim(key, value, claim_key, claim_value, lease=lease)
+        return GuardedClaimResult(True, claim, self.get_prefix(read_prefix))
+
     @abc.abstractmethod
     def delete(self, key: str) -> WriteResult:
         """Delete ``key``; ``applied`` says whether it existed."""
@@ -390,6 +450,15 @@ class KVBackend(abc.ABC):
         Args:
             start_revision: first revision to report; None means changes after now. A past
                 revision replays the history from there.
+
+        With ``start_revision=None`` the call returns once the server has registered the
+        watch, and the watch's ``last_revision`` is then the store revision at registration:
+        every change above it is reported. A read made after this call returns is taken at
+        that revision or later, so "watch from now, then read" leaves no gap; a consumer skips
+        the events at or below the read's revision, which the read already reflects. Why this
+        order and not "read, then watch from the read's revision + 1": on etcd a watch that
+        starts in the past is served by a catch-up loop that runs every 100 ms, while a watch
+        from now receives each event as it is written.
 
         Raises:
             CompactedError: (possibly from the watch's ``get``) history before

@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable
+from typing import Callable, Sequence
 
 from backends.api import (
     NO_LEASE,
     Absent,
     ClaimResult,
+    Guard,
+    GuardedClaimResult,
     KVBackend,
     Lease,
     QueueWatch,
@@ -190,6 +192,13 @@ class FakeBackend(KVBackend):
         self, key: str, value: bytes, claim_key: str, claim_value: bytes, *, lease: int = NO_LEASE
     ) -> ClaimResult:
         return self._call(lambda state: state.put_and_claim(key, value, claim_key, claim_value, lease))
+
+    def put_and_claim_if(
+        self, guards: Sequence[Guard], key: str, value: bytes, claim_key: str, claim_value: bytes, *,
+        lease: int = NO_LEASE, read_prefix: str,
+    ) -> GuardedClaimResult:
+        return self._call(lambda state: state.put_and_claim_if(guards, key, value, claim_key, claim_value, lease,
+                                                               read_prefix))
 
     def delete(self, key: str) -> WriteResult:
         return self._call(lambda state: state.delete(key))

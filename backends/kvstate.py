@@ -25,13 +25,15 @@ import time
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Generic, Iterable, TypeVar
+from typing import Callable, Generic, Iterable, Sequence, TypeVar
 
 from backends.api import (
     NO_LEASE,
     Absent,
     ClaimResult,
     EventType,
+    Guard,
+    GuardedClaimResult,
     KeyValue,
     Lease,
     RangeResult,
@@ -180,6 +182,25 @@ class KVState:
             events.append(self._store(claim_key, claim_value, lease, revision))
             holder = events[-1].kv
         return Outcome(ClaimResult(revision, claimed, holder), self._commit(events))  # type: ignore[arg-type]
+
+    def put_and_claim_if(
+        self, guards: Sequence[Guard], key: str, value: bytes, claim_key: str, claim_value: bytes,
+        lease: int = NO_LEASE, read_prefix: str = "",
+    ) -> Outcome[GuardedClaimResult]:
+        """:meth:`put_and_claim` if every guard holds; read ``read_prefix`` after, in the same step.
+
+        Raises:
+            ValueTooLargeError: a value exceeds :attr:`max_value_bytes`.
+            LeaseNotFoundError: ``lease`` is not live (checked only when the guards hold).
+        """
+        for guard_key, expected in guards:
+            current = self._kvs.get(guard_key)
+            holds = current is None if isinstance(expected, Absent) else (
+                current is not None and current.mod_revision == expected)
+            if not holds:
+                return Outcome(GuardedClaimResult(False, None, self.get_prefix(read_prefix)))
+        outcome = self.put_and_claim(key, value, claim_key, claim_value, lease)
+        return Outcome(GuardedClaimResult(True, outcome.result, self.get_prefix(read_prefix)), outcome.events)
 
     def delete(self, key: str) -> Outcome[WriteResult]:
         """Delete ``key``; not applied (and no new revision) when it does not exist."""

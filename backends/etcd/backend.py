@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from typing import Any
+from typing import Any, Sequence
 
 from etcd3 import etcdrpc
 
@@ -23,6 +23,8 @@ from backends.api import (
     NO_LEASE,
     Absent,
     ClaimResult,
+    Guard,
+    GuardedClaimResult,
     KeyValue,
     KVBackend,
     Lease,
@@ -135,27 +137,56 @@ class EtcdBackend(KVBackend):
             ValueTooLargeError: a value exceeds :attr:`max_value_bytes`.
             LeaseNotFoundError: ``lease`` does not exist.
         """
+        request = self._claim_txn(key, value, claim_key, claim_value, lease)
+        response = self._call(
+            f"put {key!r} and claim {claim_key!r}", lambda c, o: c.kv.Txn(request, **o.kwargs), resend_safe=False
+        )
+        return _claim_result(response, response.header.revision, claim_key, claim_value, lease)
+
+    def put_and_claim_if(
+        self, guards: Sequence[Guard], key: str, value: bytes, claim_key: str, claim_value: bytes, *,
+        lease: int = NO_LEASE, read_prefix: str,
+    ) -> GuardedClaimResult:
+        """One transaction: if the guards hold, the put-and-claim transaction (nested); then read ``read_prefix``.
+
+        Never resent after an unknown outcome (as put_if).
+
+        Raises:
+            ValueTooLargeError: a value exceeds :attr:`max_value_bytes`.
+            LeaseNotFoundError: ``lease`` does not exist.
+        """
+        raw_read = encode_key(read_prefix)
+        read = etcdrpc.RequestOp(request_range=etcdrpc.RangeRequest(key=raw_read, range_end=prefix_range_end(raw_read)))
+        claim = etcdrpc.RequestOp(request_txn=self._claim_txn(key, value, claim_key, claim_value, lease))
+        request = etcdrpc.TxnRequest(
+            compare=[_revision_compare(encode_key(guard_key), expected) for guard_key, expected in guards],
+            success=[claim, read],
+            failure=[read],
+        )
+        response = self._call(
+            f"put {key!r} and claim {claim_key!r} if {len(guards)} guards hold",
+            lambda c, o: c.kv.Txn(request, **o.kwargs), resend_safe=False,
+        )
+        revision = response.header.revision
+        ranged = response.responses[-1].response_range
+        read_result = RangeResult(revision=revision, kvs=tuple(key_value(kv) for kv in ranged.kvs))
+        if not response.succeeded:
+            return GuardedClaimResult(False, None, read_result)
+        claimed = _claim_result(response.responses[0].response_txn, revision, claim_key, claim_value, lease)
+        return GuardedClaimResult(True, claimed, read_result)
+
+    def _claim_txn(self, key: str, value: bytes, claim_key: str, claim_value: bytes, lease: int) -> Any:
+        """Put ``key``; create ``claim_key`` if its create revision is 0, else read it."""
         raw_claim = encode_key(claim_key)
         put = etcdrpc.RequestOp(
             request_put=etcdrpc.PutRequest(key=encode_key(key), value=self._checked(key, value), lease=lease)
         )
         claim = etcdrpc.PutRequest(key=raw_claim, value=self._checked(claim_key, claim_value), lease=lease)
-        request = etcdrpc.TxnRequest(
+        return etcdrpc.TxnRequest(
             compare=[_revision_compare(raw_claim, ABSENT)],
             success=[put, etcdrpc.RequestOp(request_put=claim)],
             failure=[put, etcdrpc.RequestOp(request_range=etcdrpc.RangeRequest(key=raw_claim))],
         )
-        response = self._call(
-            f"put {key!r} and claim {claim_key!r}", lambda c, o: c.kv.Txn(request, **o.kwargs), resend_safe=False
-        )
-        revision = response.header.revision
-        if response.succeeded:
-            holder = KeyValue(claim_key, bytes(claim_value), revision, revision, 1, lease)
-            return ClaimResult(revision, True, holder)
-        holder = first_key_value(response.responses[1].response_range.kvs)
-        if holder is None:  # cannot happen: the comparison saw the claim at this revision
-            raise BackendError(f"etcd reported {claim_key!r} as held but returned no holder.")
-        return ClaimResult(revision, False, holder)
 
     def delete(self, key: str) -> WriteResult:
         request = etcdrpc.DeleteRangeRequest(key=encode_key(key))
@@ -222,10 +253,11 @@ class EtcdBackend(KVBackend):
 
     # -- watches and history -----------------------------------------------------------------
     def watch_prefix(self, prefix: str, start_revision: int | None = None) -> Watch:
-        """Watch ``prefix`` from ``start_revision`` (None: the revision after the current one).
+        """Watch ``prefix`` from ``start_revision`` (None: from now).
 
-        "Now" is pinned by reading the store revision first, so a change made after this call
-        returns is always reported, and a resumed stream knows where to start.
+        A watch from now returns once etcd registered it (see :meth:`WatchHub.watch`): a change
+        made after this call returns is always reported, and the watch's ``last_revision`` says
+        from where.
 
         Raises:
             ValueError: ``start_revision`` is not positive.
@@ -233,10 +265,8 @@ class EtcdBackend(KVBackend):
         """
         if start_revision is not None and start_revision < 1:
             raise ValueError(f"The watch start revision ({start_revision}) must be at least 1.")
-        if start_revision is None:
-            start_revision = self.get(prefix).revision + 1
         self._connection.check_open(f"watch {prefix!r}")
-        return self._watch_hub.watch(prefix, start_revision)
+        return self._watch_hub.watch(prefix, start_revision, confirm_timeout=self.config.request_timeout)
 
     def compact(self, revision: int) -> None:
         """Compact history before ``revision``; compacting an already-compacted revision is a no-op."""
@@ -269,6 +299,16 @@ class EtcdBackend(KVBackend):
                 f"{self.max_value_bytes}. Store large data elsewhere and keep a reference in etcd."
             )
         return bytes(value)
+
+
+def _claim_result(response: Any, revision: int, claim_key: str, claim_value: bytes, lease: int) -> ClaimResult:
+    """The ClaimResult of a :meth:`EtcdBackend._claim_txn` response applied at ``revision``."""
+    if response.succeeded:
+        return ClaimResult(revision, True, KeyValue(claim_key, bytes(claim_value), revision, revision, 1, lease))
+    holder = first_key_value(response.responses[1].response_range.kvs)
+    if holder is None:  # cannot happen: the comparison saw the claim at this revision
+        raise BackendError(f"etcd reported {claim_key!r} as held but returned no holder.")
+    return ClaimResult(revision, False, holder)
 
 
 def _revision_compare(raw_key: bytes, expected: int | Absent) -> Any:

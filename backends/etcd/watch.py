@@ -65,25 +65,44 @@ class WatchRegistration:
     Attributes:
         watch: what the consumer reads; cancelling it cancels the registration.
         requested_revision: the start revision of the most recent create (for error messages).
+        started: set once etcd confirmed the watch (or it ended); a watch "from now" (start
+            revision None) learns its start from that confirmation.
     """
 
-    def __init__(self, hub: "WatchHub", prefix: str, start_revision: int) -> None:
+    def __init__(self, hub: "WatchHub", prefix: str, start_revision: int | None) -> None:
         self.prefix = prefix
         self.key = encode_key(prefix)
         self.range_end = prefix_range_end(self.key)
-        self.watch = QueueWatch(start_revision, on_cancel=lambda: hub.cancel(self))
-        self.requested_revision = start_revision
+        self.watch = QueueWatch(start_revision or 0, on_cancel=lambda: hub.cancel(self))
+        self.from_now = start_revision is None
+        self.requested_revision = start_revision or 0
         self.progress_revision = 0
         self.cancelled = False
         self.reauthenticated = False  # refused once for auth and re-sent with a fresh token
+        self.started = threading.Event()
+        if not self.from_now:
+            self.started.set()
 
     def __repr__(self) -> str:
         return f"WatchRegistration({self.prefix!r}, resume at {self.resume_revision})"
 
     @property
     def resume_revision(self) -> int:
-        """First revision a (re)created watch must ask for: nothing at or below it is missing."""
+        """First revision a (re)created watch must ask for: nothing at or below it is missing.
+
+        0 (etcd's "from now") for a watch from now that etcd has not confirmed yet: its
+        consumer is still waiting to learn where it starts.
+        """
+        if not self.started.is_set():
+            return 0
         return max(self.watch.delivered_revision, self.progress_revision) + 1
+
+    def mark_started(self, revision: int) -> None:
+        """etcd confirmed the watch at store revision ``revision`` (a watch from now reports what follows it)."""
+        if not self.started.is_set():
+            if self.from_now:
+                self.watch.begin_after(revision)
+            self.started.set()
 
     def create_request(self) -> Any:
         """The create message for this watch, starting at its resume point."""
@@ -176,11 +195,17 @@ class WatchHub:
         self._thread: threading.Thread | None = None
 
     # -- consumer side -----------------------------------------------------------------------
-    def watch(self, prefix: str, start_revision: int) -> QueueWatch:
-        """Start watching ``prefix`` from ``start_revision``; returns at once (no round trip).
+    def watch(self, prefix: str, start_revision: int | None, confirm_timeout: float = 30.0) -> QueueWatch:
+        """Start watching ``prefix`` from ``start_revision``.
+
+        With a start revision this returns at once (no round trip). With None ("from now") it
+        returns once etcd confirmed the watch, whose ``last_revision`` is then etcd's revision
+        at that moment: etcd serves a watch from now as events happen, while one from a past
+        revision waits for its catch-up loop (every 100 ms).
 
         Raises:
             BackendClosedError: the hub (its client) was closed.
+            BackendTimeoutError: etcd did not confirm a watch from now within ``confirm_timeout``.
         """
         registration = WatchRegistration(self, prefix, start_revision)
         with self._lock:
@@ -193,12 +218,18 @@ class WatchHub:
                 self._thread = threading.Thread(target=self._run, name="etcd-watch-hub", daemon=True)
                 self._thread.start()
             self._lock.notify_all()
+        if not registration.started.wait(confirm_timeout):
+            registration.watch.cancel()
+            raise BackendTimeoutError(
+                f"etcd did not confirm the watch on {prefix!r} within {confirm_timeout:g}s; check etcd's health."
+            )
         return registration.watch
 
     def cancel(self, registration: WatchRegistration) -> None:
         """Drop ``registration`` and cancel it on the server (called when its watch is cancelled)."""
         with self._lock:
             registration.cancelled = True
+            registration.started.set()
             self._live.discard(registration)
             stream = self._stream
             if stream is not None:
@@ -235,6 +266,7 @@ class WatchHub:
             stream.close()
         for registration in registrations:
             registration.watch.cancel()
+            registration.started.set()
 
     # -- the reader thread -------------------------------------------------------------------
     def _run(self) -> None:
@@ -365,6 +397,7 @@ class WatchHub:
                 else:
                     registration.reauthenticated = False
                     stream.confirm(registration, response.watch_id)
+                    registration.mark_started(response.header.revision)
             else:
                 registration = stream.by_id.get(response.watch_id)
                 if registration is None:
@@ -378,6 +411,7 @@ class WatchHub:
             registration, error = failed
             log.warning("etcd watch on %r failed: %s", registration.prefix, error)
             registration.watch.fail(error)
+            registration.started.set()
         elif response.events:
             registration.watch.deliver([watch_event(event) for event in response.events])
         elif not response.created:
@@ -417,3 +451,4 @@ class WatchHub:
         log.warning("etcd watches failed (%d watches): %s", len(registrations), error)
         for registration in registrations:
             registration.watch.fail(error)
+            registration.started.set()

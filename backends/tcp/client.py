@@ -16,12 +16,14 @@ import threading
 import time
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from backends.api import (
     NO_LEASE,
     Absent,
     ClaimResult,
+    Guard,
+    GuardedClaimResult,
     KVBackend,
     Lease,
     QueueWatch,
@@ -108,6 +110,7 @@ class _LiveWatch:
         start = frame.header.get("s")
         if isinstance(start, int):
             self.start_revision = max(self.start_revision, start)
+            self.queue.begin_after(start - 1)
 
     def deliver(self, events: list[WatchEvent]) -> None:
         with self._deliver_lock:  # an old and a new connection's readers may overlap briefly
@@ -170,6 +173,23 @@ class TcpStoreBackend(KVBackend):
         header = {"op": "put_claim", "k": key, "ck": claim_key, "l": lease, "n": len(value)}
         frame = self._request(header, (value, claim_value))
         return _decode(frame, lambda h, r: ClaimResult(int(h["r"]), bool(h["c"]), r.kv(h["kv"])))
+
+    def put_and_claim_if(
+        self, guards: Sequence[Guard], key: str, value: bytes, claim_key: str, claim_value: bytes, *,
+        lease: int = NO_LEASE, read_prefix: str,
+    ) -> GuardedClaimResult:
+        self._check_value(key, value)
+        self._check_value(claim_key, claim_value)
+        wire_guards = [[guard_key, None if isinstance(expected, Absent) else expected] for guard_key, expected in guards]
+        header = {"op": "put_claim", "k": key, "ck": claim_key, "l": lease, "n": len(value), "g": wire_guards,
+                  "rp": read_prefix}
+        frame = self._request(header, (value, claim_value))
+
+        def build(h: dict[str, Any], r: PayloadReader) -> GuardedClaimResult:
+            claim = ClaimResult(int(h["r"]), bool(h["c"]), r.kv(h["kv"])) if h["a"] else None
+            return GuardedClaimResult(bool(h["a"]), claim, RangeResult(int(h["rr"]), tuple(r.kv(item) for item in h["kvs"])))
+
+        return _decode(frame, build)
 
     def delete(self, key: str) -> WriteResult:
         return _decode(self._request({"op": "del", "k": key}), _write_result)

@@ -94,6 +94,8 @@ def _put_claim(state: KVState, header: dict[str, Any], payload: bytes) -> Reply:
     split = field(header, "n", int)
     if not 0 <= split <= len(payload):
         raise ProtocolError(f"The request's value length ({split}) exceeds its payload ({len(payload)} bytes).")
+    if "g" in header:
+        return _put_claim_if(state, header, payload, split)
     outcome = state.put_and_claim(
         field(header, "k", str), payload[:split], field(header, "ck", str), payload[split:], field(header, "l", int, 0)
     )
@@ -101,6 +103,26 @@ def _put_claim(state: KVState, header: dict[str, Any], payload: bytes) -> Reply:
     parts: list[bytes] = []
     holder = kv_to_wire(result.holder, parts)
     return Reply({"r": result.revision, "c": result.claimed, "kv": holder}, parts, outcome.events)
+
+
+def _put_claim_if(state: KVState, header: dict[str, Any], payload: bytes, split: int) -> Reply:
+    guards = []
+    for item in field(header, "g", list):
+        if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str)
+                and (item[1] is None or (type(item[1]) is int))):
+            raise ProtocolError(f"A guard must be [key, mod revision or null], not {item!r}.")
+        guards.append((item[0], ABSENT if item[1] is None else item[1]))
+    outcome = state.put_and_claim_if(
+        guards, field(header, "k", str), payload[:split], field(header, "ck", str), payload[split:],
+        field(header, "l", int, 0), field(header, "rp", str),
+    )
+    result = outcome.result
+    parts: list[bytes] = []
+    reply: dict[str, Any] = {"a": result.applied}
+    if result.claim is not None:
+        reply.update(r=result.claim.revision, c=result.claim.claimed, kv=kv_to_wire(result.claim.holder, parts))
+    reply.update(rr=result.read.revision, kvs=[kv_to_wire(kv, parts) for kv in result.read.kvs])
+    return Reply(reply, parts, outcome.events)
 
 
 def _delete(state: KVState, header: dict[str, Any], payload: bytes) -> Reply:

@@ -27,9 +27,9 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, TypeVar
 
-from backends.api import ABSENT, EventType, KVBackend, KeyValue
+from backends.api import ABSENT, ClaimResult, EventType, GuardedClaimResult, KVBackend, KeyValue, RangeResult
 from backends.errors import BackendError, LeaseNotFoundError
 from backends.session import Session
 from elastic.rendezvous import records
@@ -142,6 +142,7 @@ class RendezvousHandler:
         self._join_value = b""
         self._claimed_key: str | None = None
         self._last_round: RoundRecord | None = None
+        self._last_round_revision = 0  # the mod revision of the round record of _last_round
         self._lock = threading.RLock()
         self._shutting_down = threading.Event()
         self._active_watches: set = set()
@@ -224,21 +225,24 @@ class RendezvousHandler:
         deadline = self._clock() + timeout
 
         def wait_for_all() -> tuple[BarrierOutcome, frozenset[str]]:
-            revision = self._backend.put(self.keys.done(round_number, self.node_id), b"{}", lease=self._session.lease_id)
-            present: set[str] = set()
-            done: set[str] = set()
-            for kv in self._backend.get_prefix(self.keys.round_prefix(round_number)).kvs:
-                self._note_barrier_key(kv.key, True, round_number, present, done)
-            # Any done event counts, a DELETE too: a member that saw everyone done leaves and
-            # revokes its lease, and its done key may be gone before our read (the watch replays
-            # it, in the same batch as its join key's DELETE).
-            with self._watch(self.keys.round_prefix(round_number), revision + 1) as watch:
+            # Watch from now, then mark and read (see _join_until_included). Any done event
+            # counts, a DELETE too: a member that saw everyone done leaves and revokes its lease,
+            # and its done key may be gone before our read (the watch reports it, in the same
+            # batch as its join key's DELETE).
+            with self._watch(self.keys.round_prefix(round_number)) as watch:
+                self._backend.put(self.keys.done(round_number, self.node_id), b"{}", lease=self._session.lease_id)
+                present: set[str] = set()
+                done: set[str] = set()
+                read = self._backend.get_prefix(self.keys.round_prefix(round_number))
+                for kv in read.kvs:
+                    self._note_barrier_key(kv.key, True, round_number, present, done)
                 while (outcome := barrier_outcome(members, frozenset(present), frozenset(done))) is BarrierOutcome.WAIT:
                     remaining = deadline - self._clock()
                     if remaining <= 0:
                         return BarrierOutcome.WAIT, members - done
                     for event in watch.get(timeout=remaining):
-                        self._note_barrier_key(event.kv.key, event.type is EventType.PUT, round_number, present, done)
+                        if event.revision > read.revision or self.keys.parse_done_key(event.kv.key) is not None:
+                            self._note_barrier_key(event.kv.key, event.type is EventType.PUT, round_number, present, done)
             return outcome, members - done
 
         outcome, unfinished = self._backend_call(wait_for_all)
@@ -281,36 +285,68 @@ class RendezvousHandler:
 
     # -- joining --------------------------------------------------------------------------------
     def _join_until_included(self, deadline: float) -> RendezvousInfo:
-        state = self._read_state()
-        while True:
-            if state.closed:
-                raise RendezvousClosedError(
-                    f"The rendezvous {self.settings.run_id} is closed; no new round will form", state.closed_reason
-                )
-            forming = state.round.round + 1 if state.round else 0
-            closer = self._put_join_key(forming)
-            try:
-                record, revision = self._wait_for_round(forming, state, closer, deadline)
-            except _JoinKeyLost as lost:
-                log.warning("Rendezvous %s: node %s lost its join key for round %d (%s); joining again",
-                            self.settings.run_id, self.node_id, forming, lost)
-                state = self._read_state()
-                continue
-            rank = record.rank_of(self.node_id)
-            if rank is not None:
-                return self._included(record, rank, revision)
-            log.info("Rendezvous %s: round %d closed without node %s; waiting for round %d",
-                     self.settings.run_id, record.round, self.node_id, record.round + 1)
-            state = self._read_state()
+        # Watch first, then read: the watch (from now) is live at once, and the read is taken at
+        # its start revision or later, so nothing falls between them (see KVBackend.watch_prefix).
+        # The first join is optimistic: the round we expect to form next, guarded by the round
+        # record we expect, in the same step as the state read (one round trip instead of two).
+        with self._watch(self.keys.state_prefix) as state_watch:
+            state, closer = self._join_expected_round()
+            while True:
+                if state.closed:
+                    raise RendezvousClosedError(
+                        f"The rendezvous {self.settings.run_id} is closed; no new round will form", state.closed_reason
+                    )
+                forming = state.round.round + 1 if state.round else 0
+                if closer is None:
+                    closer = self._put_join_key(forming)
+                try:
+                    record, revision = self._wait_for_round(forming, state, state_watch, closer, deadline)
+                except _JoinKeyLost as lost:
+                    log.warning("Rendezvous %s: node %s lost its join key for round %d (%s); joining again",
+                                self.settings.run_id, self.node_id, forming, lost)
+                    state, closer = self._read_state(), None
+                    continue
+                rank = record.rank_of(self.node_id)
+                if rank is not None:
+                    return self._included(record, rank, revision)
+                log.info("Rendezvous %s: round %d closed without node %s; waiting for round %d",
+                         self.settings.run_id, record.round, self.node_id, record.round + 1)
+                state, closer = self._read_state(), None
+
+    def _join_expected_round(self) -> tuple[_StateView, KeyValue | None]:
+        """Join the round expected to form next if the round record is the one we expect, and read ``state/``.
+
+        The expectation is the round this node was last in (its mod revision), or no round at
+        all for a node that never joined. Returns the state and the closer's claim; the claim
+        is None when the expectation was wrong, in which case nothing was written.
+        """
+        if self._last_round is None:
+            forming, expected = 0, ABSENT
+        else:
+            forming, expected = self._last_round.round + 1, self._last_round_revision
+        guards = [(self.keys.round, expected), (self.keys.closed, ABSENT)]
+        result = self._write_join(forming, lambda key, value, claim_key, lease: self._backend.put_and_claim_if(
+            guards, key, value, claim_key, value, lease=lease, read_prefix=self.keys.state_prefix))
+        state = self._state_from(result.read)
+        return state, (result.claim.holder if result.claim is not None else None)
 
     def _put_join_key(self, forming: int) -> KeyValue:
         """Join round ``forming`` and claim its closer if unclaimed; returns the closer's claim."""
+        result = self._write_join(forming, lambda key, value, claim_key, lease: self._backend.put_and_claim(
+            key, value, claim_key, value, lease=lease))
+        return result.holder
+
+    def _write_join(self, forming: int, write: Callable[[str, bytes, str, int], _JoinWrite]) -> _JoinWrite:
+        """Run ``write(key, value, claim_key, lease)``, a join of round ``forming``, on a live lease.
+
+        A join that applied replaces this node's join key of an earlier round (deleted).
+        """
         key = self.keys.node(forming, self.node_id)
         value = records.encode_join(JoinRecord(self.node_id, self.node_addr, self._port_picker(self.node_addr)))
         claim_key = self.keys.closer(forming)
         self._join_value = value
         try:
-            result = self._backend.put_and_claim(key, value, claim_key, value, lease=self._ensure_session().lease_id)
+            result = write(key, value, claim_key, self._ensure_session().lease_id)
         except LeaseNotFoundError:
             # The lease expired before the keepalive thread noticed (the process was frozen for
             # longer than the TTL): its keys are gone with it, so join again on a new lease.
@@ -319,44 +355,52 @@ class RendezvousHandler:
             self.backend_writes += 1
             self._session.close(revoke=False)  # type: ignore[union-attr]
             self._session = None
-            result = self._backend.put_and_claim(key, value, claim_key, value, lease=self._ensure_session().lease_id)
+            result = write(key, value, claim_key, self._ensure_session().lease_id)
         self.backend_writes += 1
+        if isinstance(result, GuardedClaimResult) and not result.applied:
+            return result
         if self._joined_key is not None and self._joined_key != key:
             self._backend.delete(self._joined_key)
             self.backend_writes += 1
         self._joined_key = key
-        return result.holder
+        return result
 
     def _is_mine(self, claim: KeyValue) -> bool:
         session = self._session
         return session is not None and claim.lease == session.lease_id and _joiner(claim).node_id == self.node_id
 
     def _wait_for_round(
-        self, forming: int, state: _StateView, closer: KeyValue, deadline: float
+        self, forming: int, state: _StateView, state_watch, closer: KeyValue, deadline: float
     ) -> tuple[RoundRecord, int]:
-        """Block until round ``forming`` (or a later one) is closed; close it ourselves if we hold the claim."""
-        claim_key = self.keys.closer(forming)
-        with self._watch(self.keys.state_prefix, state.revision + 1) as state_watch:
-            while True:
-                if self._is_mine(closer):
-                    self._claimed_key = claim_key
-                    closed = self._close_round(forming, state, deadline)
-                    self._release_claim()
-                    return closed
-                closed = self._await_close_or_closer_loss(state_watch, forming, closer, deadline)
-                if closed is not None:
-                    return closed
-                # The closer's claim vanished (its lease lapsed, or it left): claim it ourselves.
-                result = self._backend.put_if(claim_key, self._join_value, ABSENT, lease=self._ensure_session().lease_id)
-                self.backend_writes += 1
-                if result.current is None:
-                    continue  # the winner is already gone too: try again
-                closer = result.current
-                log.info("Rendezvous %s: the closer of round %d left; node %s now closes it",
-                         self.settings.run_id, forming, _joiner(closer).node_id)
+        """Block until round ``forming`` (or a later one) is closed; close it ourselves if we hold the claim.
 
-    def _await_close_or_closer_loss(self, state_watch, forming: int, closer: KeyValue, deadline: float):
-        """Wait on ``state/`` for the close (returns it) or the loss of the closer's claim (None)."""
+        ``state_watch`` watches ``state/`` from at or before ``state.revision`` + 1.
+        """
+        claim_key = self.keys.closer(forming)
+        while True:
+            if self._is_mine(closer):
+                self._claimed_key = claim_key
+                closed = self._close_round(forming, state, deadline)
+                self._release_claim()
+                return closed
+            closed = self._await_close_or_closer_loss(state_watch, forming, state.revision, closer, deadline)
+            if closed is not None:
+                return closed
+            # The closer's claim vanished (its lease lapsed, or it left): claim it ourselves.
+            result = self._backend.put_if(claim_key, self._join_value, ABSENT, lease=self._ensure_session().lease_id)
+            self.backend_writes += 1
+            if result.current is None:
+                continue  # the winner is already gone too: try again
+            closer = result.current
+            log.info("Rendezvous %s: the closer of round %d left; node %s now closes it",
+                     self.settings.run_id, forming, _joiner(closer).node_id)
+
+    def _await_close_or_closer_loss(self, state_watch, forming: int, read_revision: int, closer: KeyValue,
+                                    deadline: float):
+        """Wait on ``state/`` for the close (returns it) or the loss of the closer's claim (None).
+
+        Events at or below ``read_revision`` are skipped: the state read already reflected them.
+        """
         claim_key = self.keys.closer(forming)
         held_since = closer.create_revision
         while True:
@@ -364,6 +408,8 @@ class RendezvousHandler:
             if now >= deadline:
                 raise self._timeout(forming)
             for event in state_watch.get(timeout=min(deadline - now, self.settings.lease_ttl)):
+                if event.revision <= read_revision:
+                    continue
                 closed = self._closed_round_from(event, forming)
                 if closed is not None:
                     return closed
@@ -390,9 +436,10 @@ class RendezvousHandler:
 
     def _close_round(self, forming: int, state: _StateView, deadline: float) -> tuple[RoundRecord, int]:
         """The closer's loop: watch joins, decide, and close with one compare-and-swap."""
-        read = self._backend.get_prefix(self.keys.nodes_prefix(forming))
-        joined = {joiner.node_id: joiner for joiner in map(_joiner, read.kvs)}
-        with self._watch(self.keys.root, read.revision + 1) as watch:
+        with self._watch(self.keys.root) as watch:  # from now, then read: see _join_until_included
+            read = self._backend.get_prefix(self.keys.nodes_prefix(forming))
+            joined = {joiner.node_id: joiner for joiner in map(_joiner, read.kvs)}
+            seen_revision = read.revision
             last_call: float | None = None
             while True:
                 now = self._clock()
@@ -403,12 +450,14 @@ class RendezvousHandler:
                     closed = self._try_close(forming, state)
                     if closed is not None:
                         return closed
-                    joined = self._read_joiners(forming)
+                    joined, seen_revision = self._read_joiners(forming)
                     continue
                 if now >= deadline:
                     raise self._timeout(forming)
                 wait_until = min(deadline, decision.wait_until or deadline)
                 for event in watch.get(timeout=max(wait_until - now, 0.0)):
+                    if event.revision <= seen_revision:
+                        continue  # reflected in the read
                     closed = self._closed_round_from(event, forming)
                     if closed is not None:
                         return closed
@@ -452,6 +501,7 @@ class RendezvousHandler:
 
     def _included(self, record: RoundRecord, rank: int, revision: int) -> RendezvousInfo:
         self._last_round = record
+        self._last_round_revision = revision
         view = RoundView(self.keys, record, self.node_id, self.settings.max_nodes, revision)
         self._monitor = MembershipMonitor(self._backend, view, record.members_revision + 1)
         session = self._session
@@ -464,8 +514,8 @@ class RendezvousHandler:
 
     # -- helpers --------------------------------------------------------------------------------
     @contextlib.contextmanager
-    def _watch(self, prefix: str, start_revision: int):
-        """A watch that :meth:`shutdown` can cancel from another thread."""
+    def _watch(self, prefix: str, start_revision: int | None = None):
+        """A watch (from now by default) that :meth:`shutdown` can cancel from another thread."""
         watch = self._backend.watch_prefix(prefix, start_revision)
         self._active_watches.add(watch)
         try:
@@ -484,16 +534,20 @@ class RendezvousHandler:
             raise _JoinKeyLost("our lease was lost")
 
     def _read_state(self) -> _StateView:
-        read = self._backend.get_prefix(self.keys.state_prefix)
+        return self._state_from(self._backend.get_prefix(self.keys.state_prefix))
+
+    def _state_from(self, read: RangeResult) -> _StateView:
+        """The state view of a read of ``state/``. Raises RendezvousStateError for corrupt records."""
         round_kv = next((kv for kv in read.kvs if kv.key == self.keys.round), None)
         closed_kv = next((kv for kv in read.kvs if kv.key == self.keys.closed), None)
         reason = records.decode_closed(closed_kv.key, closed_kv.value).reason if closed_kv is not None else None
         round_record = records.decode_round(round_kv.key, round_kv.value) if round_kv is not None else None
         return _StateView(read.revision, round_record, round_kv, reason)
 
-    def _read_joiners(self, forming: int) -> dict[str, Joiner]:
+    def _read_joiners(self, forming: int) -> tuple[dict[str, Joiner], int]:
+        """The joiners of round ``forming`` and the revision they were read at."""
         read = self._backend.get_prefix(self.keys.nodes_prefix(forming))
-        return {joiner.node_id: joiner for joiner in (_joiner(kv) for kv in read.kvs)}
+        return {joiner.node_id: joiner for joiner in (_joiner(kv) for kv in read.kvs)}, read.revision
 
     def _ensure_session(self) -> Session:
         if self._session is None or not self._session.alive:
@@ -542,6 +596,9 @@ class RendezvousHandler:
             return call()
         except BackendError as error:
             raise RendezvousConnectionError(f"Rendezvous {self.settings.run_id}: backend failed: {error}") from error
+
+
+_JoinWrite = TypeVar("_JoinWrite", ClaimResult, GuardedClaimResult)
 
 
 class _JoinKeyLost(Exception):

@@ -205,6 +205,45 @@ class BackendContract:
             backend.put_and_claim(prefix + "k", b"v", prefix + "claim", b"c", lease=lease.id)
         assert backend.get_prefix(prefix).kvs == ()
 
+    def test_put_and_claim_if_writes_only_when_every_guard_holds_and_always_reads(self, backend, prefix):
+        state = prefix + "state/"
+        lease = backend.grant(30)
+        missed = backend.put_and_claim_if(
+            [(state + "round", 7)], prefix + "nodes/a", b"a", state + "closer", b"by-a",
+            lease=lease.id, read_prefix=state,
+        )
+        assert not missed.applied and missed.claim is None and missed.read.kvs == ()
+        assert backend.get_prefix(prefix).kvs == ()  # a failed guard writes nothing
+        joined = backend.put_and_claim_if(
+            [(state + "round", ABSENT), (state + "closed", ABSENT)], prefix + "nodes/a", b"a", state + "closer",
+            b"by-a", lease=lease.id, read_prefix=state,
+        )
+        assert joined.applied and joined.claim.claimed and joined.claim.holder.lease == lease.id
+        assert backend.get(prefix + "nodes/a").kv.value == b"a"
+        # The read comes after the writes: it shows the claim, at (or, for the fallback, after) their revision.
+        assert [kv.key for kv in joined.read.kvs] == [state + "closer"]
+        assert joined.read.revision >= joined.claim.revision
+        round_revision = backend.put(state + "round", b"r1")
+        second = backend.put_and_claim_if(
+            [(state + "round", round_revision)], prefix + "nodes/b", b"b", state + "closer", b"by-b",
+            read_prefix=state,
+        )
+        assert second.applied and not second.claim.claimed and second.claim.holder.value == b"by-a"
+        assert [kv.key for kv in second.read.kvs] == [state + "closer", state + "round"]
+        stale = backend.put_and_claim_if(
+            [(state + "round", ABSENT)], prefix + "nodes/c", b"c", state + "closer", b"by-c", read_prefix=state,
+        )
+        assert not stale.applied and backend.get(prefix + "nodes/c").kv is None
+        assert {kv.key: kv.mod_revision for kv in stale.read.kvs}[state + "round"] == round_revision
+
+    def test_put_and_claim_if_on_an_unknown_lease_writes_nothing(self, backend, prefix):
+        lease = backend.grant(30)
+        backend.revoke(lease.id)
+        with pytest.raises(LeaseNotFoundError):
+            backend.put_and_claim_if([(prefix + "g", ABSENT)], prefix + "k", b"v", prefix + "claim", b"c",
+                                     lease=lease.id, read_prefix=prefix)
+        assert backend.get_prefix(prefix).kvs == ()
+
     def test_delete_and_delete_if_report_whether_they_applied(self, backend, prefix):
         revision = backend.put(prefix + "k", b"v")
         assert not backend.delete_if(prefix + "k", revision - 1).applied
@@ -315,6 +354,49 @@ class BackendContract:
             assert watch.get(timeout=0.3) == []
         assert describe(events) == [("put", prefix + "w/inside", b"yes")]
         assert events[0].kv.create_revision == events[0].revision
+
+    def test_a_watch_from_now_knows_its_start_and_a_read_after_it_leaves_no_gap(self, backend, prefix):
+        before = backend.put(prefix + "k", b"old")
+        with backend.watch_prefix(prefix) as watch:
+            assert watch.last_revision >= before  # everything above it is reported
+            read = backend.get_prefix(prefix)
+            assert read.revision >= watch.last_revision
+            later = backend.put(prefix + "k", b"new")
+            events = collect_events(watch, 1, timeout=5)
+        assert [(event.revision, event.kv.value) for event in events] == [(later, b"new")]
+
+    def test_racing_writers_miss_nothing_between_a_watch_from_now_and_a_read(self, backend, prefix):
+        """Watch from now, then read: every change is either in the read or reported after it."""
+        stop = threading.Event()
+        written: list[int] = []
+
+        def write() -> None:
+            for index in range(10_000):
+                if stop.is_set():
+                    return
+                written.append(backend.put(prefix + f"k{index % 7}", str(index).encode()))
+
+        writer = threading.Thread(target=write, daemon=True)
+        writer.start()
+        try:
+            time.sleep(0.05)
+            with backend.watch_prefix(prefix) as watch:
+                read = backend.get_prefix(prefix)
+                time.sleep(0.05)
+                stop.set()
+                writer.join(timeout=10)
+                newest = max(written)
+                seen = {kv.key: kv.mod_revision for kv in read.kvs}
+                deadline = time.monotonic() + 5
+                while time.monotonic() < deadline and (not seen or max(seen.values()) < newest):
+                    for event in watch.get(timeout=0.5):
+                        if event.revision > read.revision:
+                            seen[event.kv.key] = event.revision
+        finally:
+            stop.set()
+            writer.join(timeout=10)
+        assert max(seen.values()) == newest
+        assert seen == {kv.key: kv.mod_revision for kv in backend.get_prefix(prefix).kvs}
 
     def test_a_watch_resumed_from_its_last_revision_loses_and_repeats_nothing(self, backend, prefix):
         with backend.watch_prefix(prefix) as watch:

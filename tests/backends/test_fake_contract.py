@@ -19,13 +19,14 @@ def _without_native_claim(backend):
 
     class TwoWriteClaims(type(backend)):
         put_and_claim = KVBackend.put_and_claim
+        put_and_claim_if = KVBackend.put_and_claim_if
 
     backend.__class__ = TwoWriteClaims
     return backend
 
 
 class TestDefaultPutAndClaim:
-    """The contract's claim tests against the base class's two-write ``put_and_claim``."""
+    """The contract's claim tests against the base class's step-by-step ``put_and_claim(_if)``."""
 
     @pytest.fixture
     def harness(self):
@@ -47,3 +48,5 @@ class TestDefaultPutAndClaim:
 
     test_claims = BackendContract.test_put_and_claim_always_writes_and_claims_only_when_the_claim_is_absent
     test_races = BackendContract.test_exactly_one_of_16_racing_put_and_claims_claims_and_all_agree_on_the_holder
+    test_guarded_claims = BackendContract.test_put_and_claim_if_writes_only_when_every_guard_holds_and_always_reads
+    test_guarded_claim_on_a_lost_lease = BackendContract.test_put_and_claim_if_on_an_unknown_lease_writes_nothing
