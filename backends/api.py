@@ -209,6 +209,16 @@ class Watch(abc.ABC):
     def last_revision(self) -> int:
         """Revision of the last event returned by :meth:`get` (0 if none yet)."""
 
+    @abc.abstractmethod
+    def set_listener(self, listener: Callable[[], None] | None) -> None:
+        """Call ``listener()`` whenever events or an error become available to :meth:`get` (None: stop).
+
+        Why: a consumer that only classifies events (the membership monitor) needs no thread
+        of its own blocked in :meth:`get`. The listener runs on the backend's delivering
+        thread, so it must be quick and must not call the backend; it reads with
+        ``get(timeout=0)``. If something is already queued it is called at once.
+        """
+
     def __enter__(self) -> "Watch":
         return self
 
@@ -245,6 +255,7 @@ class QueueWatch(Watch):
         self._error: BaseException | None = None
         self._last_revision = max(start_revision - 1, 0)
         self._delivered_revision = self._last_revision
+        self._listener: Callable[[], None] | None = None
 
     @property
     def last_revision(self) -> int:
@@ -272,10 +283,22 @@ class QueueWatch(Watch):
         if fresh and not self._cancelled:
             self._delivered_revision = fresh[-1].revision
             self._queue.put(fresh)
+            self._notify()
 
     def fail(self, error: BackendError) -> None:
         """Producer side: end the watch with ``error``; :meth:`get` raises it after queued events."""
         self._queue.put(error)
+        self._notify()
+
+    def set_listener(self, listener: Callable[[], None] | None) -> None:
+        self._listener = listener
+        if listener is not None and not self._queue.empty():
+            listener()
+
+    def _notify(self) -> None:
+        listener = self._listener
+        if listener is not None:
+            listener()
 
     def get(self, timeout: float | None = None) -> list[WatchEvent]:
         if self._error is not None:

@@ -4,6 +4,11 @@ Protocol (DESIGN §3), per round ``r`` of one run:
 
 1. A node holds one :class:`~backends.session.Session` (a lease) for its whole life.
 2. It joins by writing its own lease-bound key ``rounds/<r>/nodes/<node>``: one uncontended put.
+   The node watches ``state/`` from now first and reads after (a watch from a past revision
+   waits for etcd's 100 ms catch-up loop); the watch lives as long as the handler. The first
+   join is one transaction: if the round record is the one the node expects (none, or the
+   round it was last in), join the next round; either way read ``state/``. A wrong guess
+   writes nothing and the node joins the round the read shows.
 3. The same write claims ``state/closer/<r>`` if nobody holds it: that node is the *closer*. It
    alone watches every join; it closes the round at ``max_nodes``, or at ``min_nodes`` once the
    last-call window has passed, with a single compare-and-swap on ``state/round`` recording the
@@ -29,7 +34,17 @@ import uuid
 from dataclasses import dataclass
 from typing import Callable, TypeVar
 
-from backends.api import ABSENT, ClaimResult, EventType, GuardedClaimResult, KVBackend, KeyValue, RangeResult
+from backends.api import (
+    ABSENT,
+    ClaimResult,
+    EventType,
+    GuardedClaimResult,
+    KeyValue,
+    KVBackend,
+    RangeResult,
+    Watch,
+    WatchEvent,
+)
 from backends.errors import BackendError, LeaseNotFoundError
 from backends.session import Session
 from elastic.rendezvous import records
@@ -146,6 +161,8 @@ class RendezvousHandler:
         self._lock = threading.RLock()
         self._shutting_down = threading.Event()
         self._active_watches: set = set()
+        self._state_watch: Watch | None = None  # on state/, kept across rounds (see _open_state_watch)
+        self._state_backlog: list[WatchEvent] = []  # state/ events taken but not handled by the join
         self.backend_writes = 0
 
     # -- public API -----------------------------------------------------------------------------
@@ -273,6 +290,9 @@ class RendezvousHandler:
         with self._lock:
             self._stop_monitor()
             self._leave_quietly()
+            if self._state_watch is not None:
+                self._state_watch.cancel()
+                self._state_watch = None
             if self._session is not None:
                 self._session.close(revoke=True)
                 self._session = None
@@ -289,29 +309,29 @@ class RendezvousHandler:
         # its start revision or later, so nothing falls between them (see KVBackend.watch_prefix).
         # The first join is optimistic: the round we expect to form next, guarded by the round
         # record we expect, in the same step as the state read (one round trip instead of two).
-        with self._watch(self.keys.state_prefix) as state_watch:
-            state, closer = self._join_expected_round()
-            while True:
-                if state.closed:
-                    raise RendezvousClosedError(
-                        f"The rendezvous {self.settings.run_id} is closed; no new round will form", state.closed_reason
-                    )
-                forming = state.round.round + 1 if state.round else 0
-                if closer is None:
-                    closer = self._put_join_key(forming)
-                try:
-                    record, revision = self._wait_for_round(forming, state, state_watch, closer, deadline)
-                except _JoinKeyLost as lost:
-                    log.warning("Rendezvous %s: node %s lost its join key for round %d (%s); joining again",
-                                self.settings.run_id, self.node_id, forming, lost)
-                    state, closer = self._read_state(), None
-                    continue
-                rank = record.rank_of(self.node_id)
-                if rank is not None:
-                    return self._included(record, rank, revision)
-                log.info("Rendezvous %s: round %d closed without node %s; waiting for round %d",
-                         self.settings.run_id, record.round, self.node_id, record.round + 1)
+        state_watch = self._open_state_watch()
+        state, closer = self._join_expected_round()
+        while True:
+            if state.closed:
+                raise RendezvousClosedError(
+                    f"The rendezvous {self.settings.run_id} is closed; no new round will form", state.closed_reason
+                )
+            forming = state.round.round + 1 if state.round else 0
+            if closer is None:
+                closer = self._put_join_key(forming)
+            try:
+                record, revision = self._wait_for_round(forming, state, state_watch, closer, deadline)
+            except _JoinKeyLost as lost:
+                log.warning("Rendezvous %s: node %s lost its join key for round %d (%s); joining again",
+                            self.settings.run_id, self.node_id, forming, lost)
                 state, closer = self._read_state(), None
+                continue
+            rank = record.rank_of(self.node_id)
+            if rank is not None:
+                return self._included(record, rank, revision)
+            log.info("Rendezvous %s: round %d closed without node %s; waiting for round %d",
+                     self.settings.run_id, record.round, self.node_id, record.round + 1)
+            state, closer = self._read_state(), None
 
     def _join_expected_round(self) -> tuple[_StateView, KeyValue | None]:
         """Join the round expected to form next if the round record is the one we expect, and read ``state/``.
@@ -407,11 +427,13 @@ class RendezvousHandler:
             now = self._clock()
             if now >= deadline:
                 raise self._timeout(forming)
-            for event in state_watch.get(timeout=min(deadline - now, self.settings.lease_ttl)):
+            batch = state_watch.get(timeout=min(deadline - now, self.settings.lease_ttl))
+            for index, event in enumerate(batch):
                 if event.revision <= read_revision:
                     continue
                 closed = self._closed_round_from(event, forming)
                 if closed is not None:
+                    self._state_backlog = batch[index + 1:]  # for the monitor
                     return closed
                 if event.kv.key != claim_key or event.revision <= held_since:
                     continue  # not the claim, or a change from before the current holder claimed
@@ -503,7 +525,8 @@ class RendezvousHandler:
         self._last_round = record
         self._last_round_revision = revision
         view = RoundView(self.keys, record, self.node_id, self.settings.max_nodes, revision)
-        self._monitor = MembershipMonitor(self._backend, view, record.members_revision + 1)
+        backlog, self._state_backlog = self._state_backlog, []
+        self._monitor = MembershipMonitor(self._backend, view, record.members_revision + 1, self._state_watch, backlog)
         session = self._session
         if session is not None:
             monitor = self._monitor
@@ -525,6 +548,31 @@ class RendezvousHandler:
         finally:
             self._active_watches.discard(watch)
             watch.cancel()
+
+    def _open_state_watch(self) -> Watch:
+        """The handler's watch on ``state/``, from now, kept across rounds.
+
+        The join waits on it, and the membership monitor reads it while the round runs, so a
+        member watches ``state/`` once for its lifetime instead of once per round. Events
+        still queued predate the read that follows (the join's read reflects them) and are
+        dropped; a watch that failed is replaced.
+        """
+        watch = self._state_watch
+        if watch is not None:
+            try:
+                while watch.get(timeout=0):
+                    pass
+                return watch
+            except BackendError:
+                self._active_watches.discard(watch)
+                watch.cancel()
+                self._state_watch = None
+        watch = self._backend.watch_prefix(self.keys.state_prefix)
+        self._state_watch = watch
+        self._active_watches.add(watch)
+        if self._shutting_down.is_set():
+            watch.cancel()
+        return watch
 
     def _check_still_joined(self) -> None:
         """Raise _JoinKeyLost when our session (so our join key) is gone, or we are shutting down."""

@@ -1,18 +1,25 @@
 """Watches a closed round for the changes that should restart its members.
 
-One background thread per handler watches the run's keys from the revision at which the
-round's member list was read, classifies each event with
-:func:`elastic.rendezvous.decisions.classify`, keeps the count of waiting nodes, and sets
-:attr:`MembershipMonitor.changed` on the first change. No polling: the thread blocks in the
-watch; a lost watch is resumed from its last revision.
+Two watches feed the monitor: one on the run's ``rounds/`` keys from the revision at which the
+round's member list was read (members leaving, nodes waiting for the next round, members
+marked done), and the handler's own watch on ``state/``, which is already live past the round
+record (the rendezvous closed for good, a newer round). Each event is classified with
+:func:`elastic.rendezvous.decisions.classify`; the first change sets
+:attr:`MembershipMonitor.changed`. The ``rounds/`` watch does not replay the round record,
+which is O(members) bytes, to every member.
+
+No thread of its own: the watches call the monitor back (:meth:`~backends.api.Watch.set_listener`)
+on the backend's delivering thread, and classifying is pure and quick. Only a lost
+``rounds/`` watch starts a short-lived thread to resume it from its last revision.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from typing import Sequence
 
-from backends.api import KVBackend
+from backends.api import KVBackend, Watch, WatchEvent
 from backends.errors import BackendClosedError, BackendError, CompactedError
 from backends.retry import RetryPolicy
 from elastic.rendezvous.decisions import MembershipChange, MonitorState, RoundView, classify, waiting_counts
@@ -23,7 +30,15 @@ _RESUME_POLICY = RetryPolicy(max_attempts=20, initial_backoff=0.1, max_backoff=1
 
 
 class MembershipMonitor:
-    """Background watch of one closed round.
+    """Background classification of one closed round's changes.
+
+    Args:
+        backend: the store; the monitor opens (and cancels) its ``rounds/`` watch on it.
+        view: the closed round as this member sees it.
+        start_revision: the revision after the round's member list was read.
+        state_watch: the handler's ``state/`` watch; the monitor reads it until :meth:`stop`
+            and leaves it open (the handler owns it).
+        state_backlog: ``state/`` events already taken from ``state_watch`` but not handled.
 
     Attributes:
         changed: set once a change that should restart the members was seen.
@@ -31,21 +46,28 @@ class MembershipMonitor:
         reason: a sentence describing it, for logs and events.
     """
 
-    def __init__(self, backend: KVBackend, view: RoundView, start_revision: int) -> None:
+    def __init__(
+        self,
+        backend: KVBackend,
+        view: RoundView,
+        start_revision: int,
+        state_watch: Watch,
+        state_backlog: Sequence[WatchEvent] = (),
+    ) -> None:
         self._backend = backend
         self._view = view
-        self._start_revision = start_revision
         self._state = MonitorState()
         self._stopped = threading.Event()
-        self._watch = None
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # one classifier at a time; listeners may fire on several threads
+        self._state_watch = state_watch
+        self._rounds_watch: Watch | None = None
+        self._resumer: threading.Thread | None = None
         self.changed = threading.Event()
         self.change: MembershipChange | None = None
         self.reason = ""
-        self._thread = threading.Thread(
-            target=self._run, name=f"rdzv-monitor-{view.keys.run_id}-r{view.record.round}", daemon=True
-        )
-        self._thread.start()
+        self._classify(state_backlog)
+        state_watch.set_listener(self._on_state_events)
+        self._open_rounds_watch(start_revision)
 
     @property
     def num_nodes_waiting(self) -> int:
@@ -61,49 +83,93 @@ class MembershipMonitor:
         self.changed.set()
 
     def stop(self) -> None:
-        """Stop watching; idempotent."""
+        """Stop classifying; cancels the ``rounds/`` watch and hands ``state/`` back. Idempotent."""
         self._stopped.set()
-        with self._lock:
-            watch = self._watch
+        self._state_watch.set_listener(None)
+        with self._lock:  # wait out a listener that is running right now
+            watch, self._rounds_watch = self._rounds_watch, None
         if watch is not None:
+            watch.set_listener(None)
             watch.cancel()
-        self._thread.join(timeout=5)
+        resumer = self._resumer
+        if resumer is not None and resumer is not threading.current_thread():
+            resumer.join(timeout=5)
 
-    def _run(self) -> None:
-        revision = self._start_revision
-        root = self._view.keys.root
-        while not self._stopped.is_set():
+    # -- the watches' listeners ------------------------------------------------------------------
+    def _on_state_events(self) -> None:
+        with self._lock:
+            if self._stopped.is_set():
+                return
             try:
-                watch = _RESUME_POLICY.run(lambda: self._backend.watch_prefix(root, revision))
+                while events := self._state_watch.get(timeout=0):
+                    self._classify(events)
+            except BackendClosedError:
+                return
+            except BackendError as error:
+                self.signal(MembershipChange.MEMBER_LOST, f"cannot watch the rendezvous state ({error}); "
+                                                          "restarting to be safe")
+
+    def _on_rounds_events(self, watch: Watch) -> None:
+        with self._lock:
+            if self._stopped.is_set() or watch is not self._rounds_watch:
+                return
+            try:
+                while events := watch.get(timeout=0):
+                    self._classify(events)
+            except BackendClosedError:
+                return
+            except CompactedError as error:
+                self.signal(MembershipChange.MEMBER_LOST, f"membership history was compacted ({error}); "
+                                                          "restarting to be safe")
+            except BackendError as error:
+                log.warning("Rendezvous %s: membership watch lost (%s); resuming from revision %d",
+                            self._view.keys.run_id, error, watch.last_revision + 1)
+                self._rounds_watch = None
+                self._resume(watch.last_revision + 1)
+
+    def _classify(self, events: Sequence[WatchEvent]) -> None:
+        for event in events:
+            change, self._state = classify(self._view, event, self._state)
+            if change is not None:
+                self.signal(change, _describe(change, event.kv.key))
+
+    # -- opening and resuming the rounds/ watch ---------------------------------------------------
+    def _open_rounds_watch(self, revision: int) -> None:
+        try:
+            watch = self._backend.watch_prefix(self._view.keys.rounds_prefix, revision)
+        except BackendClosedError:
+            return
+        except BackendError as error:
+            log.warning("Rendezvous %s: cannot watch the membership yet (%s); retrying", self._view.keys.run_id, error)
+            self._resume(revision)
+            return
+        self._adopt(watch)
+
+    def _adopt(self, watch: Watch) -> None:
+        with self._lock:
+            if self._stopped.is_set():
+                watch.cancel()
+                return
+            self._rounds_watch = watch
+        watch.set_listener(lambda: self._on_rounds_events(watch))
+
+    def _resume(self, revision: int) -> None:
+        """Re-open the ``rounds/`` watch from ``revision`` on a thread (retrying), or signal a restart."""
+
+        def resume() -> None:
+            try:
+                watch = _RESUME_POLICY.run(lambda: self._backend.watch_prefix(self._view.keys.rounds_prefix, revision))
             except BackendClosedError:
                 return
             except BackendError as error:
                 self.signal(MembershipChange.MEMBER_LOST, f"cannot watch the membership ({error}); restarting to be safe")
                 return
-            with self._lock:
-                self._watch = watch
-            if self._stopped.is_set():
-                watch.cancel()
-                return
-            try:
-                self._consume(watch)
-                return
-            except BackendClosedError:
-                return
-            except CompactedError as error:
-                self.signal(MembershipChange.MEMBER_LOST, f"membership history was compacted ({error}); restarting to be safe")
-                return
-            except BackendError as error:
-                revision = watch.last_revision + 1
-                log.warning("Rendezvous %s: membership watch lost (%s); resuming from revision %d",
-                            self._view.keys.run_id, error, revision)
+            self._adopt(watch)
 
-    def _consume(self, watch) -> None:
-        while not self._stopped.is_set():
-            for event in watch.get(timeout=None):
-                change, self._state = classify(self._view, event, self._state)
-                if change is not None:
-                    self.signal(change, _describe(change, event.kv.key))
+        self._resumer = threading.Thread(
+            target=resume, name=f"rdzv-monitor-resume-{self._view.keys.run_id}-r{self._view.record.round}", daemon=True
+        )
+        self._resumer.start()
 
 
 def _describe(change: MembershipChange, key: str) -> str:

@@ -52,6 +52,11 @@ class RendezvousKeys:
         """The claim of the node that closes round ``round_number``."""
         return f"{self.state_prefix}closer/{round_number}"
 
+    @property
+    def rounds_prefix(self) -> str:
+        """Every round's keys (join and done keys), without ``state/``."""
+        return self.root + "rounds/"
+
     def round_prefix(self, round_number: int) -> str:
         """Every key of round ``round_number``: its join keys and its done keys."""
         return f"{self.root}rounds/{round_number}/"

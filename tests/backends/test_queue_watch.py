@@ -62,3 +62,33 @@ def test_cancel_wakes_a_blocked_reader_and_runs_the_hook_once():
     watch.deliver([put(9)])
     with pytest.raises(BackendClosedError):
         watch.get(timeout=0)
+
+
+def test_a_listener_is_called_on_each_delivery_and_failure_and_at_once_if_events_wait():
+    watch = QueueWatch(start_revision=1)
+    watch.deliver([put(1)])
+    calls = []
+    watch.set_listener(lambda: calls.append(watch.get(timeout=0)))
+    assert calls == [[put(1)]]  # already queued: called at once
+    watch.deliver([put(2)])
+    watch.deliver([put(2)])  # a redelivery queues nothing and calls nobody
+    assert [[event.revision for event in batch] for batch in calls] == [[1], [2]]
+    watch.set_listener(None)
+    watch.deliver([put(3)])
+    assert len(calls) == 2
+    seen = []
+    watch.set_listener(lambda: seen.append("called"))
+    assert seen == ["called"]  # revision 3 was waiting
+    watch.get(timeout=0)
+    watch.fail(CompactedError("gone", requested_revision=4, compact_revision=9))
+    assert seen == ["called", "called"]
+    with pytest.raises(CompactedError):
+        watch.get(timeout=0)
+
+
+def test_begin_after_moves_the_start_of_a_watch_from_now():
+    watch = QueueWatch(start_revision=0)
+    watch.begin_after(41)
+    assert (watch.last_revision, watch.delivered_revision) == (41, 41)
+    watch.deliver([put(41), put(42)])  # the server reports only what follows its start
+    assert [event.revision for event in watch.get(timeout=1)] == [42]
