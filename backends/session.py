@@ -3,13 +3,21 @@
 Liveness of a node is its session's lease, judged by the server: keys written with
 ``session.lease_id`` vanish when the session is lost. Pattern: etcd's
 ``client/v3/concurrency/session.go``.
+
+Every session of one backend client is renewed by that client's :class:`KeepAliveScheduler`:
+one thread, not one per session (etcd's Go client also renews all of a client's leases from
+one loop). A thread costs its creation on the path of the first join and a wake-up per
+renewal; a process that hosts many sessions (tests, benchmarks, a store's own clients) keeps one.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
 import threading
 import time
+import weakref
 from typing import TYPE_CHECKING, Callable
 
 from backends.errors import BackendClosedError, BackendError, LeaseNotFoundError
@@ -20,13 +28,79 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-class Session:
-    """One lease kept alive by a daemon thread until closed or lost.
+class KeepAliveScheduler:
+    """Renews the leases of many sessions from one daemon thread, each when it is due.
 
-    The lease is renewed every ``keepalive_interval`` seconds (default TTL / 3). The session is
-    *lost* when the server says the lease is gone, or when no keepalive has succeeded for a
-    full TTL (by then the server has expired it). Loss is reported once: :attr:`lost` is set
-    and every callback registered with :meth:`on_lost` runs on the keepalive thread.
+    The thread starts with the first session and ends when none is left. Renewals run one at
+    a time: a renewal that blocks (an unreachable server) delays the others of the same
+    client, which talk to the same server and would block too.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic, name: str = "session-keepalive") -> None:
+        self._clock = clock
+        self._name = name
+        self._due: list[tuple[float, int, Session]] = []
+        self._order = itertools.count()
+        self._wake = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def add(self, session: "Session") -> None:
+        """Renew ``session`` every ``session.keepalive_interval`` seconds until it is closed or lost."""
+        with self._wake:
+            self._schedule(session)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+                self._thread.start()
+            self._wake.notify()
+
+    def wake(self) -> None:
+        """Re-check the schedule now (a session was closed)."""
+        with self._wake:
+            self._wake.notify()
+
+    def _schedule(self, session: "Session") -> None:
+        heapq.heappush(self._due, (self._clock() + session.keepalive_interval, next(self._order), session))
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                while True:
+                    while self._due and not self._due[0][2].alive:
+                        heapq.heappop(self._due)
+                    if not self._due:
+                        self._thread = None
+                        return
+                    wait = self._due[0][0] - self._clock()
+                    if wait <= 0:
+                        break
+                    self._wake.wait(wait)
+                _, _, session = heapq.heappop(self._due)
+            if session.renew():
+                with self._wake:
+                    self._schedule(session)
+
+
+_schedulers: "weakref.WeakKeyDictionary[KVBackend, KeepAliveScheduler]" = weakref.WeakKeyDictionary()
+_schedulers_lock = threading.Lock()
+
+
+def scheduler_for(backend: "KVBackend") -> KeepAliveScheduler:
+    """The keepalive scheduler shared by every session of ``backend`` (created on first use)."""
+    with _schedulers_lock:
+        scheduler = _schedulers.get(backend)
+        if scheduler is None:
+            scheduler = _schedulers[backend] = KeepAliveScheduler(name=f"session-keepalive-{type(backend).__name__}")
+        return scheduler
+
+
+class Session:
+    """One lease kept alive in the background until closed or lost.
+
+    The lease is renewed every ``keepalive_interval`` seconds (default TTL / 3) by the
+    backend's :class:`KeepAliveScheduler` (or ``scheduler``). The session is *lost* when the
+    server says the lease is gone, or when no keepalive has succeeded for a full TTL (by then
+    the server has expired it). Loss is reported once: :attr:`lost` is set and every callback
+    registered with :meth:`on_lost` runs on the keepalive thread.
 
     Raises (from the constructor):
         ValueError: ``ttl`` or ``keepalive_interval`` is not positive.
@@ -41,6 +115,7 @@ class Session:
         keepalive_interval: float | None = None,
         clock: Callable[[], float] = time.monotonic,
         name: str = "",
+        scheduler: KeepAliveScheduler | None = None,
     ) -> None:
         if ttl <= 0:
             raise ValueError(f"The session TTL ({ttl}) must be positive.")
@@ -49,7 +124,7 @@ class Session:
             raise ValueError(f"The keepalive interval ({keepalive_interval}) must be positive.")
         self._backend = backend
         self._clock = clock
-        self._interval = interval
+        self.keepalive_interval = interval
         self._name = name
         lease = backend.grant(ttl)
         self.lease_id = lease.id
@@ -59,11 +134,10 @@ class Session:
         self._closed = threading.Event()
         self._callbacks: list[Callable[[str], None]] = []
         self._callbacks_lock = threading.Lock()
+        self._renewing = threading.RLock()  # held while a renewal runs, so close() can wait it out
         self._last_renewal = clock()
-        self._thread = threading.Thread(
-            target=self._keep_alive, name=f"session-keepalive-{self.lease_id:x}", daemon=True
-        )
-        self._thread.start()
+        self._scheduler = scheduler if scheduler is not None else scheduler_for(backend)
+        self._scheduler.add(self)
 
     @property
     def alive(self) -> bool:
@@ -87,7 +161,9 @@ class Session:
         if self._closed.is_set():
             return
         self._closed.set()
-        self._thread.join(timeout=self._interval + 5)
+        self._scheduler.wake()
+        with self._renewing:  # a renewal in flight finishes before the revoke
+            pass
         if revoke and not self.lost.is_set():
             try:
                 self._backend.revoke(self.lease_id)
@@ -100,27 +176,34 @@ class Session:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def _keep_alive(self) -> None:
-        while not self._closed.wait(self._interval):
+    def renew(self) -> bool:
+        """Renew the lease once (the scheduler calls this when due); False once the session is over."""
+        with self._renewing:
+            if not self.alive:
+                return False
             try:
                 self._backend.keepalive(self.lease_id)
                 self._last_renewal = self._clock()
+                return True
             except LeaseNotFoundError:
                 self._mark_lost("the server says the lease expired or was revoked")
-                return
+                return False
             except BackendClosedError:
-                return
+                return False
             except BackendError as error:
                 silent_for = self._clock() - self._last_renewal
                 if silent_for >= self.ttl:
                     self._mark_lost(f"no keepalive succeeded for {silent_for:.1f}s (TTL {self.ttl}s): {error}")
-                    return
+                    return False
                 log.warning(
                     "Session %s: keepalive of lease %x failed (%s); retrying, %.1fs of TTL left",
                     self._name, self.lease_id, error, self.ttl - silent_for,
                 )
+                return True
 
     def _mark_lost(self, reason: str) -> None:
+        if self._closed.is_set():
+            return
         log.warning("Session %s: lease %x lost: %s", self._name, self.lease_id, reason)
         with self._callbacks_lock:
             self.lost_reason = reason

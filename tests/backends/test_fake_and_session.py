@@ -1,6 +1,7 @@
 """The fake's fault injection and fake-clock mode, and Session's loss detection."""
 
 import threading
+import time
 
 import pytest
 
@@ -104,3 +105,33 @@ def test_closing_a_session_revokes_its_lease_and_deletes_its_keys():
 def test_a_session_rejects_nonsense_timing(kwargs):
     with pytest.raises(ValueError):
         Session(InMemoryStore().client(), **kwargs)
+
+
+def test_every_session_of_a_client_is_renewed_by_one_thread_that_ends_with_the_last_session():
+    store = InMemoryStore()
+    client = store.client()
+    renewed = []
+    original = client.keepalive
+
+    def counting_keepalive(lease_id):
+        renewed.append((lease_id, threading.current_thread().name))
+        return original(lease_id)
+
+    client.keepalive = counting_keepalive
+    threads_before = threading.active_count()
+    sessions = [Session(client, ttl=0.9) for _ in range(20)]  # renewed every 0.3 s
+    assert threading.active_count() == threads_before + 1
+    deadline = time.monotonic() + 5
+    while len({lease for lease, _ in renewed}) < 20 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert {lease for lease, _ in renewed} == {session.lease_id for session in sessions}
+    assert len({name for _, name in renewed}) == 1
+    time.sleep(1.2)  # longer than the TTL: only the renewals keep them alive
+    assert all(session.alive for session in sessions)
+    for session in sessions:
+        session.close()
+    deadline = time.monotonic() + 5
+    while threading.active_count() > threads_before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert threading.active_count() == threads_before
+    assert not any(session.lost.is_set() for session in sessions)
