@@ -399,6 +399,25 @@ class KVBackend(abc.ABC):
             return self.put_and_claim(key, value, claim_key, claim_value, lease=lease)
         return ClaimResult(claim.revision if claim.applied else revision, claim.applied, claim.current)
 
+    def put_if_and_delete(
+        self, key: str, value: bytes, expected: int | Absent, delete_key: str, *, lease: int = NO_LEASE
+    ) -> WriteResult:
+        """:meth:`put_if`, and if it applied, delete ``delete_key`` in the same step.
+
+        Why: the rendezvous closer writes the round record and drops its closer claim at one
+        revision, so every watcher of both keys gets one message, not two. Backends with
+        transactions do it atomically; this default deletes after the put (a crash between
+        them leaves the key to its lease).
+
+        Raises:
+            ValueTooLargeError: ``value`` exceeds :attr:`max_value_bytes`.
+            LeaseNotFoundError: ``lease`` does not exist.
+        """
+        result = self.put_if(key, value, expected, lease=lease)
+        if result.applied:
+            self.delete(delete_key)
+        return result
+
     def put_and_claim_if(
         self,
         guards: Sequence[Guard],

@@ -193,6 +193,11 @@ class FakeBackend(KVBackend):
     ) -> ClaimResult:
         return self._call(lambda state: state.put_and_claim(key, value, claim_key, claim_value, lease))
 
+    def put_if_and_delete(
+        self, key: str, value: bytes, expected: int | Absent, delete_key: str, *, lease: int = NO_LEASE
+    ) -> WriteResult:
+        return self._call(lambda state: state.put_if_and_delete(key, value, expected, delete_key, lease))
+
     def put_and_claim_if(
         self, guards: Sequence[Guard], key: str, value: bytes, claim_key: str, claim_value: bytes, *,
         lease: int = NO_LEASE, read_prefix: str,

@@ -162,6 +162,26 @@ class KVState:
             return Outcome(WriteResult(False, self._revision, self._kvs.get(key)))
         return self.put(key, value, lease)
 
+    def put_if_and_delete(
+        self, key: str, value: bytes, expected: int | Absent, delete_key: str, lease: int = NO_LEASE
+    ) -> Outcome[WriteResult]:
+        """:meth:`put_if`, and if it applied, delete ``delete_key`` at the same revision.
+
+        Raises:
+            ValueTooLargeError: ``value`` exceeds :attr:`max_value_bytes` (checked always).
+            LeaseNotFoundError: the comparison succeeded but ``lease`` is not live.
+        """
+        self._check_value(key, value)
+        if not self._matches(key, expected):
+            return Outcome(WriteResult(False, self._revision, self._kvs.get(key)))
+        self._check_lease(lease)
+        revision = self._revision + 1
+        events = [self._store(key, value, lease, revision)]
+        if delete_key in self._kvs and delete_key != key:
+            events.append(self._remove(delete_key, revision))
+        current = events[0].kv
+        return Outcome(WriteResult(True, revision, current), self._commit(events))
+
     def put_and_claim(
         self, key: str, value: bytes, claim_key: str, claim_value: bytes, lease: int = NO_LEASE
     ) -> Outcome[ClaimResult]:

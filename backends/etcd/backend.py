@@ -103,11 +103,17 @@ class EtcdBackend(KVBackend):
             ValueTooLargeError: ``value`` exceeds :attr:`max_value_bytes` (or etcd's request limit).
             LeaseNotFoundError: ``lease`` does not exist.
         """
+        return self._put_if(key, value, expected, lease, None)
+
+    def _put_if(self, key: str, value: bytes, expected: int | Absent, lease: int, also_delete: str | None) -> WriteResult:
         raw = encode_key(key)
         put = etcdrpc.PutRequest(key=raw, value=self._checked(key, value), lease=lease, prev_kv=True)
+        success = [etcdrpc.RequestOp(request_put=put)]
+        if also_delete is not None and also_delete != key:
+            success.append(etcdrpc.RequestOp(request_delete_range=etcdrpc.DeleteRangeRequest(key=encode_key(also_delete))))
         request = etcdrpc.TxnRequest(
             compare=[_revision_compare(raw, expected)],
-            success=[etcdrpc.RequestOp(request_put=put)],
+            success=success,
             failure=[etcdrpc.RequestOp(request_range=etcdrpc.RangeRequest(key=raw))],
         )
         response = self._call(f"put_if {key!r}", lambda c, o: c.kv.Txn(request, **o.kwargs), resend_safe=False)
@@ -125,6 +131,12 @@ class EtcdBackend(KVBackend):
             lease=lease,
         )
         return WriteResult(True, revision, current)
+
+    def put_if_and_delete(
+        self, key: str, value: bytes, expected: int | Absent, delete_key: str, *, lease: int = NO_LEASE
+    ) -> WriteResult:
+        """:meth:`put_if` with a delete of ``delete_key`` in the success branch of the same transaction."""
+        return self._put_if(key, value, expected, lease, delete_key)
 
     def put_and_claim(
         self, key: str, value: bytes, claim_key: str, claim_value: bytes, *, lease: int = NO_LEASE

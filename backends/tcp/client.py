@@ -174,6 +174,14 @@ class TcpStoreBackend(KVBackend):
         frame = self._request(header, (value, claim_value))
         return _decode(frame, lambda h, r: ClaimResult(int(h["r"]), bool(h["c"]), r.kv(h["kv"])))
 
+    def put_if_and_delete(
+        self, key: str, value: bytes, expected: int | Absent, delete_key: str, *, lease: int = NO_LEASE
+    ) -> WriteResult:
+        self._check_value(key, value)
+        compare = None if isinstance(expected, Absent) else expected
+        frame = self._request({"op": "put_if", "k": key, "l": lease, "e": compare, "d": delete_key}, (value,))
+        return _decode(frame, _write_result)
+
     def put_and_claim_if(
         self, guards: Sequence[Guard], key: str, value: bytes, claim_key: str, claim_value: bytes, *,
         lease: int = NO_LEASE, read_prefix: str,

@@ -86,6 +86,10 @@ def _put(state: KVState, header: dict[str, Any], payload: bytes) -> Reply:
 def _put_if(state: KVState, header: dict[str, Any], payload: bytes) -> Reply:
     expected = header.get("e")
     expected = ABSENT if expected is None else field(header, "e", int)
+    if "d" in header:
+        outcome = state.put_if_and_delete(field(header, "k", str), payload, expected, field(header, "d", str),
+                                          field(header, "l", int, 0))
+        return _write_reply(outcome.result, outcome.events)
     outcome = state.put_if(field(header, "k", str), payload, expected, field(header, "l", int, 0))
     return _write_reply(outcome.result, outcome.events)
 

@@ -506,9 +506,13 @@ class RendezvousHandler:
             return None
         record = RoundRecord(forming, members, read.revision)
         expected = state.round_kv.mod_revision if state.round_kv is not None else ABSENT
-        result = self._backend.put_if(self.keys.round, records.encode_round(record), expected)
+        # The close drops our closer claim at the same revision: each member's state/ watch
+        # gets the round record and the claim's DELETE in one message.
+        result = self._backend.put_if_and_delete(self.keys.round, records.encode_round(record), expected,
+                                                 self.keys.closer(forming))
         self.backend_writes += 1
         if result.applied:
+            self._claimed_key = None
             log.info("Rendezvous %s: node %s closed round %d with %d members (%d spares)",
                      self.settings.run_id, self.node_id, forming, len(members), len(spares))
             return record, result.revision

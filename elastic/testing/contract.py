@@ -236,6 +236,21 @@ class BackendContract:
         assert not stale.applied and backend.get(prefix + "nodes/c").kv is None
         assert {kv.key: kv.mod_revision for kv in stale.read.kvs}[state + "round"] == round_revision
 
+    def test_put_if_and_delete_deletes_only_when_the_put_applies_and_at_its_revision(self, backend, prefix):
+        backend.put(prefix + "claim", b"mine")
+        missed = backend.put_if_and_delete(prefix + "round", b"r", 12345, prefix + "claim")
+        assert not missed.applied and backend.get(prefix + "claim").kv is not None
+        with backend.watch_prefix(prefix) as watch:
+            done = backend.put_if_and_delete(prefix + "round", b"r", ABSENT, prefix + "claim")
+            events = collect_events(watch, 2, timeout=5)
+        assert done.applied and done.current.value == b"r" and done.current.mod_revision == done.revision
+        assert backend.get(prefix + "claim").kv is None
+        assert describe(events) == [("put", prefix + "round", b"r"), ("delete", prefix + "claim", b"")]
+        # Native implementations write both at one revision; the base class's fallback, one after the other.
+        assert events[0].revision == done.revision and events[1].revision >= done.revision
+        again = backend.put_if_and_delete(prefix + "round", b"r2", done.revision, prefix + "absent")
+        assert again.applied and backend.get(prefix + "round").kv.value == b"r2"
+
     def test_put_and_claim_if_on_an_unknown_lease_writes_nothing(self, backend, prefix):
         lease = backend.grant(30)
         backend.revoke(lease.id)

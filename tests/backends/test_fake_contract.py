@@ -20,6 +20,7 @@ def _without_native_claim(backend):
     class TwoWriteClaims(type(backend)):
         put_and_claim = KVBackend.put_and_claim
         put_and_claim_if = KVBackend.put_and_claim_if
+        put_if_and_delete = KVBackend.put_if_and_delete
 
     backend.__class__ = TwoWriteClaims
     return backend
@@ -50,3 +51,4 @@ class TestDefaultPutAndClaim:
     test_races = BackendContract.test_exactly_one_of_16_racing_put_and_claims_claims_and_all_agree_on_the_holder
     test_guarded_claims = BackendContract.test_put_and_claim_if_writes_only_when_every_guard_holds_and_always_reads
     test_guarded_claim_on_a_lost_lease = BackendContract.test_put_and_claim_if_on_an_unknown_lease_writes_nothing
+    test_put_if_and_delete = BackendContract.test_put_if_and_delete_deletes_only_when_the_put_applies_and_at_its_revision
