@@ -296,8 +296,12 @@ class WorkerPool:
     def size(self) -> int:
         return len(self._workers)
 
-    def trial(self, spec: dict[str, Any], wait: float) -> tuple[list[NodeResult], float] | None:
-        """Run one rendezvous of ``spec["nodes"]`` nodes: the node results and the workers' CPU seconds.
+    def trial(
+        self, spec: dict[str, Any], wait: float, server_pid: int | None = None
+    ) -> tuple[list[NodeResult], float, float | None] | None:
+        """Run one rendezvous of ``spec["nodes"]`` nodes: the node results, the workers' CPU
+        seconds, and the server's CPU seconds from "go" until every worker answered (not its
+        work when the nodes leave afterwards, which is O(N^2) watch events).
 
         None when a worker did not answer in time.
         """
@@ -307,6 +311,7 @@ class WorkerPool:
         for _, conn in self._workers:
             self._expect(conn, "prepared", 120)
         start_at = time.monotonic() + START_DELAY
+        server_before = _cpu_seconds(server_pid)
         for _, conn in self._workers:
             conn.send(("go", {"start_at": start_at, "wait": wait}))
         results: list[NodeResult] = []
@@ -320,13 +325,15 @@ class WorkerPool:
             items, worker_cpu = self._expect(conn, "results", 1)
             results += [NodeResult(**item) for item in items]
             cpu += worker_cpu
+        server_after = _cpu_seconds(server_pid)
         if late:
             return None
+        server_cpu = None if server_before is None or server_after is None else server_after - server_before
         for _, conn in self._workers:
             conn.send(("release", None))
         for _, conn in self._workers:
             self._expect(conn, "released", 120)
-        return results, cpu
+        return results, cpu, server_cpu
 
     def stop(self) -> None:
         for process, conn in self._workers:
@@ -352,15 +359,17 @@ class WorkerPool:
         return payload
 
 
-def judge(kind: str, nodes: int, budget: float, outcome: tuple[list[NodeResult], float] | None) -> TrialResult:
+def judge(
+    kind: str, nodes: int, budget: float, outcome: tuple[list[NodeResult], float, float | None] | None
+) -> TrialResult:
     """Turn one repetition's node results into a TrialResult, checking ranks and world sizes."""
     if outcome is None:
         return TrialResult(kind, nodes, None, budget=budget, problem="workers did not answer")
-    results, client_cpu = outcome
+    results, client_cpu, server_cpu = outcome
     failed = [result for result in results if result.error]
     done = [result for result in results if not result.error]
     writes = [result.writes for result in done]
-    trial = TrialResult(kind, nodes, None, budget=budget, client_cpu=client_cpu,
+    trial = TrialResult(kind, nodes, None, budget=budget, client_cpu=client_cpu, server_cpu=server_cpu,
                         writes_per_node=statistics.mean(writes) if writes else 0.0,
                         max_writes=max(writes, default=0))
     if failed or len(done) < nodes:
@@ -471,11 +480,7 @@ def run_backend(kind: str, endpoint: str, token: str | None, sizes: list[int], a
                 run_id = f"bench-{kind}-{nodes}-{repeat}-{uuid.uuid4().hex[:8]}"
                 spec = {"run_id": run_id, "namespace": f"/bench-{uuid.uuid4().hex[:10]}",
                         "nodes": nodes, "budget": budget}
-                server_before = _cpu_seconds(server_pid)
-                trial = judge(kind, nodes, budget, pool.trial(spec, budget + 5))
-                server_after = _cpu_seconds(server_pid)
-                if server_before is not None and server_after is not None:
-                    trial.server_cpu = server_after - server_before
+                trial = judge(kind, nodes, budget, pool.trial(spec, budget + 5, server_pid))
                 row.trials.append(trial)
                 _report(trial, repeat, repeats)
                 if trial.elapsed is None:
