@@ -157,15 +157,12 @@ class KVState:
             ValueTooLargeError: ``value`` exceeds :attr:`max_value_bytes` (checked always).
             LeaseNotFoundError: the comparison succeeded but ``lease`` is not live.
         """
-        self._check_value(key, value)
-        if not self._matches(key, expected):
-            return Outcome(WriteResult(False, self._revision, self._kvs.get(key)))
-        return self.put(key, value, lease)
+        return self.put_if_and_delete(key, value, expected, None, lease)
 
     def put_if_and_delete(
-        self, key: str, value: bytes, expected: int | Absent, delete_key: str, lease: int = NO_LEASE
+        self, key: str, value: bytes, expected: int | Absent, delete_key: str | None, lease: int = NO_LEASE
     ) -> Outcome[WriteResult]:
-        """:meth:`put_if`, and if it applied, delete ``delete_key`` at the same revision.
+        """:meth:`put_if`, and if it applied, delete ``delete_key`` (if given) at the same revision.
 
         Raises:
             ValueTooLargeError: ``value`` exceeds :attr:`max_value_bytes` (checked always).
@@ -177,7 +174,7 @@ class KVState:
         self._check_lease(lease)
         revision = self._revision + 1
         events = [self._store(key, value, lease, revision)]
-        if delete_key in self._kvs and delete_key != key:
+        if delete_key is not None and delete_key in self._kvs and delete_key != key:
             events.append(self._remove(delete_key, revision))
         current = events[0].kv
         return Outcome(WriteResult(True, revision, current), self._commit(events))

@@ -51,7 +51,8 @@ class KeepAliveScheduler:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
                 self._thread.start()
-            self._wake.notify()
+            elif self._due[0][2] is session:
+                self._wake.notify()  # due before every other session: the thread must wait less
 
     def wake(self) -> None:
         """Re-check the schedule now (a session was closed)."""
