@@ -237,6 +237,34 @@ def test_every_watch_on_the_stream_resumes_after_an_etcd_restart(start_etcd, pre
             watch.cancel()
 
 
+def test_a_watch_from_now_while_etcd_is_down_starts_once_it_is_back_or_times_out(start_etcd, prefix):
+    server = start_etcd()
+    with server.connect(request_timeout=1.0, watch_reconnect_timeout=20) as backend:
+        keep = backend.watch_prefix(prefix + "keep/")  # the stream is open
+        server.stop(graceful=False)
+        started = time.monotonic()
+        with pytest.raises(BackendTimeoutError, match="did not confirm the watch"):
+            backend.watch_prefix(prefix + "late/")
+        assert time.monotonic() - started < 5
+        restarter = threading.Timer(0.5, server.start)
+        restarter.start()
+        try:
+            deadline = time.monotonic() + 30
+            while True:  # the client retries, as the rendezvous does after a connection error
+                try:
+                    watch = backend.watch_prefix(prefix + "late/")
+                    break
+                except BackendTimeoutError:
+                    assert time.monotonic() < deadline, "the watch never started after etcd came back"
+        finally:
+            restarter.join()
+        revision = backend.put(prefix + "late/k", b"v")
+        assert watch.last_revision < revision
+        assert [event.revision for event in collect(watch, 1, timeout=10)] == [revision]
+        keep.cancel()
+        watch.cancel()
+
+
 @pytest.mark.slow
 def test_watches_created_after_the_streams_auth_token_lapsed_still_work(start_etcd, prefix):
     # etcd checks the Watch stream's token on every create; an unused simple token lapses
