@@ -401,7 +401,7 @@ class RendezvousHandler:
             if self._is_mine(closer):
                 self._claimed_key = claim_key
                 closed = self._close_round(forming, state, deadline)
-                self._release_claim()
+                self._release_claim()  # nothing to do when our own compare-and-swap dropped it
                 return closed
             closed = self._await_close_or_closer_loss(state_watch, forming, state.revision, closer, deadline)
             if closed is not None:
@@ -616,7 +616,8 @@ class RendezvousHandler:
             self._monitor = None
 
     def _release_claim(self) -> None:
-        """Delete our closer claim (the round is closed, or we leave); best effort."""
+        """Delete our closer claim if we still hold it: another node closed the round, or we
+        leave (our own close drops it with the round record). Best effort: it goes with our lease."""
         claim, self._claimed_key = self._claimed_key, None
         if claim is None:
             return
