@@ -150,6 +150,14 @@ Guard = tuple[str, int | Absent]
 """``(key, expected)``: holds when ``key``'s mod revision is ``expected``, or ``key`` is absent for ABSENT."""
 
 
+def revision_matches(current: KeyValue | None, expected: int | Absent) -> bool:
+    """Whether a key now ``current`` (None: absent) has mod revision ``expected``, as etcd compares:
+    ABSENT matches only an absent key, and an absent key has mod revision 0."""
+    if isinstance(expected, Absent):
+        return current is None
+    return (current.mod_revision if current is not None else 0) == expected
+
+
 @dataclass(frozen=True)
 class Lease:
     """A granted lease: its id and the TTL the server granted, in seconds."""
@@ -443,10 +451,7 @@ class KVBackend(abc.ABC):
             LeaseNotFoundError: ``lease`` does not exist.
         """
         for guard_key, expected in guards:
-            current = self.get(guard_key).kv
-            holds = current is None if isinstance(expected, Absent) else (
-                current is not None and current.mod_revision == expected)
-            if not holds:
+            if not revision_matches(self.get(guard_key).kv, expected):
                 return GuardedClaimResult(False, None, self.get_prefix(read_prefix))
         claim = self.put_and_claim(key, value, claim_key, claim_value, lease=lease)
         return GuardedClaimResult(True, claim, self.get_prefix(read_prefix))

@@ -40,6 +40,7 @@ from backends.api import (
     ReadResult,
     WatchEvent,
     WriteResult,
+    revision_matches,
 )
 from backends.errors import CompactedError, LeaseNotFoundError, ValueTooLargeError
 
@@ -211,10 +212,7 @@ class KVState:
             LeaseNotFoundError: ``lease`` is not live (checked only when the guards hold).
         """
         for guard_key, expected in guards:
-            current = self._kvs.get(guard_key)
-            holds = current is None if isinstance(expected, Absent) else (
-                current is not None and current.mod_revision == expected)
-            if not holds:
+            if not self._matches(guard_key, expected):
                 return Outcome(GuardedClaimResult(False, None, self.get_prefix(read_prefix)))
         outcome = self.put_and_claim(key, value, claim_key, claim_value, lease)
         return Outcome(GuardedClaimResult(True, outcome.result, self.get_prefix(read_prefix)), outcome.events)
@@ -359,10 +357,7 @@ class KVState:
         return record
 
     def _matches(self, key: str, expected: int | Absent) -> bool:
-        current = self._kvs.get(key)
-        if isinstance(expected, Absent):
-            return current is None
-        return (current.mod_revision if current is not None else 0) == expected
+        return revision_matches(self._kvs.get(key), expected)
 
     def _store(self, key: str, value: bytes, lease: int, revision: int) -> WatchEvent:
         old = self._kvs.get(key)
