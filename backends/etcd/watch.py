@@ -104,6 +104,11 @@ class WatchRegistration:
                 self.watch.begin_after(revision)
             self.started.set()
 
+    def fail(self, error: BackendError) -> None:
+        """End the watch with ``error``, releasing a creator still waiting for it to start."""
+        self.watch.fail(error)
+        self.started.set()
+
     def create_request(self) -> Any:
         """The create message for this watch, starting at its resume point."""
         self.requested_revision = self.resume_revision
@@ -265,8 +270,7 @@ class WatchHub:
         if stream is not None:
             stream.close()
         for registration in registrations:
-            registration.watch.cancel()
-            registration.started.set()
+            registration.watch.cancel()  # which calls cancel() above, releasing a waiting creator
 
     # -- the reader thread -------------------------------------------------------------------
     def _run(self) -> None:
@@ -410,8 +414,7 @@ class WatchHub:
         if failed is not None:
             registration, error = failed
             log.warning("etcd watch on %r failed: %s", registration.prefix, error)
-            registration.watch.fail(error)
-            registration.started.set()
+            registration.fail(error)
         elif response.events:
             registration.watch.deliver([watch_event(event) for event in response.events])
         elif not response.created:
@@ -450,5 +453,4 @@ class WatchHub:
             self._live.clear()
         log.warning("etcd watches failed (%d watches): %s", len(registrations), error)
         for registration in registrations:
-            registration.watch.fail(error)
-            registration.started.set()
+            registration.fail(error)
