@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable, TypeVar
 
 from rpc.errors import IntrospectionError
 
@@ -130,15 +130,27 @@ def describe_remote_context(worker: str | int | WorkerInfo, context_id: int) -> 
 def describe_all_contexts(context_id: int | None = None) -> dict[int, ContextInfo]:
     """The context on this worker and on every worker it reached, transitively, by worker id."""
     local = describe_context(context_id)
-    infos = {local.worker_id: local}
-    pending = deque(_neighbours(local))
+    infos = _reach(local.worker_id, local, lambda worker: describe_remote_context(worker, local.context_id),
+                   _neighbours)
+    return dict(sorted(infos.items()))
+
+
+_Found = TypeVar("_Found")
+
+
+def _reach(
+    worker_id: int, local: _Found, fetch: Callable[[int], _Found], neighbours: Callable[[_Found], list[int]]
+) -> dict[int, _Found]:
+    """``local`` and what ``fetch`` returns for every worker reachable from it through
+    ``neighbours``, breadth first, each worker fetched once; by worker id."""
+    found = {worker_id: local}
+    pending = deque(neighbours(local))
     while pending:
         worker = pending.popleft()
-        if worker in infos:
-            continue
-        infos[worker] = describe_remote_context(worker, local.context_id)
-        pending.extend(_neighbours(infos[worker]))
-    return dict(sorted(infos.items()))
+        if worker not in found:
+            found[worker] = fetch(worker)
+            pending.extend(neighbours(found[worker]))
+    return found
 
 
 def _neighbours(info: ContextInfo) -> list[int]:
@@ -278,14 +290,7 @@ def autograd_graph(*roots: torch.Tensor, context_id: int | None = None) -> Autog
     cid = _context_method(context, "_context_id")()
     root_fns = [tensor.grad_fn for tensor in roots if tensor.grad_fn is not None]
     local = _graph_part(cid, root_fns)
-    parts = {local.worker_id: local}
-    pending = deque(_part_neighbours(local))
-    while pending:
-        worker = pending.popleft()
-        if worker in parts:
-            continue
-        parts[worker] = trpc.rpc_sync(worker, _graph_part, (cid,))
-        pending.extend(_part_neighbours(parts[worker]))
+    parts = _reach(local.worker_id, local, lambda worker: trpc.rpc_sync(worker, _graph_part, (cid,)), _part_neighbours)
 
     nodes = tuple(node for _, part in sorted(parts.items()) for node in part.nodes)
     sends = {node.message_id: node.key for node in nodes if node.kind == "send"}
