@@ -14,6 +14,9 @@ from backends.retry import RetryPolicy
 DEFAULT_PORT = 2379
 """etcd's client port, used when an endpoint names none."""
 
+TRANSPORTS = ("builtin", "grpcio")
+"""How the client talks gRPC: our own HTTP/2 client, or the grpcio library."""
+
 MAX_VALUE_BYTES = 1024 * 1024
 """Largest value we send; etcd's own request limit (``--max-request-bytes``) is 1.5 MiB by default."""
 
@@ -44,6 +47,9 @@ class EtcdConfig:
         watch_reconnect_timeout: seconds a lost watch keeps trying to resume before failing.
         max_value_bytes: largest value a write accepts (checked before sending).
         retry: backoff between rounds over the endpoints, for requests safe to resend.
+        transport: ``"builtin"`` (default): our own HTTP/2 gRPC client, about half the client
+            CPU per call of grpcio (see :mod:`backends.etcd.transport`); ``"grpcio"``: the
+            grpcio library's channels.
 
     Raises (from the constructor):
         EndpointError: an endpoint, a timeout, the credentials or a certificate path is invalid.
@@ -60,6 +66,7 @@ class EtcdConfig:
     watch_reconnect_timeout: float = 30.0
     max_value_bytes: int = MAX_VALUE_BYTES
     retry: RetryPolicy = field(default_factory=_default_retry)
+    transport: str = "builtin"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "endpoints", _normalize_endpoints(self.endpoints))
@@ -69,6 +76,10 @@ class EtcdConfig:
                 raise EndpointError(f"The etcd {name} ({value!r}) must be a positive number of seconds.")
         if not isinstance(self.max_value_bytes, int) or self.max_value_bytes <= 0:
             raise EndpointError(f"The etcd max_value_bytes ({self.max_value_bytes!r}) must be a positive integer.")
+        if self.transport not in TRANSPORTS:
+            raise EndpointError(
+                f"Unknown etcd transport {self.transport!r}; use one of: {', '.join(TRANSPORTS)}."
+            )
         _check_credentials(self.user, self.password)
         _check_certificates(self.ca_cert, self.client_cert, self.client_key)
 

@@ -22,11 +22,12 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import ssl
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, TypeVar
+from typing import Any, Callable, Iterator, TypeVar
 
 import grpc
 from etcd3 import etcdrpc
@@ -43,6 +44,7 @@ from backends.errors import (
 )
 from backends.etcd.config import EtcdConfig
 from backends.etcd.translate import DialFailure, RequestNotSent, translate_rpc_error
+from backends.etcd.transport import NativeChannel, tls_context
 from backends.retry import RetryPolicy
 
 log = logging.getLogger(__name__)
@@ -83,42 +85,80 @@ class CallOptions:
 
 
 class EndpointChannel:
-    """One endpoint: its channel and stubs, its connectivity state, and its auth token."""
+    """One endpoint: its stubs, its auth token, and how it connects (one per transport below)."""
 
-    def __init__(self, endpoint: Endpoint, credentials: grpc.ChannelCredentials | None) -> None:
+    def __init__(self, endpoint: Endpoint, channel: Any) -> None:
         self.endpoint = endpoint
-        target = endpoint.netloc
-        if credentials is None:
-            self.channel = grpc.insecure_channel(target, options=_CHANNEL_OPTIONS)
-        else:
-            self.channel = grpc.secure_channel(target, credentials, options=_CHANNEL_OPTIONS)
-        self.kv = etcdrpc.KVStub(self.channel)
-        self.lease = etcdrpc.LeaseStub(self.channel)
-        self.watch = etcdrpc.WatchStub(self.channel)
-        self.auth = etcdrpc.AuthStub(self.channel)
+        self.channel = channel
+        self.kv = etcdrpc.KVStub(channel)
+        self.lease = etcdrpc.LeaseStub(channel)
+        self.watch = etcdrpc.WatchStub(channel)
+        self.auth = etcdrpc.AuthStub(channel)
         self.token: str | None = None
         self.auth_lock = threading.Lock()
-        self._state = grpc.ChannelConnectivity.IDLE
-        self._state_changed = threading.Condition()
-        self.channel.subscribe(self._on_state, try_to_connect=False)
 
     def __str__(self) -> str:
         return str(self.endpoint)
 
-    @property
-    def state(self) -> grpc.ChannelConnectivity:
-        return self._state
+    def dial(self, timeout: float) -> bool:
+        """Connect unless connected; False when still connecting after ``timeout`` (nothing answered).
 
-    def wait_settled(self, timeout: float) -> bool:
-        """Wait until the channel is connected or has failed; False if still connecting at timeout."""
-        with self._state_changed:
-            return self._state_changed.wait_for(lambda: self._state in (_READY, _FAILED, _SHUTDOWN), timeout)
+        A failed connect is left to the next call, which then fails at once with the reason.
+        """
+        raise NotImplementedError
 
     def forget_token(self, stale: str | None) -> None:
         """Drop the token if it is still ``stale`` (another thread may have refreshed it)."""
         with self.auth_lock:
             if self.token == stale:
                 self.token = None
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+class BuiltinEndpointChannel(EndpointChannel):
+    """An endpoint on the built-in HTTP/2 transport (:mod:`backends.etcd.transport`)."""
+
+    def __init__(self, endpoint: Endpoint, tls: ssl.SSLContext | None, dial_timeout: float) -> None:
+        super().__init__(endpoint, NativeChannel(endpoint, tls, dial_timeout=dial_timeout))
+
+    def dial(self, timeout: float) -> bool:
+        if self.channel.connected:
+            return True
+        return self.channel.dial(timeout)
+
+    def close(self) -> None:
+        self.channel.close()
+
+
+class GrpcioEndpointChannel(EndpointChannel):
+    """An endpoint on a grpcio channel, whose connectivity state it follows."""
+
+    def __init__(self, endpoint: Endpoint, credentials: grpc.ChannelCredentials | None) -> None:
+        target = endpoint.netloc
+        if credentials is None:
+            channel = grpc.insecure_channel(target, options=_CHANNEL_OPTIONS)
+        else:
+            channel = grpc.secure_channel(target, credentials, options=_CHANNEL_OPTIONS)
+        super().__init__(endpoint, channel)
+        self._state = grpc.ChannelConnectivity.IDLE
+        self._state_changed = threading.Condition()
+        self.channel.subscribe(self._on_state, try_to_connect=False)
+
+    @property
+    def state(self) -> grpc.ChannelConnectivity:
+        return self._state
+
+    def dial(self, timeout: float) -> bool:
+        if self._state in (_READY, _FAILED):
+            return True
+        kick = grpc.channel_ready_future(self.channel)  # starts connecting an idle channel
+        try:
+            with self._state_changed:
+                return self._state_changed.wait_for(lambda: self._state in (_READY, _FAILED, _SHUTDOWN), timeout)
+        finally:
+            kick.cancel()
 
     def close(self) -> None:
         """Stop watching the state and close the channel once gRPC's state poller has let go.
@@ -149,10 +189,10 @@ class EtcdConnection:
 
     def __init__(self, config: EtcdConfig) -> None:
         self.config = config
-        credentials = _channel_credentials(config) if config.tls else None
-        self._channels = [EndpointChannel(endpoint, credentials) for endpoint in config.endpoints]  # type: ignore[union-attr]
+        self._channels: list[EndpointChannel] = _endpoint_channels(config)
         self._current = 0
         self._closed = False
+        self._default_policy = _bounded(config.retry, config.request_timeout)
 
     @property
     def closed(self) -> bool:
@@ -190,7 +230,8 @@ class EtcdConnection:
         self.check_open(operation)
         budget = self.config.request_timeout if budget is None else budget
         deadline = time.monotonic() + budget
-        policy = policy or _bounded(self.config.retry, budget)
+        if policy is None:
+            policy = self._default_policy if budget == self.config.request_timeout else _bounded(self.config.retry, budget)
         retry_on: tuple[type[BaseException], ...] = (
             (BackendConnectionError, BackendTimeoutError) if resend_safe else (RequestNotSent,)
         )
@@ -281,15 +322,8 @@ class EtcdConnection:
         Raises:
             RequestNotSent: still connecting when the dial timeout passed.
         """
-        if channel.state in (_READY, _FAILED):
-            return
         timeout = max(min(self.config.dial_timeout, deadline - time.monotonic()), 0.0)
-        kick = grpc.channel_ready_future(channel.channel)  # starts connecting an idle channel
-        try:
-            settled = channel.wait_settled(timeout)
-        finally:
-            kick.cancel()
-        if not settled:
+        if not channel.dial(timeout):
             raise RequestNotSent(
                 f"Could not connect to etcd at {channel} within {timeout:.3g}s: it did not answer; check that "
                 "the host is up and reachable and that the port is etcd's client port, or raise dial_timeout."
@@ -361,6 +395,30 @@ def persistent_policy(policy: RetryPolicy, budget: float) -> RetryPolicy:
     return dataclasses.replace(
         policy, max_attempts=max(policy.max_attempts, math.ceil(budget * 100)), total_timeout=budget
     )
+
+
+def _endpoint_channels(config: EtcdConfig) -> list[EndpointChannel]:
+    """One channel per endpoint, on the configured transport. Raises EndpointError for bad TLS files."""
+    endpoints: tuple[Endpoint, ...] = config.endpoints  # type: ignore[assignment]
+    if config.transport == "grpcio":
+        credentials = _channel_credentials(config) if config.tls else None
+        return [GrpcioEndpointChannel(endpoint, credentials) for endpoint in endpoints]
+    tls = _tls_context(config) if config.tls else None
+    return [BuiltinEndpointChannel(endpoint, tls, config.dial_timeout) for endpoint in endpoints]
+
+
+def _tls_context(config: EtcdConfig) -> ssl.SSLContext:
+    def name(path: str | Path | None) -> str | None:
+        return None if path is None else str(path)
+
+    try:
+        return tls_context(name(config.ca_cert), name(config.client_cert), name(config.client_key))
+    except (ssl.SSLError, OSError) as error:
+        raise EndpointError(
+            f"Cannot load the etcd TLS files (ca_cert={name(config.ca_cert)!r}, client_cert="
+            f"{name(config.client_cert)!r}, client_key={name(config.client_key)!r}): {error}. "
+            "They must be PEM files; the key must match the certificate."
+        ) from error
 
 
 def _channel_credentials(config: EtcdConfig) -> grpc.ChannelCredentials:

@@ -12,15 +12,15 @@ its id, which one reader thread hands out. A broken stream fails the renewals wa
 from __future__ import annotations
 
 import logging
-import queue
 import threading
-from typing import Any, Iterator
+from typing import Any
 
 import grpc
 from etcd3 import etcdrpc
 
 from backends.errors import BackendClosedError, BackendConnectionError, BackendTimeoutError
 from backends.etcd.connection import CallOptions, EndpointChannel
+from backends.etcd.transport import RequestQueue
 
 log = logging.getLogger(__name__)
 
@@ -34,22 +34,17 @@ class _Renewal:
         self.error: BaseException | None = None
 
 
-def _drain(requests: "queue.SimpleQueue[Any]") -> Iterator[Any]:
-    while (request := requests.get()) is not None:
-        yield request
-
-
 class KeepAliveStream:
     """One open LeaseKeepAlive stream on one endpoint and the renewals waiting on it."""
 
     def __init__(self, channel: EndpointChannel, metadata: tuple[tuple[str, str], ...]) -> None:
         self.channel = channel
         self.metadata = metadata
-        self._requests: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
+        self._requests = RequestQueue()
         self._lock = threading.Lock()
         self._waiting: dict[int, list[_Renewal]] = {}
         self._broken: BaseException | None = None
-        self._call = channel.lease.LeaseKeepAlive(_drain(self._requests), metadata=metadata, wait_for_ready=False)
+        self._call = channel.lease.LeaseKeepAlive(self._requests, metadata=metadata, wait_for_ready=False)
         self._reader = threading.Thread(target=self._read, name=f"etcd-keepalive {channel}", daemon=True)
         self._reader.start()
 

@@ -34,9 +34,8 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
-import queue
 import threading
-from typing import Any, Iterator
+from typing import Any
 
 import grpc
 from etcd3 import etcdrpc
@@ -53,6 +52,7 @@ from backends.errors import (
 from backends.etcd.connection import CallOptions, EndpointChannel, EtcdConnection, persistent_policy
 from backends.etcd.convert import encode_key, prefix_range_end, watch_event
 from backends.etcd.translate import translate_watch_cancel
+from backends.etcd.transport import RequestQueue
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +130,7 @@ class WatchStream:
     """
 
     def __init__(
-        self, call: Any, requests: "queue.SimpleQueue[Any]", channel: EndpointChannel, token: str | None = None
+        self, call: Any, requests: RequestQueue, channel: EndpointChannel, token: str | None = None
     ) -> None:
         self.call = call
         self.requests = requests
@@ -139,6 +139,7 @@ class WatchStream:
         self.pending: collections.deque[WatchRegistration] = collections.deque()
         self.by_id: dict[int, WatchRegistration] = {}
         self.id_of: dict[WatchRegistration, int] = {}
+        self.listening = hasattr(call, "listen")  # the built-in transport hands responses to the hub directly
         self.expired = False
         self.renewing_token = False  # ended on purpose, to re-create its watches with a new token
         self._closed = False
@@ -173,11 +174,6 @@ class WatchStream:
         self._closed = True
         self.requests.put(None)
         self.call.cancel()
-
-
-def _drain(requests: "queue.SimpleQueue[Any]") -> Iterator[Any]:
-    while (request := requests.get()) is not None:
-        yield request
 
 
 class WatchHub:
@@ -309,10 +305,13 @@ class WatchHub:
         Returns None when no watch is left to carry. The first answer (up to the request
         timeout) proves the endpoint serves watches; without it the call fails over.
         """
-        requests: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
-        call = channel.watch.Watch(_drain(requests), metadata=options.metadata, wait_for_ready=False)
+        requests = RequestQueue()
+        call = channel.watch.Watch(requests, metadata=options.metadata, wait_for_ready=False)
         token = next((value for name, value in options.metadata if name == "token"), None)
         stream = WatchStream(call, requests, channel, token)
+        answered = threading.Event()
+        if stream.listening:
+            call.listen(lambda response: self._on_response(response, stream, answered), answered.set)
         with self._lock:
             if self._closed or not self._live:
                 stream.close()
@@ -324,8 +323,10 @@ class WatchHub:
             self._stream = stream
             count = len(stream.pending)
         try:
-            first = self._first_response(stream, options.timeout)
-            self._handle(first, stream)
+            if stream.listening:
+                self._await_first_response(stream, answered, options.timeout)
+            else:
+                self._handle(self._first_response(stream, options.timeout), stream)
         except BaseException:
             with self._lock:
                 if self._stream is stream:
@@ -334,6 +335,32 @@ class WatchHub:
             raise
         log.debug("etcd watch stream opened on %s carrying %d watches", channel, count)
         return stream
+
+    def _await_first_response(self, stream: WatchStream, answered: threading.Event, timeout: float) -> None:
+        """The built-in transport's :meth:`_first_response`: responses are handled as they arrive."""
+        if answered.wait(timeout) and not stream.call.ended:
+            return
+        if stream.call.ended:
+            if stream.call.wait_end(0):  # raises the call's error, if it failed
+                raise BackendConnectionError(
+                    f"etcd at {stream.channel} closed the watch stream before confirming a watch."
+                )
+            return
+        stream.expire()
+        raise BackendTimeoutError(f"etcd at {stream.channel} did not confirm a watch within {timeout:.3g}s.")
+
+    def _on_response(self, response: Any, stream: WatchStream, answered: threading.Event) -> None:
+        """A response of the built-in transport, on its reader thread (see StreamCall.listen)."""
+        try:
+            with self._lock:
+                current = self._stream is stream
+            if current:
+                self._handle(response, stream)
+        except Exception:  # a bug must not end the connection's reader
+            log.exception("etcd watch stream: internal error while handling a response")
+            stream.call.cancel()
+        finally:
+            answered.set()
 
     def _first_response(self, stream: WatchStream, timeout: float) -> Any:
         timer = threading.Timer(timeout, stream.expire)
@@ -357,8 +384,11 @@ class WatchHub:
     def _pump(self, stream: WatchStream) -> None:
         """Route responses until the stream breaks; returns to resume, raises to fail every watch."""
         try:
-            for response in stream.call:
-                self._handle(response, stream)
+            if stream.listening:
+                stream.call.wait_end()
+            else:
+                for response in stream.call:
+                    self._handle(response, stream)
         except grpc.RpcError as error:
             if self._stopped.is_set() or stream.renewing_token:
                 return

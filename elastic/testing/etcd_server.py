@@ -416,20 +416,24 @@ class EtcdHarness(BackendHarness):
 
     name = "etcd"
 
-    def __init__(self, server: EtcdServer) -> None:
+    def __init__(self, server: EtcdServer, **client_settings: Any) -> None:
+        """``client_settings``: extra :class:`EtcdConfig` fields of every client (e.g. ``transport``)."""
         self.server = server
+        self._client_settings = client_settings
         self._clients: list[EtcdBackend] = []
         self._stopped = False
 
     def connect(self, *, request_timeout: float = 5.0) -> EtcdBackend:
-        client = self.server.connect(request_timeout=request_timeout, dial_timeout=min(request_timeout, 2.0))
+        client = self.server.connect(request_timeout=request_timeout, dial_timeout=min(request_timeout, 2.0),
+                                     **self._client_settings)
         self._clients.append(client)
         return client
 
     def connect_with_wrong_credentials(self) -> EtcdBackend:
         if not self.server.options.auth:
             raise EtcdServerError("Wrong-credential tests need an etcd started with EtcdServerOptions(auth=True).")
-        client = self.server.connect(user=ROOT_USER, password=self.server.options.password + "-wrong")
+        client = self.server.connect(user=ROOT_USER, password=self.server.options.password + "-wrong",
+                                     **self._client_settings)
         self._clients.append(client)
         return client
 
