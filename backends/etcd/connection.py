@@ -19,6 +19,7 @@ stubs (the etcd v3 gRPC API) directly instead.
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import logging
 import math
@@ -84,8 +85,8 @@ class CallOptions:
         return {"timeout": self.timeout, "metadata": self.metadata, "wait_for_ready": False}
 
 
-class EndpointChannel:
-    """One endpoint: its stubs, its auth token, and how it connects (one per transport below)."""
+class EndpointChannel(abc.ABC):
+    """One endpoint: its stubs, its auth token, and how it connects (one subclass per transport)."""
 
     def __init__(self, endpoint: Endpoint, channel: Any) -> None:
         self.endpoint = endpoint
@@ -100,12 +101,12 @@ class EndpointChannel:
     def __str__(self) -> str:
         return str(self.endpoint)
 
+    @abc.abstractmethod
     def dial(self, timeout: float) -> bool:
         """Connect unless connected; False when still connecting after ``timeout`` (nothing answered).
 
         A failed connect is left to the next call, which then fails at once with the reason.
         """
-        raise NotImplementedError
 
     def forget_token(self, stale: str | None) -> None:
         """Drop the token if it is still ``stale`` (another thread may have refreshed it)."""
@@ -113,8 +114,9 @@ class EndpointChannel:
             if self.token == stale:
                 self.token = None
 
+    @abc.abstractmethod
     def close(self) -> None:
-        raise NotImplementedError
+        """Close the channel; calls in flight end with CANCELLED (then BackendClosedError)."""
 
 
 class BuiltinEndpointChannel(EndpointChannel):

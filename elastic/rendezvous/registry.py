@@ -78,6 +78,7 @@ def _open_etcd(endpoint: str, options: Mapping[str, str]) -> OpenedBackend:
         client_key=options.get("key"),
         user=options.get("user"),
         password=_secret(options, "password"),
+        transport=options.get("etcd_transport", "builtin"),
         **_timeouts(options),
     )
     backend = EtcdBackend(config)
