@@ -281,7 +281,7 @@ class H2Connection:
         self._max_frame = wire.DEFAULT_MAX_FRAME
         self._received = 0
         self._decoder = wire.HeaderDecoder()
-        self._header_cache: dict[tuple[str, float | None, tuple], bytes] = {}
+        self._header_cache: dict[tuple[str, tuple], bytes] = {}  # request header blocks without grpc-timeout
         self._pending_headers: tuple[int, int, bytearray] | None = None
         self._ping_sent_at: float | None = None
         self._last_frame_at = time.monotonic()
@@ -378,12 +378,14 @@ class H2Connection:
         """
         stream = _Stream(deserialize, body is None, 0)
         metadata = tuple(metadata)
-        key = (path, timeout if timeout is None else round(timeout, 1), metadata)
+        key = (path, metadata)
         block = self._header_cache.get(key)
         if block is None:
-            block = wire.request_headers(path, self._authority, self._scheme, timeout, metadata)
+            block = wire.request_headers(path, self._authority, self._scheme, None, metadata)
             if len(self._header_cache) < 256:
                 self._header_cache[key] = block
+        if timeout is not None:
+            block += wire.timeout_field(timeout)
         with self._send_lock:
             if not self.usable:
                 raise CallError(grpc.StatusCode.UNAVAILABLE,
@@ -395,7 +397,7 @@ class H2Connection:
                 self.going_away = True  # stream ids exhausted: the next call opens a new connection
             stream.send_window = self._initial_stream_window
             self._streams[stream.id] = stream
-            headers = wire.frame(FrameType.HEADERS, wire.END_HEADERS, stream.id, block)
+            headers = wire.header_frames(stream.id, block, self._max_frame)
             if body is None:
                 self._write(headers)
             else:
@@ -479,6 +481,7 @@ class H2Connection:
     # -- the reader thread -----------------------------------------------------------------------
     def _read_loop(self) -> None:
         try:
+            self._on_bytes(b"")  # frames that came with the server's settings
             while True:
                 chunk = self._wire.recv()
                 self._last_frame_at = time.monotonic()
@@ -487,6 +490,8 @@ class H2Connection:
                 self._on_bytes(chunk)
         except (OSError, WireError, ssl.SSLError, ValueError) as error:
             self._fail(f"connection to {self._authority} lost: {error}", grpc.StatusCode.UNAVAILABLE)
+        except CallError:
+            pass  # our own write failed (answering a PING or SETTINGS): _write failed every call already
         except Exception as error:  # a bug must not leave calls waiting forever
             log.exception("etcd HTTP/2 reader on %s: internal error", self._authority)
             self._fail(f"internal error on the connection to {self._authority}: {error!r}", grpc.StatusCode.INTERNAL)
@@ -507,14 +512,20 @@ class H2Connection:
                                f"{self._keepalive_timeout:g}s", grpc.StatusCode.UNAVAILABLE)
                     return
             elif self._streams and now - self._last_frame_at >= self._keepalive_time:
-                self._ping_sent_at = now
-                with self._send_lock:
-                    if self.error is not None:
-                        return
-                    try:
-                        self._write(wire.frame(FrameType.PING, 0, 0, b"etcdping"))
-                    except CallError:
-                        return
+                self.probe()
+
+    def probe(self) -> None:
+        """Ping the server unless a ping is out already; the watchdog drops the connection when
+        no answer comes within ``keepalive_timeout``. Called when a call timed out, so that a
+        silently dead connection is not reused by the retries."""
+        with self._send_lock:
+            if self.error is not None or self._ping_sent_at is not None:
+                return
+            self._ping_sent_at = time.monotonic()
+            try:
+                self._write(wire.frame(FrameType.PING, 0, 0, b"etcdping"))
+            except CallError:
+                pass  # the connection is failed now
 
     def _on_bytes(self, chunk: bytes) -> None:
         buffer = self._buffer
@@ -809,6 +820,7 @@ class _UnaryCallable:
         wait = -1 if deadline is None else max(deadline - time.monotonic(), 0.0)
         if not stream.done.acquire(timeout=wait):
             connection.reset(stream, grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+            connection.probe()
         if stream.code is not _OK:
             raise CallError(stream.code, stream.details)  # type: ignore[arg-type]
         if len(stream.messages) != 1:
@@ -834,6 +846,11 @@ class _StreamCallable:
         connection = self._channel.connection(timeout)
         stream = connection.start(self._method, metadata or (), timeout, self._deserialize, None)
         call = StreamCall(connection, stream, self._serialize)
+        if timeout is not None:  # enforced here too, as grpcio does (the server may never answer)
+            expiry = threading.Timer(timeout, connection.reset,
+                                     args=(stream, grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded"))
+            expiry.daemon = True
+            expiry.start()
         if isinstance(requests, RequestQueue):
             requests.attach(call.write)
         else:

@@ -172,6 +172,24 @@ def request_headers(
     return b"".join(_literal(name, value) for name, value in fields)
 
 
+def timeout_field(seconds: float) -> bytes:
+    """The ``grpc-timeout`` header field, to append to a block of :func:`request_headers` made
+    without a timeout (regular fields may come in any order after the pseudo-headers)."""
+    return _literal(b"grpc-timeout", grpc_timeout(seconds))
+
+
+def header_frames(stream_id: int, block: bytes, max_frame: int) -> bytes:
+    """A header block as one HEADERS frame, or HEADERS plus CONTINUATION frames when it is
+    larger than the peer's maximum frame size (RFC 9113 §4.3)."""
+    if len(block) <= max_frame:
+        return frame(FrameType.HEADERS, END_HEADERS, stream_id, block)
+    pieces = [block[start : start + max_frame] for start in range(0, len(block), max_frame)]
+    frames = [frame(FrameType.HEADERS, 0, stream_id, pieces[0])]
+    frames += [frame(FrameType.CONTINUATION, 0, stream_id, piece) for piece in pieces[1:-1]]
+    frames.append(frame(FrameType.CONTINUATION, END_HEADERS, stream_id, pieces[-1]))
+    return b"".join(frames)
+
+
 def grpc_timeout(seconds: float) -> bytes:
     """gRPC's ``grpc-timeout`` value: at most 8 digits and a unit (we use milliseconds or seconds)."""
     millis = max(int(seconds * 1000 + 0.999), 1)
@@ -193,7 +211,8 @@ class HeaderDecoder:
         self._cache: dict[bytes, dict[str, str]] = {}
 
     def decode(self, block: bytes) -> dict[str, str]:
-        """The block's fields as {name: value} (a repeated name keeps the last). Raises WireError."""
+        """The block's fields as {name: value} (a repeated name keeps the last); the dict may be
+        shared with later calls, so callers must not modify it. Raises WireError."""
         cached = self._cache.get(block)
         if cached is not None:
             return cached
