@@ -723,6 +723,7 @@ class NativeChannel:
         self._lock = threading.Lock()
         self._connection: H2Connection | None = None
         self._last_failure: tuple[float, ConnectFailure] | None = None
+        self._retired: list[H2Connection] = []  # replaced connections whose calls still run
         self._closed = False
 
     # grpc.Channel's factory methods, as the generated stubs call them
@@ -788,8 +789,12 @@ class NativeChannel:
                 else:
                     self._last_failure = None
                     old, self._connection = self._connection, connection
-                    if old is not None and old.open_calls == 0:
-                        old.close("replaced")
+                    if old is not None:
+                        if old.open_calls == 0:
+                            old.close("replaced")
+                        else:  # going away with calls still running: closed with the channel at the latest
+                            self._retired = [retired for retired in self._retired if retired.error is None]
+                            self._retired.append(old)
                     return connection
         raise CallError(grpc.StatusCode.UNAVAILABLE, f"{_NOT_SENT}; last error: {failure}")
 
@@ -797,18 +802,24 @@ class NativeChannel:
         """End the connection; calls in flight fail with CANCELLED and new ones are refused."""
         with self._lock:
             self._closed = True
-            connection, self._connection = self._connection, None
-        if connection is not None:
-            connection.close("the channel was closed")
+            connections = [self._connection, *self._retired]
+            self._connection, self._retired = None, []
+        for connection in connections:
+            if connection is not None:
+                connection.close("the channel was closed")
 
 
-class _UnaryCallable:
+class _Callable:
+    """One RPC method of a :class:`NativeChannel`, as a generated stub holds it."""
+
     def __init__(self, channel: NativeChannel, method: str, serialize: Callable | None, deserialize: Callable | None) -> None:
         self._channel = channel
         self._method = method
         self._serialize = serialize or (lambda message: message)
         self._deserialize = deserialize or (lambda data: data)
 
+
+class _UnaryCallable(_Callable):
     def __call__(self, request: Any, timeout: float | None = None, metadata: Iterable[tuple[str, str]] | None = None,
                  **_: Any) -> Any:
         """Send ``request`` and return the response. Raises CallError (a grpc.RpcError)."""
@@ -829,13 +840,7 @@ class _UnaryCallable:
         return self._deserialize(stream.messages[0])
 
 
-class _StreamCallable:
-    def __init__(self, channel: NativeChannel, method: str, serialize: Callable | None, deserialize: Callable | None) -> None:
-        self._channel = channel
-        self._method = method
-        self._serialize = serialize or (lambda message: message)
-        self._deserialize = deserialize or (lambda data: data)
-
+class _StreamCallable(_Callable):
     def __call__(self, requests: Iterable[Any], timeout: float | None = None,
                  metadata: Iterable[tuple[str, str]] | None = None, **_: Any) -> "StreamCall":
         """Open the call; ``requests`` is sent as it comes (directly, for a RequestQueue).
