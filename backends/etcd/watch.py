@@ -390,7 +390,7 @@ class WatchHub:
                 for response in stream.call:
                     self._handle(response, stream)
         except grpc.RpcError as error:
-            if self._stopped.is_set() or stream.renewing_token:
+            if self._stopped.is_set() or stream.renewing_token or self._connection.closed:
                 return
             translated = self._connection.translate(error, "watch", stream.channel, None)
             if isinstance(translated, BackendAuthError) and self._connection.config.user is not None:
@@ -481,6 +481,7 @@ class WatchHub:
                 return
             registrations = list(self._live)
             self._live.clear()
-        log.warning("etcd watches failed (%d watches): %s", len(registrations), error)
+        if registrations and not isinstance(error, BackendClosedError):  # closing is not news
+            log.warning("etcd watches failed (%d watches): %s", len(registrations), error)
         for registration in registrations:
             registration.fail(error)
