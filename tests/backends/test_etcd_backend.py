@@ -8,6 +8,8 @@ server-side limits, and the translation of gRPC errors.
 from __future__ import annotations
 
 import http.server
+import os
+import signal
 import socket
 import threading
 import time
@@ -125,6 +127,29 @@ def test_a_watch_resumes_after_an_etcd_restart_without_losing_or_repeating_event
     assert [(event.kv.key, event.revision) for event in events] == [
         (f"{prefix}{i}", rev) for i, rev in zip(range(3, 6), after, strict=True)
     ]
+
+
+@pytest.mark.parametrize("transport", ["builtin", "grpcio"])
+def test_a_paused_etcd_times_calls_out_and_the_client_and_its_watch_carry_on_once_it_resumes(
+    start_etcd, prefix, transport
+):
+    server = start_etcd()
+    with server.connect(transport=transport, request_timeout=1.0, dial_timeout=1.0) as backend:
+        watch = backend.watch_prefix(prefix)
+        first = backend.put(prefix + "a", b"1")
+        assert [event.revision for event in collect(watch, 1, timeout=5)] == [first]
+        os.kill(server.pid, signal.SIGSTOP)  # alive to TCP, silent to gRPC
+        try:
+            started = time.monotonic()
+            with pytest.raises(BackendTimeoutError):
+                backend.get(prefix + "a")
+            assert time.monotonic() - started < 3.0
+        finally:
+            os.kill(server.pid, signal.SIGCONT)
+        second = backend.put(prefix + "b", b"2")
+        assert backend.get(prefix + "b").kv.mod_revision == second
+        assert [event.revision for event in collect(watch, 1, timeout=10)] == [second]
+        watch.cancel()
 
 
 def test_a_watch_resuming_into_compacted_history_fails_with_compacted(client, prefix):
