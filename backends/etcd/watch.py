@@ -7,8 +7,10 @@ does. Why: in gRPC's Python client each open stream costs a blocked reader threa
 request thread, and gRPC wakes every blocked stream reader every 100 ms; with a stream per
 watch, a process hosting a few hundred rendezvous nodes spent its CPU on those wake-ups, not
 on etcd (profiled at 1024 simulated nodes). With one stream, a new watch is one request
-message and a cancel another; one reader thread routes every response by its watch id into
-that watch's :class:`~backends.api.QueueWatch`.
+message and a cancel another, and every response is routed by its watch id into that watch's
+:class:`~backends.api.QueueWatch`: on the built-in transport directly from the connection's
+reader thread (:meth:`~backends.etcd.transport.StreamCall.listen`), on grpcio by the hub's
+own thread iterating the stream. The hub's thread also reopens a broken stream either way.
 
 Routing: etcd answers creates in the order it received them (its server handles one stream's
 requests in order and sends create confirmations through one ordered control channel, and
