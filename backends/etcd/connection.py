@@ -96,7 +96,8 @@ class EndpointChannel(abc.ABC):
         self.watch = etcdrpc.WatchStub(channel)
         self.auth = etcdrpc.AuthStub(channel)
         self.token: str | None = None
-        self.auth_lock = threading.Lock()
+        self._token_lock = threading.Lock()  # held only to read or swap the token, never across a call
+        self.authenticating = threading.Lock()  # one Authenticate call at a time per endpoint
 
     def __str__(self) -> str:
         return str(self.endpoint)
@@ -110,9 +111,29 @@ class EndpointChannel(abc.ABC):
 
     def forget_token(self, stale: str | None) -> None:
         """Drop the token if it is still ``stale`` (another thread may have refreshed it)."""
-        with self.auth_lock:
+        with self._token_lock:
             if self.token == stale:
                 self.token = None
+
+    def token_or_authenticate(self, authenticate: Callable[[], str]) -> str:
+        """The current token, or a new one from ``authenticate()`` (one caller at a time does it).
+
+        The Authenticate call runs without the token lock: the built-in transport answers
+        calls from its reader thread, which may drop a stale token meanwhile (forget_token)
+        while handling a watch refused for auth; waiting for that lock there would block the
+        very reader that delivers the Authenticate response.
+        """
+        token = self.token
+        if token is not None:
+            return token
+        with self.authenticating:
+            with self._token_lock:
+                token = self.token
+            if token is None:
+                token = authenticate()
+                with self._token_lock:
+                    self.token = token
+            return token
 
     @abc.abstractmethod
     def close(self) -> None:
@@ -357,10 +378,7 @@ class EtcdConnection:
     def _auth_metadata(self, channel: EndpointChannel, timeout: float) -> tuple[tuple[str, str], ...]:
         if self.config.user is None:
             return ()
-        with channel.auth_lock:
-            if channel.token is None:
-                channel.token = self._authenticate(channel, timeout)
-            token = channel.token
+        token = channel.token_or_authenticate(lambda: self._authenticate(channel, timeout))
         return (("token", token),) if token else ()
 
     def _authenticate(self, channel: EndpointChannel, timeout: float) -> str:

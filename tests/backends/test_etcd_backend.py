@@ -536,6 +536,32 @@ def test_tls_with_ca_and_client_certificate_works_and_missing_pieces_give_clear_
     assert "https://" in str(refused.value)
 
 
+def test_dropping_a_stale_token_does_not_wait_for_an_authenticate_call_in_flight():
+    # The built-in transport's reader thread drops stale tokens (a watch refused for auth) and
+    # also delivers the Authenticate response: it must never wait for the authenticating caller.
+    from backends.endpoints import Endpoint
+    from backends.etcd.connection import BuiltinEndpointChannel
+
+    channel = BuiltinEndpointChannel(Endpoint("127.0.0.1", dead_port()), None, 1.0)
+    channel.token = "stale"
+    channel.forget_token("stale")
+    in_call, dropped = threading.Event(), threading.Event()
+
+    def authenticate() -> str:
+        in_call.set()
+        assert dropped.wait(5), "forget_token blocked behind the Authenticate call"
+        return "fresh"
+
+    with ThreadPoolExecutor(1) as pool:
+        token = pool.submit(channel.token_or_authenticate, authenticate)
+        assert in_call.wait(5)
+        channel.forget_token("older")  # from another thread while Authenticate is in flight
+        dropped.set()
+        assert token.result(timeout=5) == "fresh"
+    assert channel.token_or_authenticate(lambda: "unused") == "fresh"
+    channel.close()
+
+
 # -- limits, leases and conditional writes ------------------------------------------------------
 def test_values_over_the_client_limit_are_refused_before_sending():
     with EtcdBackend(EtcdConfig(f"127.0.0.1:{dead_port()}", max_value_bytes=10)) as backend:
