@@ -123,11 +123,15 @@ class ClaimResult:
         revision: the revision of the write (the put always applies).
         claimed: whether this call created the claim key.
         holder: the claim key after the operation: ours if ``claimed``, else the holder's.
+        count: how many keys were under the call's ``count_prefix`` right after the write
+            (None when it gave none). A rendezvous joiner learns from it that its join filled
+            the round.
     """
 
     revision: int
     claimed: bool
     holder: KeyValue
+    count: int | None = None
 
 
 @dataclass(frozen=True)
@@ -387,15 +391,17 @@ class KVBackend(abc.ABC):
         """
 
     def put_and_claim(
-        self, key: str, value: bytes, claim_key: str, claim_value: bytes, *, lease: int = NO_LEASE
+        self, key: str, value: bytes, claim_key: str, claim_value: bytes, *, lease: int = NO_LEASE,
+        count_prefix: str | None = None,
     ) -> ClaimResult:
         """Write ``key`` and, in the same step, create ``claim_key`` if it is absent; both on ``lease``.
 
         One round trip tells a joining node both that it joined and who holds the claim (the
         rendezvous closer), without a contended retry: the put applies whatever the claim's
-        state. Backends with transactions (etcd, the built-in store) do it atomically at one
-        revision; this default uses two writes, which is still correct for a claim whose holder
-        only has to exist (a crash between them leaves the claim to the next node).
+        state; with ``count_prefix`` it also tells how many keys are under that prefix after
+        the put. Backends with transactions (etcd, the built-in store) do it atomically at one
+        revision; this default uses two writes and a read, which is still correct for a claim
+        whose holder only has to exist (a crash between them leaves the claim to the next node).
 
         Raises:
             ValueTooLargeError: a value exceeds :attr:`max_value_bytes`.
@@ -404,8 +410,9 @@ class KVBackend(abc.ABC):
         revision = self.put(key, value, lease=lease)
         claim = self.put_if(claim_key, claim_value, ABSENT, lease=lease)
         if claim.current is None:  # the holder vanished between the two writes: claim again
-            return self.put_and_claim(key, value, claim_key, claim_value, lease=lease)
-        return ClaimResult(claim.revision if claim.applied else revision, claim.applied, claim.current)
+            return self.put_and_claim(key, value, claim_key, claim_value, lease=lease, count_prefix=count_prefix)
+        count = len(self.get_prefix(count_prefix).kvs) if count_prefix is not None else None
+        return ClaimResult(claim.revision if claim.applied else revision, claim.applied, claim.current, count)
 
     def put_if_and_delete(
         self, key: str, value: bytes, expected: int | Absent, delete_key: str, *, lease: int = NO_LEASE
@@ -436,8 +443,10 @@ class KVBackend(abc.ABC):
         *,
         lease: int = NO_LEASE,
         read_prefix: str,
+        count_prefix: str | None = None,
     ) -> GuardedClaimResult:
-        """:meth:`put_and_claim` if every guard holds, and in any case read ``read_prefix``.
+        """:meth:`put_and_claim` (with its ``count_prefix``) if every guard holds, and in any
+        case read ``read_prefix``.
 
         Why: a node that knows (or guesses) the current round joins it and reads the round's
         state in one round trip instead of two; a wrong guess writes nothing and returns the
@@ -453,7 +462,7 @@ class KVBackend(abc.ABC):
         for guard_key, expected in guards:
             if not revision_matches(self.get(guard_key).kv, expected):
                 return GuardedClaimResult(False, None, self.get_prefix(read_prefix))
-        claim = self.put_and_claim(key, value, claim_key, claim_value, lease=lease)
+        claim = self.put_and_claim(key, value, claim_key, claim_value, lease=lease, count_prefix=count_prefix)
         return GuardedClaimResult(True, claim, self.get_prefix(read_prefix))
 
     @abc.abstractmethod

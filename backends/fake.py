@@ -189,9 +189,10 @@ class FakeBackend(KVBackend):
         return self._call(lambda state: state.put_if(key, value, expected, lease))
 
     def put_and_claim(
-        self, key: str, value: bytes, claim_key: str, claim_value: bytes, *, lease: int = NO_LEASE
+        self, key: str, value: bytes, claim_key: str, claim_value: bytes, *, lease: int = NO_LEASE,
+        count_prefix: str | None = None,
     ) -> ClaimResult:
-        return self._call(lambda state: state.put_and_claim(key, value, claim_key, claim_value, lease))
+        return self._call(lambda state: state.put_and_claim(key, value, claim_key, claim_value, lease, count_prefix))
 
     def put_if_and_delete(
         self, key: str, value: bytes, expected: int | Absent, delete_key: str, *, lease: int = NO_LEASE
@@ -200,10 +201,10 @@ class FakeBackend(KVBackend):
 
     def put_and_claim_if(
         self, guards: Sequence[Guard], key: str, value: bytes, claim_key: str, claim_value: bytes, *,
-        lease: int = NO_LEASE, read_prefix: str,
+        lease: int = NO_LEASE, read_prefix: str, count_prefix: str | None = None,
     ) -> GuardedClaimResult:
         return self._call(lambda state: state.put_and_claim_if(guards, key, value, claim_key, claim_value, lease,
-                                                               read_prefix))
+                                                               read_prefix, count_prefix))
 
     def delete(self, key: str) -> WriteResult:
         return self._call(lambda state: state.delete(key))

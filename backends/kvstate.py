@@ -181,9 +181,11 @@ class KVState:
         return Outcome(WriteResult(True, revision, current), self._commit(events))
 
     def put_and_claim(
-        self, key: str, value: bytes, claim_key: str, claim_value: bytes, lease: int = NO_LEASE
+        self, key: str, value: bytes, claim_key: str, claim_value: bytes, lease: int = NO_LEASE,
+        count_prefix: str | None = None,
     ) -> Outcome[ClaimResult]:
-        """Write ``key`` and create ``claim_key`` if absent, at one revision (one etcd transaction).
+        """Write ``key`` and create ``claim_key`` if absent, at one revision (one etcd transaction);
+        with ``count_prefix``, count the keys under it after the writes.
 
         Raises:
             ValueTooLargeError: a value exceeds :attr:`max_value_bytes`.
@@ -199,11 +201,12 @@ class KVState:
         if claimed:
             events.append(self._store(claim_key, claim_value, lease, revision))
             holder = events[-1].kv
-        return Outcome(ClaimResult(revision, claimed, holder), self._commit(events))  # type: ignore[arg-type]
+        count = self._count_under(count_prefix) if count_prefix is not None else None
+        return Outcome(ClaimResult(revision, claimed, holder, count), self._commit(events))  # type: ignore[arg-type]
 
     def put_and_claim_if(
         self, guards: Sequence[Guard], key: str, value: bytes, claim_key: str, claim_value: bytes,
-        lease: int = NO_LEASE, read_prefix: str = "",
+        lease: int = NO_LEASE, read_prefix: str = "", count_prefix: str | None = None,
     ) -> Outcome[GuardedClaimResult]:
         """:meth:`put_and_claim` if every guard holds; read ``read_prefix`` after, in the same step.
 
@@ -214,7 +217,7 @@ class KVState:
         for guard_key, expected in guards:
             if not self._matches(guard_key, expected):
                 return Outcome(GuardedClaimResult(False, None, self.get_prefix(read_prefix)))
-        outcome = self.put_and_claim(key, value, claim_key, claim_value, lease)
+        outcome = self.put_and_claim(key, value, claim_key, claim_value, lease, count_prefix)
         return Outcome(GuardedClaimResult(True, outcome.result, self.get_prefix(read_prefix)), outcome.events)
 
     def delete(self, key: str) -> Outcome[WriteResult]:
@@ -335,6 +338,14 @@ class KVState:
         self._trim_history()
 
     # -- internals ----------------------------------------------------------------------------
+    def _count_under(self, prefix: str) -> int:
+        """How many keys start with ``prefix`` (two bisections of the sorted keys)."""
+        keys = self._sorted_keys
+        start = bisect.bisect_left(keys, prefix)
+        if not prefix:
+            return len(keys) - start
+        return bisect.bisect_left(keys, prefix[:-1] + chr(ord(prefix[-1]) + 1), start) - start
+
     def _keys_under(self, prefix: str) -> Iterable[str]:
         keys = self._sorted_keys
         index = bisect.bisect_left(keys, prefix)

@@ -139,9 +139,11 @@ class EtcdBackend(KVBackend):
         return self._put_if(key, value, expected, lease, delete_key)
 
     def put_and_claim(
-        self, key: str, value: bytes, claim_key: str, claim_value: bytes, *, lease: int = NO_LEASE
+        self, key: str, value: bytes, claim_key: str, claim_value: bytes, *, lease: int = NO_LEASE,
+        count_prefix: str | None = None,
     ) -> ClaimResult:
-        """One transaction: put ``key``; create ``claim_key`` if its create revision is 0, else read it.
+        """One transaction: put ``key``; create ``claim_key`` if its create revision is 0, else read
+        it; with ``count_prefix``, count the keys under it (a count-only range, O(1) to send).
 
         Never resent after an unknown outcome (as put_if).
 
@@ -149,15 +151,15 @@ class EtcdBackend(KVBackend):
             ValueTooLargeError: a value exceeds :attr:`max_value_bytes`.
             LeaseNotFoundError: ``lease`` does not exist.
         """
-        request = self._claim_txn(key, value, claim_key, claim_value, lease)
+        request = self._claim_txn(key, value, claim_key, claim_value, lease, count_prefix)
         response = self._call(
             f"put {key!r} and claim {claim_key!r}", lambda c, o: c.kv.Txn(request, **o.kwargs), resend_safe=False
         )
-        return _claim_result(response, response.header.revision, claim_key, claim_value, lease)
+        return _claim_result(response, response.header.revision, claim_key, claim_value, lease, count_prefix)
 
     def put_and_claim_if(
         self, guards: Sequence[Guard], key: str, value: bytes, claim_key: str, claim_value: bytes, *,
-        lease: int = NO_LEASE, read_prefix: str,
+        lease: int = NO_LEASE, read_prefix: str, count_prefix: str | None = None,
     ) -> GuardedClaimResult:
         """One transaction: if the guards hold, the put-and-claim transaction (nested); then read ``read_prefix``.
 
@@ -169,7 +171,7 @@ class EtcdBackend(KVBackend):
         """
         raw_read = encode_key(read_prefix)
         read = etcdrpc.RequestOp(request_range=etcdrpc.RangeRequest(key=raw_read, range_end=prefix_range_end(raw_read)))
-        claim = etcdrpc.RequestOp(request_txn=self._claim_txn(key, value, claim_key, claim_value, lease))
+        claim = etcdrpc.RequestOp(request_txn=self._claim_txn(key, value, claim_key, claim_value, lease, count_prefix))
         request = etcdrpc.TxnRequest(
             compare=[_revision_compare(encode_key(guard_key), expected) for guard_key, expected in guards],
             success=[claim, read],
@@ -184,20 +186,29 @@ class EtcdBackend(KVBackend):
         read_result = RangeResult(revision=revision, kvs=tuple(key_value(kv) for kv in ranged.kvs))
         if not response.succeeded:
             return GuardedClaimResult(False, None, read_result)
-        claimed = _claim_result(response.responses[0].response_txn, revision, claim_key, claim_value, lease)
+        claimed = _claim_result(response.responses[0].response_txn, revision, claim_key, claim_value, lease,
+                                count_prefix)
         return GuardedClaimResult(True, claimed, read_result)
 
-    def _claim_txn(self, key: str, value: bytes, claim_key: str, claim_value: bytes, lease: int) -> Any:
-        """Put ``key``; create ``claim_key`` if its create revision is 0, else read it."""
+    def _claim_txn(
+        self, key: str, value: bytes, claim_key: str, claim_value: bytes, lease: int, count_prefix: str | None
+    ) -> Any:
+        """Put ``key``; create ``claim_key`` if its create revision is 0, else read it; then count
+        the keys under ``count_prefix`` if given (the last response of either branch)."""
         raw_claim = encode_key(claim_key)
         put = etcdrpc.RequestOp(
             request_put=etcdrpc.PutRequest(key=encode_key(key), value=self._checked(key, value), lease=lease)
         )
         claim = etcdrpc.PutRequest(key=raw_claim, value=self._checked(claim_key, claim_value), lease=lease)
+        counting = []
+        if count_prefix is not None:
+            raw_count = encode_key(count_prefix)
+            counting.append(etcdrpc.RequestOp(request_range=etcdrpc.RangeRequest(
+                key=raw_count, range_end=prefix_range_end(raw_count), count_only=True)))
         return etcdrpc.TxnRequest(
             compare=[_revision_compare(raw_claim, ABSENT)],
-            success=[put, etcdrpc.RequestOp(request_put=claim)],
-            failure=[put, etcdrpc.RequestOp(request_range=etcdrpc.RangeRequest(key=raw_claim))],
+            success=[put, etcdrpc.RequestOp(request_put=claim), *counting],
+            failure=[put, etcdrpc.RequestOp(request_range=etcdrpc.RangeRequest(key=raw_claim)), *counting],
         )
 
     def delete(self, key: str) -> WriteResult:
@@ -313,14 +324,17 @@ class EtcdBackend(KVBackend):
         return bytes(value)
 
 
-def _claim_result(response: Any, revision: int, claim_key: str, claim_value: bytes, lease: int) -> ClaimResult:
+def _claim_result(
+    response: Any, revision: int, claim_key: str, claim_value: bytes, lease: int, count_prefix: str | None
+) -> ClaimResult:
     """The ClaimResult of a :meth:`EtcdBackend._claim_txn` response applied at ``revision``."""
+    count = int(response.responses[2].response_range.count) if count_prefix is not None else None
     if response.succeeded:
-        return ClaimResult(revision, True, KeyValue(claim_key, bytes(claim_value), revision, revision, 1, lease))
+        return ClaimResult(revision, True, KeyValue(claim_key, bytes(claim_value), revision, revision, 1, lease), count)
     holder = first_key_value(response.responses[1].response_range.kvs)
     if holder is None:  # cannot happen: the comparison saw the claim at this revision
         raise BackendError(f"etcd reported {claim_key!r} as held but returned no holder.")
-    return ClaimResult(revision, False, holder)
+    return ClaimResult(revision, False, holder, count)
 
 
 def _revision_compare(raw_key: bytes, expected: int | Absent) -> Any:

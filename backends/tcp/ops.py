@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, NamedTuple, Sequence
 
-from backends.api import ABSENT, WatchEvent, WriteResult
+from backends.api import ABSENT, ClaimResult, WatchEvent, WriteResult
 from backends.errors import ProtocolError
 from backends.kvstate import KVState
 from backends.tcp.protocol import kv_to_wire
@@ -101,12 +101,23 @@ def _put_claim(state: KVState, header: dict[str, Any], payload: bytes) -> Reply:
     if "g" in header:
         return _put_claim_if(state, header, payload, split)
     outcome = state.put_and_claim(
-        field(header, "k", str), payload[:split], field(header, "ck", str), payload[split:], field(header, "l", int, 0)
+        field(header, "k", str), payload[:split], field(header, "ck", str), payload[split:], field(header, "l", int, 0),
+        _count_prefix(header),
     )
-    result = outcome.result
     parts: list[bytes] = []
-    holder = kv_to_wire(result.holder, parts)
-    return Reply({"r": result.revision, "c": result.claimed, "kv": holder}, parts, outcome.events)
+    return Reply(_claim_fields(outcome.result, parts), parts, outcome.events)
+
+
+def _count_prefix(header: dict[str, Any]) -> str | None:
+    return field(header, "cp", str) if "cp" in header else None
+
+
+def _claim_fields(claim: ClaimResult, parts: list[bytes]) -> dict[str, Any]:
+    """The reply fields of a put-and-claim: revision, claimed, holder and (if asked) the count."""
+    fields: dict[str, Any] = {"r": claim.revision, "c": claim.claimed, "kv": kv_to_wire(claim.holder, parts)}
+    if claim.count is not None:
+        fields["cnt"] = claim.count
+    return fields
 
 
 def _put_claim_if(state: KVState, header: dict[str, Any], payload: bytes, split: int) -> Reply:
@@ -118,13 +129,13 @@ def _put_claim_if(state: KVState, header: dict[str, Any], payload: bytes, split:
         guards.append((item[0], ABSENT if item[1] is None else item[1]))
     outcome = state.put_and_claim_if(
         guards, field(header, "k", str), payload[:split], field(header, "ck", str), payload[split:],
-        field(header, "l", int, 0), field(header, "rp", str),
+        field(header, "l", int, 0), field(header, "rp", str), _count_prefix(header),
     )
     result = outcome.result
     parts: list[bytes] = []
     reply: dict[str, Any] = {"a": result.applied}
     if result.claim is not None:
-        reply.update(r=result.claim.revision, c=result.claim.claimed, kv=kv_to_wire(result.claim.holder, parts))
+        reply.update(_claim_fields(result.claim, parts))
     reply.update(rr=result.read.revision, kvs=[kv_to_wire(kv, parts) for kv in result.read.kvs])
     return Reply(reply, parts, outcome.events)
 

@@ -74,6 +74,18 @@ def decide_close(joined: int, min_nodes: int, max_nodes: int, deadline: float | 
     return CloseDecision(CloseAction.WAIT, reason=f"{joined} of at least {min_nodes} nodes joined")
 
 
+def join_fills_round(count: int | None, max_nodes: int) -> bool:
+    """Whether the join that left ``count`` joiners in the round (None: not counted) filled it.
+
+    That joiner closes the round itself, at once, instead of waiting for the closer to see its
+    join through a watch: a hop less on every full round, and no dependence on how soon the
+    closer's watch delivers (etcd serves a watch registered just behind a write from a catch-up
+    loop that runs every 100 ms). The closer may close too; the compare-and-swap picks one.
+    Only the join that reached ``max_nodes`` exactly does it; later ones are spares.
+    """
+    return count is not None and count == max_nodes
+
+
 # -- ranks -----------------------------------------------------------------------------------
 def assign_ranks(
     previous: RoundRecord | None, joiners: Sequence[Joiner], max_nodes: int

@@ -57,6 +57,7 @@ from elastic.rendezvous.decisions import (
     assign_ranks,
     barrier_outcome,
     decide_close,
+    join_fills_round,
     last_call_deadline,
 )
 from elastic.rendezvous.errors import (
@@ -156,6 +157,7 @@ class RendezvousHandler:
         self._joined_key: str | None = None
         self._join_value = b""
         self._claimed_key: str | None = None
+        self._claimed_at = 0  # the create revision of our closer claim
         self._last_round: RoundRecord | None = None
         self._last_round_revision = 0  # the mod revision of the round record of _last_round
         self._lock = threading.RLock()
@@ -310,35 +312,42 @@ class RendezvousHandler:
         # The first join is optimistic: the round we expect to form next, guarded by the round
         # record we expect, in the same step as the state read (one round trip instead of two).
         state_watch = self._open_state_watch()
-        state, closer = self._join_expected_round()
+        state, joined = self._join_expected_round()
         while True:
             if state.closed:
                 raise RendezvousClosedError(
                     f"The rendezvous {self.settings.run_id} is closed; no new round will form", state.closed_reason
                 )
             forming = state.round.round + 1 if state.round else 0
-            if closer is None:
-                closer = self._put_join_key(forming)
+            if joined is None:
+                joined = self._put_join_key(forming)
+            closer = joined.holder
             try:
-                record, revision = self._wait_for_round(forming, state, state_watch, closer, deadline)
+                closed = None
+                if join_fills_round(joined.count, self.settings.max_nodes) and not self._is_mine(closer):
+                    closed = self._try_close(forming, state)  # our join filled the round: close it now
+                if closed is None:
+                    closed = self._wait_for_round(forming, state, state_watch, closer, deadline)
+                record, revision = closed
             except _JoinKeyLost as lost:
                 log.warning("Rendezvous %s: node %s lost its join key for round %d (%s); joining again",
                             self.settings.run_id, self.node_id, forming, lost)
-                state, closer = self._read_state(), None
+                state, joined = self._read_state(), None
                 continue
             rank = record.rank_of(self.node_id)
             if rank is not None:
                 return self._included(record, rank, revision)
             log.info("Rendezvous %s: round %d closed without node %s; waiting for round %d",
                      self.settings.run_id, record.round, self.node_id, record.round + 1)
-            state, closer = self._read_state(), None
+            state, joined = self._read_state(), None
 
-    def _join_expected_round(self) -> tuple[_StateView, KeyValue | None]:
+    def _join_expected_round(self) -> tuple[_StateView, ClaimResult | None]:
         """Join the round expected to form next if the round record is the one we expect, and read ``state/``.
 
         The expectation is the round this node was last in (its mod revision), or no round at
-        all for a node that never joined. Returns the state and the closer's claim; the claim
-        is None when the expectation was wrong, in which case nothing was written.
+        all for a node that never joined. Returns the state and the join's result (the closer's
+        claim and the joiners counted); None when the expectation was wrong, in which case
+        nothing was written.
         """
         if self._last_round is None:
             forming, expected = 0, ABSENT
@@ -346,15 +355,14 @@ class RendezvousHandler:
             forming, expected = self._last_round.round + 1, self._last_round_revision
         guards = [(self.keys.round, expected), (self.keys.closed, ABSENT)]
         result = self._write_join(forming, lambda key, value, claim_key, lease: self._backend.put_and_claim_if(
-            guards, key, value, claim_key, value, lease=lease, read_prefix=self.keys.state_prefix))
-        state = self._state_from(result.read)
-        return state, (result.claim.holder if result.claim is not None else None)
+            guards, key, value, claim_key, value, lease=lease, read_prefix=self.keys.state_prefix,
+            count_prefix=self.keys.nodes_prefix(forming)))
+        return self._state_from(result.read), result.claim
 
-    def _put_join_key(self, forming: int) -> KeyValue:
-        """Join round ``forming`` and claim its closer if unclaimed; returns the closer's claim."""
-        result = self._write_join(forming, lambda key, value, claim_key, lease: self._backend.put_and_claim(
-            key, value, claim_key, value, lease=lease))
-        return result.holder
+    def _put_join_key(self, forming: int) -> ClaimResult:
+        """Join round ``forming`` and claim its closer if unclaimed; returns the claim and the joiners counted."""
+        return self._write_join(forming, lambda key, value, claim_key, lease: self._backend.put_and_claim(
+            key, value, claim_key, value, lease=lease, count_prefix=self.keys.nodes_prefix(forming)))
 
     def _write_join(self, forming: int, write: Callable[[str, bytes, str, int], _JoinWrite]) -> _JoinWrite:
         """Run ``write(key, value, claim_key, lease)``, a join of round ``forming``, on a live lease.
@@ -399,9 +407,11 @@ class RendezvousHandler:
         claim_key = self.keys.closer(forming)
         while True:
             if self._is_mine(closer):
-                self._claimed_key = claim_key
+                self._claimed_key, self._claimed_at = claim_key, closer.create_revision
                 closed = self._close_round(forming, state, deadline)
-                self._release_claim()  # nothing to do when our own compare-and-swap dropped it
+                if closed[0].round == forming and self._claimed_at < closed[1]:
+                    self._claimed_key = None  # every close of a round deletes its claim in the same step
+                self._release_claim()  # so this only deletes a claim on a round closed past us
                 return closed
             closed = self._await_close_or_closer_loss(state_watch, forming, state.revision, closer, deadline)
             if closed is not None:

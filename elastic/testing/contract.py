@@ -198,6 +198,38 @@ class BackendContract:
         assert len({result.holder.value for result in results}) == 1
         assert len(backend.get_prefix(prefix + "nodes/").kvs) == 16
 
+    def test_put_and_claim_counts_the_keys_under_count_prefix_after_its_write(self, backend, prefix):
+        nodes = prefix + "nodes/"
+        backend.put(prefix + "nodesX", b"outside the prefix")  # a sibling that must not count
+        first = backend.put_and_claim(nodes + "a", b"a", prefix + "claim", b"by-a", count_prefix=nodes)
+        again = backend.put_and_claim(nodes + "a", b"a2", prefix + "claim", b"by-a")  # same key: no new one
+        second = backend.put_and_claim(nodes + "b", b"b", prefix + "claim", b"by-b", count_prefix=nodes)
+        assert (first.count, again.count, second.count) == (1, None, 2)
+        assert first.claimed and not second.claimed  # counting changes nothing else
+        guarded = backend.put_and_claim_if([(prefix + "round", ABSENT)], nodes + "c", b"c", prefix + "claim",
+                                           b"by-c", read_prefix=prefix + "state/", count_prefix=nodes)
+        assert guarded.applied and guarded.claim.count == 3 and not guarded.claim.claimed
+        missed = backend.put_and_claim_if([(prefix + "round", 99)], nodes + "d", b"d", prefix + "claim",
+                                          b"by-d", read_prefix=prefix + "state/", count_prefix=nodes)
+        assert not missed.applied and missed.claim is None
+
+    def test_every_one_of_16_racing_put_and_claims_gets_a_distinct_count_from_1_to_16(self, backend, prefix):
+        barrier = threading.Barrier(16)
+
+        def join(index: int):
+            barrier.wait()
+            return backend.put_and_claim(prefix + f"nodes/{index}", b"x", prefix + "claim", b"c",
+                                         count_prefix=prefix + "nodes/")
+
+        with ThreadPoolExecutor(16) as pool:
+            counts = sorted(result.count for result in pool.map(join, range(16)))
+        # Native implementations count at the write's revision: each sees a distinct total. The
+        # base class's step-by-step default counts after its writes, so racing joins may see the
+        # same later total; the last to count still sees all 16.
+        assert counts[-1] == 16 and all(1 <= count <= 16 for count in counts)
+        if type(backend).put_and_claim is not KVBackend.put_and_claim:
+            assert counts == list(range(1, 17))
+
     def test_put_and_claim_on_an_unknown_lease_writes_nothing(self, backend, prefix):
         lease = backend.grant(30)
         backend.revoke(lease.id)

@@ -13,6 +13,7 @@ from elastic.rendezvous.decisions import (
     assign_ranks,
     classify,
     decide_close,
+    join_fills_round,
     last_call_deadline,
     waiting_counts,
 )
@@ -148,3 +149,17 @@ def test_waiting_nodes_are_tracked_through_puts_and_deletes():
 )
 def test_waiting_counts(world, maximum, waiting, expected):
     assert waiting_counts(view(world, maximum), waiting) == expected
+
+
+@pytest.mark.parametrize(
+    "count, max_nodes, fills",
+    [
+        (4, 4, True),  # this join brought the round to its maximum
+        (3, 4, False),  # more may come (the closer decides, after the last call)
+        (5, 4, False),  # a spare: the round was already full
+        (1, 1, True),  # a one-node job closes on its own join
+        (None, 4, False),  # the backend did not count
+    ],
+)
+def test_only_the_join_that_reaches_max_nodes_fills_the_round(count, max_nodes, fills):
+    assert join_fills_round(count, max_nodes) is fills

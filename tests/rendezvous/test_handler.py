@@ -83,6 +83,58 @@ def test_at_max_nodes_the_round_closes_at_once(make_node):
     assert time.monotonic() - started < 5.0
 
 
+class _JoinsUnseen:
+    """A watch that never delivers join keys (``.../rounds/...``): a closer whose watch lags."""
+
+    def __init__(self, watch):
+        self._watch = watch
+
+    def get(self, timeout=None):
+        return [event for event in self._watch.get(timeout) if "/rounds/" not in event.kv.key]
+
+    def __getattr__(self, name):
+        return getattr(self._watch, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self._watch.cancel()
+
+
+class _CloserThatMissesJoins:
+    """A backend whose watches on the whole run (the closer's) never show joins; all else passes through."""
+
+    def __init__(self, backend, run_root):
+        self._backend = backend
+        self._run_root = run_root
+
+    def watch_prefix(self, prefix, start_revision=None):
+        watch = self._backend.watch_prefix(prefix, start_revision)
+        return _JoinsUnseen(watch) if prefix == self._run_root else watch
+
+    def __getattr__(self, name):
+        return getattr(self._backend, name)
+
+
+def test_the_join_that_fills_the_round_closes_it_even_when_the_closer_never_sees_it(make_node):
+    closer = make_node(3, 3, join_timeout=20.0, last_call_timeout=30.0)
+    closer._backend = _CloserThatMissesJoins(closer._backend, closer.keys.root)
+    with ThreadPoolExecutor(1) as pool:
+        closer_info = pool.submit(closer.next_rendezvous)
+        deadline = time.monotonic() + 10
+        while closer._joined_key is None and time.monotonic() < deadline:
+            time.sleep(0.01)  # the first joiner claims the closer
+        assert closer._joined_key is not None
+        started = time.monotonic()
+        others = rendezvous_all([make_node(3, 3, join_timeout=20.0) for _ in range(2)])
+        infos = [closer_info.result(timeout=10), *others]
+    assert time.monotonic() - started < 5.0  # not the closer's join timeout
+    assert sorted(info.group_rank for info in infos) == [0, 1, 2]
+    assert closer.backend_writes == 2  # lease and join: it never closed, and its claim went with the close
+    assert closer._backend.get(closer.keys.closer(0)).kv is None
+
+
 def test_the_join_timeout_raises_on_time(make_node):
     handler = make_node(2, 2, join_timeout=1.5)
     started = time.monotonic()
