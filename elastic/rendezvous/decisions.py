@@ -63,9 +63,21 @@ def last_call_deadline(
     return previous if previous is not None else now + last_call_timeout
 
 
-def decide_close(joined: int, min_nodes: int, max_nodes: int, deadline: float | None, now: float) -> CloseDecision:
-    """Close at ``max_nodes`` at once, or at ``min_nodes`` once the last-call window has passed."""
+def decide_close(
+    joined: int, min_nodes: int, max_nodes: int, deadline: float | None, now: float,
+    full_since: float | None = None, fill_grace: float = 0.0,
+) -> CloseDecision:
+    """Close at ``max_nodes``, or at ``min_nodes`` once the last-call window has passed.
+
+    At ``max_nodes`` the closer leaves the close to the join that filled the round (see
+    :func:`join_fills_round`) for ``fill_grace`` seconds after it saw the round full
+    (``full_since``; None: close at once). Why: both would read every join and race their
+    compare-and-swaps; the grace only matters when that joiner failed before closing.
+    """
     if joined >= max_nodes:
+        if full_since is not None and now < full_since + fill_grace:
+            return CloseDecision(CloseAction.WAIT, wait_until=full_since + fill_grace,
+                                 reason="the join that filled the round closes it")
         return CloseDecision(CloseAction.CLOSE, reason=f"{joined} nodes joined, the maximum")
     if joined >= min_nodes and deadline is not None:
         if now >= deadline:

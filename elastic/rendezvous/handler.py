@@ -324,7 +324,7 @@ class RendezvousHandler:
             closer = joined.holder
             try:
                 closed = None
-                if join_fills_round(joined.count, self.settings.max_nodes) and not self._is_mine(closer):
+                if join_fills_round(joined.count, self.settings.max_nodes):
                     closed = self._try_close(forming, state)  # our join filled the round: close it now
                 if closed is None:
                     closed = self._wait_for_round(forming, state, state_watch, closer, deadline)
@@ -470,14 +470,23 @@ class RendezvousHandler:
         """The closer's loop: watch joins, decide, and close with one compare-and-swap."""
         with self._watch(self.keys.root) as watch:  # from now, then read: see _join_until_included
             read = self._backend.get_prefix(self.keys.nodes_prefix(forming))
+            already = self._backend.get(self.keys.round).kv  # the join that filled it may have closed it
+            if already is not None and (record := records.decode_round(already.key, already.value)).round >= forming:
+                return record, already.mod_revision
             joined = {joiner.node_id: joiner for joiner in map(_joiner, read.kvs)}
             seen_revision = read.revision
             last_call: float | None = None
+            full_since: float | None = None
             while True:
                 now = self._clock()
                 last_call = last_call_deadline(last_call, len(joined), self.settings.min_nodes, now,
                                                self.settings.last_call_timeout)
-                decision = decide_close(len(joined), self.settings.min_nodes, self.settings.max_nodes, last_call, now)
+                if len(joined) < self.settings.max_nodes:
+                    full_since = None
+                elif full_since is None:
+                    full_since = now
+                decision = decide_close(len(joined), self.settings.min_nodes, self.settings.max_nodes, last_call, now,
+                                        full_since, self.settings.lease_ttl)
                 if decision.action is CloseAction.CLOSE:
                     closed = self._try_close(forming, state)
                     if closed is not None:

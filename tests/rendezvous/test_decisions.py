@@ -44,6 +44,7 @@ def members(*nodes):
     ],
 )
 def test_decide_close(joined, minimum, maximum, deadline, now, action, wait_until):
+    # (Without full_since: the closer closes at the maximum at once.)
     decision = decide_close(joined, minimum, maximum, deadline, now)
     assert decision.action is action
     assert decision.wait_until == wait_until
@@ -163,3 +164,18 @@ def test_waiting_counts(world, maximum, waiting, expected):
 )
 def test_only_the_join_that_reaches_max_nodes_fills_the_round(count, max_nodes, fills):
     assert join_fills_round(count, max_nodes) is fills
+
+
+@pytest.mark.parametrize(
+    "joined, full_since, now, action, wait_until",
+    [
+        (4, 10.0, 10.0, CloseAction.WAIT, 15.0),  # just full: the join that filled it closes it
+        (4, 10.0, 14.9, CloseAction.WAIT, 15.0),
+        (4, 10.0, 15.0, CloseAction.CLOSE, None),  # it did not: the closer does
+        (5, 10.0, 20.0, CloseAction.CLOSE, None),
+        (3, None, 20.0, CloseAction.WAIT, 32.0),  # below the maximum the last call rules
+    ],
+)
+def test_at_the_maximum_the_closer_waits_the_fill_grace_before_closing(joined, full_since, now, action, wait_until):
+    decision = decide_close(joined, 2, 4, 32.0 if joined < 4 else None, now, full_since, fill_grace=5.0)
+    assert (decision.action, decision.wait_until) == (action, wait_until)

@@ -135,6 +135,38 @@ def test_the_join_that_fills_the_round_closes_it_even_when_the_closer_never_sees
     assert closer._backend.get(closer.keys.closer(0)).kv is None
 
 
+class _Uncounted:
+    """A backend that does not count joiners: its node never learns that its join filled a round."""
+
+    def __init__(self, backend):
+        self._backend = backend
+
+    def put_and_claim(self, *args, count_prefix=None, **kwargs):
+        return self._backend.put_and_claim(*args, **kwargs)
+
+    def put_and_claim_if(self, *args, count_prefix=None, **kwargs):
+        return self._backend.put_and_claim_if(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._backend, name)
+
+
+def test_when_the_join_that_filled_the_round_does_not_close_it_the_closer_does_after_a_lease_ttl(make_node):
+    closer = make_node(2, 2, join_timeout=20.0)
+    with ThreadPoolExecutor(1) as pool:
+        closer_info = pool.submit(closer.next_rendezvous)
+        deadline = time.monotonic() + 10
+        while closer._joined_key is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        filler = make_node(2, 2, join_timeout=20.0)
+        filler._backend = _Uncounted(filler._backend)
+        started = time.monotonic()
+        infos = [filler.next_rendezvous(), closer_info.result(timeout=20)]
+    assert TTL - 0.1 <= time.monotonic() - started < TTL + 3.0  # the closer's grace, then its close
+    assert sorted(info.group_rank for info in infos) == [0, 1]
+    assert closer.backend_writes == 3 and filler.backend_writes == 2
+
+
 def test_the_join_timeout_raises_on_time(make_node):
     handler = make_node(2, 2, join_timeout=1.5)
     started = time.monotonic()
