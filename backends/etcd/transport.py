@@ -422,8 +422,20 @@ class H2Connection:
 
     def _flush(self, stream: _Stream, prefix: bytes = b"") -> None:
         """Send ``prefix`` and as much of ``stream``'s outbox as the windows allow (under _send_lock)."""
-        frames = [prefix] if prefix else []
         outbox = stream.outbox
+        size = len(outbox)
+        if 0 < size <= self._max_frame and size <= self._send_window and size <= stream.send_window:
+            # The common case: the whole outbox in one DATA frame.
+            self._send_window -= size
+            stream.send_window -= size
+            last = stream.end_pending
+            stream.local_end = stream.local_end or last
+            data = wire.frame(_DATA, wire.END_STREAM if last else 0, stream.id, bytes(outbox))
+            outbox.clear()
+            self._blocked.discard(stream)
+            self._write(prefix + data if prefix else data)
+            return
+        frames = [prefix] if prefix else []
         while outbox:
             room = min(self._send_window, stream.send_window, self._max_frame)
             if room <= 0:
@@ -434,12 +446,12 @@ class H2Connection:
             self._send_window -= len(chunk)
             stream.send_window -= len(chunk)
             last = stream.end_pending and not outbox
-            frames.append(wire.frame(FrameType.DATA, wire.END_STREAM if last else 0, stream.id, chunk))
+            frames.append(wire.frame(_DATA, wire.END_STREAM if last else 0, stream.id, chunk))
             stream.local_end = stream.local_end or last
         else:
             self._blocked.discard(stream)
             if stream.end_pending and not stream.local_end:
-                frames.append(wire.frame(FrameType.DATA, wire.END_STREAM, stream.id))
+                frames.append(wire.frame(_DATA, wire.END_STREAM, stream.id))
                 stream.local_end = True
         if frames:
             self._write(b"".join(frames))

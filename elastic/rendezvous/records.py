@@ -28,24 +28,25 @@ FORMAT_VERSION = 1
 
 @dataclass(frozen=True)
 class RendezvousKeys:
-    """Where one run's rendezvous lives in the store."""
+    """Where one run's rendezvous lives in the store. The fixed keys are computed once (the
+    handler compares every watch event with them)."""
 
     namespace: str
     run_id: str
 
-    @property
+    @functools.cached_property
     def root(self) -> str:
         return f"{self.namespace.rstrip('/')}/{self.run_id}/"
 
-    @property
+    @functools.cached_property
     def state_prefix(self) -> str:
         return self.root + "state/"
 
-    @property
+    @functools.cached_property
     def round(self) -> str:
         return self.state_prefix + "round"
 
-    @property
+    @functools.cached_property
     def closed(self) -> str:
         return self.state_prefix + "closed"
 
@@ -53,7 +54,7 @@ class RendezvousKeys:
         """The claim of the node that closes round ``round_number``."""
         return f"{self.state_prefix}closer/{round_number}"
 
-    @property
+    @functools.cached_property
     def rounds_prefix(self) -> str:
         """Every round's keys (join and done keys), without ``state/``."""
         return self.root + "rounds/"
