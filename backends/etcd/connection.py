@@ -147,8 +147,6 @@ class BuiltinEndpointChannel(EndpointChannel):
         super().__init__(endpoint, NativeChannel(endpoint, tls, dial_timeout=dial_timeout))
 
     def dial(self, timeout: float) -> bool:
-        if self.channel.connected:
-            return True
         return self.channel.dial(timeout)
 
     def close(self) -> None:
@@ -168,10 +166,6 @@ class GrpcioEndpointChannel(EndpointChannel):
         self._state = grpc.ChannelConnectivity.IDLE
         self._state_changed = threading.Condition()
         self.channel.subscribe(self._on_state, try_to_connect=False)
-
-    @property
-    def state(self) -> grpc.ChannelConnectivity:
-        return self._state
 
     def dial(self, timeout: float) -> bool:
         if self._state in (_READY, _FAILED):

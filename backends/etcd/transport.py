@@ -215,12 +215,12 @@ class _Stream:
     __slots__ = ("id", "deserialize", "assembler", "headers", "send_window", "received", "messages",
                  "done", "code", "details", "streaming", "local_end", "outbox", "end_pending", "listener", "on_end")
 
-    def __init__(self, deserialize: Callable[[bytes], Any], streaming: bool, send_window: int) -> None:
-        self.id = 0
+    def __init__(self, deserialize: Callable[[bytes], Any], streaming: bool) -> None:
+        self.id = 0  # id and send window are set when the connection opens the stream
         self.deserialize = deserialize
         self.assembler = wire.MessageAssembler()
         self.headers: dict[str, str] | None = None
-        self.send_window = send_window
+        self.send_window = 0
         self.received = 0
         self.streaming = streaming
         self.messages: Any = queue.SimpleQueue() if streaming else []
@@ -337,14 +337,15 @@ class H2Connection:
         except OSError as error:
             _close_socket(sock)
             raise ConnectFailure(f"socket closed during setup ({error})") from error
-        kind, flags, stream_id, payload, leftover = greeting
+        payload, leftover = greeting
         self._apply_settings(wire.parse_settings(payload))
         pipe.send(wire.frame(FrameType.SETTINGS, wire.ACK, 0))
         sock.settimeout(None)  # blocking from now on; the watchdog detects a dead peer
         return pipe, leftover
 
     @staticmethod
-    def _read_greeting(pipe: Any) -> tuple[int, int, int, bytes, bytes]:
+    def _read_greeting(pipe: Any) -> tuple[bytes, bytes]:
+        """The payload of the server's first frame (its SETTINGS) and the bytes that followed it."""
         data = b""
         while len(data) < wire.FRAME_HEADER_BYTES or len(data) < wire.FRAME_HEADER_BYTES + int.from_bytes(data[:3], "big"):
             chunk = pipe.recv()
@@ -358,7 +359,7 @@ class H2Connection:
                 raise ConnectFailure(f"the server does not speak HTTP/2: it answered {data[:40]!r}")
         length = int.from_bytes(data[:3], "big")
         end = wire.FRAME_HEADER_BYTES + length
-        return data[3], data[4], 0, data[wire.FRAME_HEADER_BYTES:end], data[end:]
+        return data[wire.FRAME_HEADER_BYTES:end], data[end:]
 
     # -- calls ---------------------------------------------------------------------------------
     @property
@@ -376,7 +377,7 @@ class H2Connection:
         Raises:
             CallError: UNAVAILABLE "failed to connect..." when the connection is gone (not sent).
         """
-        stream = _Stream(deserialize, body is None, 0)
+        stream = _Stream(deserialize, body is None)
         metadata = tuple(metadata)
         key = (path, metadata)
         block = self._header_cache.get(key)

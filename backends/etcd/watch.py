@@ -340,24 +340,18 @@ class WatchHub:
 
     def _await_first_response(self, stream: WatchStream, answered: threading.Event, timeout: float) -> None:
         """The built-in transport's :meth:`_first_response`: responses are handled as they arrive."""
-        if answered.wait(timeout) and not stream.call.ended:
-            return
+        answered.wait(timeout)
         if stream.call.ended:
-            if stream.call.wait_end(0):  # raises the call's error, if it failed
-                raise BackendConnectionError(
-                    f"etcd at {stream.channel} closed the watch stream before confirming a watch."
-                )
-            return
-        stream.expire()
-        raise BackendTimeoutError(f"etcd at {stream.channel} did not confirm a watch within {timeout:.3g}s.")
+            stream.call.wait_end(0)  # raises the call's error, if it failed
+            raise BackendConnectionError(f"etcd at {stream.channel} closed the watch stream before confirming a watch.")
+        if not answered.is_set():
+            stream.expire()
+            raise BackendTimeoutError(f"etcd at {stream.channel} did not confirm a watch within {timeout:.3g}s.")
 
     def _on_response(self, response: Any, stream: WatchStream, answered: threading.Event) -> None:
         """A response of the built-in transport, on its reader thread (see StreamCall.listen)."""
         try:
-            with self._lock:
-                current = self._stream is stream
-            if current:
-                self._handle(response, stream)
+            self._handle(response, stream)
         except Exception:  # a bug must not end the connection's reader
             log.exception("etcd watch stream: internal error while handling a response")
             stream.call.cancel()
@@ -410,6 +404,8 @@ class WatchHub:
         """Route one response to its watch (see the module docstring for the matching rule)."""
         failed: tuple[WatchRegistration, BackendError] | None = None
         with self._lock:
+            if self._stream is not stream:
+                return  # a replaced stream: its watches resume on the new one from their own revisions
             if response.created:
                 if not stream.pending:
                     log.warning("etcd at %s confirmed watch %d that was never asked for", stream.channel,

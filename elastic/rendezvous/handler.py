@@ -9,11 +9,13 @@ Protocol (DESIGN §3), per round ``r`` of one run:
    join is one transaction: if the round record is the one the node expects (none, or the
    round it was last in), join the next round; either way read ``state/``. A wrong guess
    writes nothing and the node joins the round the read shows.
-3. The same write claims ``state/closer/<r>`` if nobody holds it: that node is the *closer*. It
-   alone watches every join; it closes the round at ``max_nodes``, or at ``min_nodes`` once the
-   last-call window has passed, with a single compare-and-swap on ``state/round`` recording the
-   members read at one revision. Everyone else watches only ``state/``, where they see the
-   round close, or the closer's claim vanish with its lease (then they claim it again).
+3. The same write claims ``state/closer/<r>`` if nobody holds it: that node is the *closer*,
+   and counts the round's joiners. The join whose count reaches ``max_nodes`` closes the round
+   at once; below the maximum the closer, which alone watches every join, closes it at
+   ``min_nodes`` once the last-call window has passed (and at the maximum only if the filling
+   joiner did not within a lease TTL). A close is a single compare-and-swap on ``state/round``
+   recording the members read at one revision. Everyone else watches only ``state/``, where
+   they see the round close, or the closer's claim vanish with its lease (then they claim it).
 4. A node not in the closed round moves to round ``r + 1`` and is *waiting*; members see it
    through their :class:`~elastic.rendezvous.monitor.MembershipMonitor` and restart.
 5. A member whose lease vanishes deletes its key; every member's monitor sees the DELETE.
@@ -157,7 +159,6 @@ class RendezvousHandler:
         self._joined_key: str | None = None
         self._join_value = b""
         self._claimed_key: str | None = None
-        self._claimed_at = 0  # the create revision of our closer claim
         self._last_round: RoundRecord | None = None
         self._last_round_revision = 0  # the mod revision of the round record of _last_round
         self._lock = threading.RLock()
@@ -407,9 +408,9 @@ class RendezvousHandler:
         claim_key = self.keys.closer(forming)
         while True:
             if self._is_mine(closer):
-                self._claimed_key, self._claimed_at = claim_key, closer.create_revision
+                self._claimed_key = claim_key
                 closed = self._close_round(forming, state, deadline)
-                if closed[0].round == forming and self._claimed_at < closed[1]:
+                if closed[0].round == forming and closer.create_revision < closed[1]:
                     self._claimed_key = None  # every close of a round deletes its claim in the same step
                 self._release_claim()  # so this only deletes a claim on a round closed past us
                 return closed
@@ -469,12 +470,10 @@ class RendezvousHandler:
     def _close_round(self, forming: int, state: _StateView, deadline: float) -> tuple[RoundRecord, int]:
         """The closer's loop: watch joins, decide, and close with one compare-and-swap."""
         with self._watch(self.keys.root) as watch:  # from now, then read: see _join_until_included
-            read = self._backend.get_prefix(self.keys.nodes_prefix(forming))
+            joined, seen_revision = self._read_joiners(forming)
             already = self._backend.get(self.keys.round).kv  # the join that filled it may have closed it
             if already is not None and (record := records.decode_round(already.key, already.value)).round >= forming:
                 return record, already.mod_revision
-            joined = {joiner.node_id: joiner for joiner in map(_joiner, read.kvs)}
-            seen_revision = read.revision
             last_call: float | None = None
             full_since: float | None = None
             while True:
