@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 from backends.api import EventType, WatchEvent
-from elastic.rendezvous.records import Member, RendezvousKeys, RoundRecord, decode_round
+from elastic.rendezvous.records import DEFAULT_ROLE, Member, RendezvousKeys, RoundRecord, decode_round
 
 
 @dataclass(frozen=True)
@@ -23,9 +23,13 @@ class Joiner:
     addr: str
     master_port: int
     join_revision: int
+    local_world_size: int = 1
+    role: str = DEFAULT_ROLE
+    failed_round: int | None = None
+    """The round in which this node's own workers failed, if that is why it joins again."""
 
     def as_member(self) -> Member:
-        return Member(self.node_id, self.addr, self.master_port)
+        return Member(self.node_id, self.addr, self.master_port, self.local_world_size, self.role)
 
 
 # -- who closes the round --------------------------------------------------------------------
@@ -118,6 +122,26 @@ def assign_ranks(
     return tuple(joiner.as_member() for joiner in ordered[:max_nodes]), tuple(ordered[max_nodes:])
 
 
+# -- the restart count ---------------------------------------------------------------------
+def agreed_restart_count(previous: RoundRecord | None, members: Sequence[Joiner]) -> int:
+    """The restart count of the attempt that round closing with ``members`` starts.
+
+    Decided once, by the closer, and written into the round record, so every rank of an
+    attempt sees the same ``TORCHELASTIC_RESTART_COUNT`` (deciding it per node made nodes
+    disagree: the node whose worker died counted a failure, its peer a membership change).
+    Restarts caused by worker failures count; membership changes do not. A round counts one
+    failure restart when a member reports that its own workers failed in the previous round
+    and every member of the previous round is back; if a member is missing, the failures were
+    most likely the consequence of its loss (its peers' collectives broke) and nothing counts.
+    """
+    if previous is None:
+        return 0
+    failed = any(joiner.failed_round == previous.round for joiner in members)
+    present = {joiner.node_id for joiner in members}
+    everyone_back = all(member.node_id in present for member in previous.members)
+    return previous.restart_count + (1 if failed and everyone_back else 0)
+
+
 # -- what a change under a closed round means ------------------------------------------------
 class MembershipChange(enum.Enum):
     """Why a closed round's members should restart into the next round.
@@ -152,7 +176,7 @@ def waiting_counts(view: RoundView, waiting_ids: Iterable[str]) -> int:
     waiting = set(waiting_ids) - {view.node_id}
     rejoining = waiting & member_ids
     newcomers = waiting - member_ids
-    room = view.record.world_size < view.max_nodes
+    room = view.record.group_world_size < view.max_nodes
     return len(rejoining) + (len(newcomers) if room else 0)
 
 

@@ -9,8 +9,14 @@ Key layout under ``<namespace>/<run_id>/``::
     rounds/<r>/nodes/<node>  JoinRecord of a node that wants to be in round r (lease-bound)
     rounds/<r>/done/<node>   a member whose workers finished (the exit barrier; lease-bound)
 
-Every value is ``{"v": 1, ...}``; anything else read from the store raises
-:class:`RendezvousStateError` naming the key and how to clear it.
+Every value is ``{"v": 2, ...}``; anything else read from the store raises
+:class:`RendezvousStateError` naming the key and how to clear it. Version 2 added each node's
+local world size and role, the join's failure report and the round's agreed restart count:
+a version-1 agent would compute ranks from its own flags, so the versions never mix.
+
+The round record is the one source of truth for what workers see (DESIGN §3.9): every
+member derives its ranks, the world size, the master and the restart count from it alone
+(:meth:`RoundRecord.layout_of`), so they are equal on every rank of an attempt.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from typing import Any
 
 from elastic.rendezvous.errors import RendezvousStateError
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -92,13 +98,21 @@ class RendezvousKeys:
         return int(parts[0]), parts[2]
 
 
+DEFAULT_ROLE = "default"
+
+
 @dataclass(frozen=True)
 class JoinRecord:
-    """What a node publishes when it joins a round: who it is and where its workers can meet."""
+    """What a node publishes when it joins a round: who it is, where its workers can meet,
+    how many workers it runs in which role, and whether its own workers failed in the round
+    it leaves (``failed_round``; the closer turns that into the agreed restart count)."""
 
     node_id: str
     addr: str
     master_port: int
+    local_world_size: int = 1
+    role: str = DEFAULT_ROLE
+    failed_round: int | None = None
 
 
 @dataclass(frozen=True)
@@ -108,29 +122,77 @@ class Member:
     node_id: str
     addr: str
     master_port: int
+    local_world_size: int = 1
+    role: str = DEFAULT_ROLE
+
+
+@dataclass(frozen=True)
+class NodeLayout:
+    """Where one member's workers sit in the attempt's world, as torchrun's
+    ``_assign_worker_ranks`` places them: global ranks are the cumulative local world sizes in
+    group-rank order, role ranks the same among the members of one role.
+
+    Worker ``i`` of the node has ``RANK = base_rank + i`` and ``ROLE_RANK = role_base_rank + i``.
+    """
+
+    group_rank: int
+    group_world_size: int
+    local_world_size: int
+    base_rank: int
+    world_size: int
+    role: str
+    role_base_rank: int
+    role_world_size: int
 
 
 @dataclass(frozen=True)
 class RoundRecord:
-    """A closed round: its number, its members in group-rank order, and the store revision at
-    which the member list was read (members watch for departures from just after it)."""
+    """A closed round: its number, its members in group-rank order, the store revision at
+    which the member list was read (members watch for departures from just after it), and the
+    restart count agreed for the attempt it starts (restarts caused by worker failures)."""
 
     round: int
     members: tuple[Member, ...]
     members_revision: int = 0
+    restart_count: int = 0
+
+    @property
+    def group_world_size(self) -> int:
+        """How many nodes are members."""
+        return len(self.members)
 
     @property
     def world_size(self) -> int:
-        return len(self.members)
+        """How many workers the attempt has: the sum of the members' local world sizes."""
+        return self._layouts[1]
 
     def rank_of(self, node_id: str) -> int | None:
         """The group rank of ``node_id``, or None if it is not a member. O(1)."""
         return self._ranks.get(node_id)
 
+    def layout_of(self, node_id: str) -> NodeLayout | None:
+        """Where ``node_id``'s workers sit in the world, or None if it is not a member."""
+        rank = self.rank_of(node_id)
+        return None if rank is None else self._layouts[0][rank]
+
     @functools.cached_property
     def _ranks(self) -> dict[str, int]:
         # Monitors look up every DELETE under the run; at 1000 members a scan per event adds up.
         return {member.node_id: rank for rank, member in enumerate(self.members)}
+
+    @functools.cached_property
+    def _layouts(self) -> tuple[tuple[NodeLayout, ...], int]:
+        world = sum(member.local_world_size for member in self.members)
+        role_sizes: dict[str, int] = {}
+        for member in self.members:
+            role_sizes[member.role] = role_sizes.get(member.role, 0) + member.local_world_size
+        layouts, base, role_bases = [], 0, dict.fromkeys(role_sizes, 0)
+        for rank, member in enumerate(self.members):
+            layouts.append(NodeLayout(rank, len(self.members), member.local_world_size, base, world, member.role,
+                                      role_bases[member.role], role_sizes[member.role]))
+            base += member.local_world_size
+            role_bases[member.role] += member.local_world_size
+        return tuple(layouts), world
 
 
 @dataclass(frozen=True)
@@ -141,12 +203,17 @@ class ClosedRecord:
 
 
 def encode_join(record: JoinRecord) -> bytes:
-    return _dump({"node": record.node_id, "addr": record.addr, "port": record.master_port})
+    body: dict[str, Any] = {"node": record.node_id, "addr": record.addr, "port": record.master_port,
+                            "lws": record.local_world_size, "role": record.role}
+    if record.failed_round is not None:
+        body["failed"] = record.failed_round
+    return _dump(body)
 
 
 def encode_round(record: RoundRecord) -> bytes:
-    members = [[member.node_id, member.addr, member.master_port] for member in record.members]
-    return _dump({"round": record.round, "members": members, "read_at": record.members_revision})
+    members = [[m.node_id, m.addr, m.master_port, m.local_world_size, m.role] for m in record.members]
+    return _dump({"round": record.round, "members": members, "read_at": record.members_revision,
+                  "restarts": record.restart_count})
 
 
 def encode_closed(record: ClosedRecord) -> bytes:
@@ -157,9 +224,14 @@ def decode_join(key: str, raw: bytes) -> JoinRecord:
     """Raises RendezvousStateError when ``raw`` is not a valid v1 join record."""
     body = _load(key, raw)
     node, addr, port = body.get("node"), body.get("addr"), body.get("port")
+    lws, role, failed = body.get("lws"), body.get("role"), body.get("failed")
     if not (isinstance(node, str) and node and isinstance(addr, str) and _is_port(port)):
         raise _corrupt(key, "a join record needs a node id, an address and a port")
-    return JoinRecord(node, addr, port)
+    if not (_is_count(lws) and lws > 0 and isinstance(role, str) and role):
+        raise _corrupt(key, "a join record needs a local world size >= 1 and a role")
+    if failed is not None and not _is_count(failed):
+        raise _corrupt(key, "a join record's failed round must be a round number")
+    return JoinRecord(node, addr, port, lws, role, failed)
 
 
 def decode_round(key: str, raw: bytes) -> RoundRecord:
@@ -182,22 +254,27 @@ _decoding = threading.Lock()
 def _decode_round_bytes(key: str, raw: bytes) -> RoundRecord:
     body = _load(key, raw)
     number, members, read_at = body.get("round"), body.get("members"), body.get("read_at", 0)
-    if not (_is_count(number) and _is_count(read_at) and isinstance(members, list)):
-        raise _corrupt(key, "a round record needs a round number >= 0, a member list and a read revision")
+    restarts = body.get("restarts")
+    if not (_is_count(number) and _is_count(read_at) and _is_count(restarts) and isinstance(members, list)
+            and members):
+        raise _corrupt(key, "a round record needs a round number >= 0, a non-empty member list, a read "
+                            "revision and a restart count")
     decoded = []
     append = decoded.append
+    shape = "[node id, address, port, local world size, role]"
     for entry in members:
         # The checks of _is_port inlined (type() is int also rules out bool): this loop runs
         # once per member, and function calls here were most of the decoding time.
-        if type(entry) is not list or len(entry) != 3:
-            raise _corrupt(key, f"member entry {entry!r} is not [node id, address, port]")
-        node_id, addr, port = entry
-        if type(node_id) is not str or type(addr) is not str or type(port) is not int or not 0 < port < 65536:
-            raise _corrupt(key, f"member entry {entry!r} is not [node id, address, port]")
-        append(Member(node_id, addr, port))
+        if type(entry) is not list or len(entry) != 5:
+            raise _corrupt(key, f"member entry {_quote(entry)} is not {shape}")
+        node_id, addr, port, lws, role = entry
+        if (type(node_id) is not str or type(addr) is not str or type(port) is not int or not 0 < port < 65536
+                or type(lws) is not int or lws < 1 or type(role) is not str or not role):
+            raise _corrupt(key, f"member entry {_quote(entry)} is not {shape}")
+        append(Member(node_id, addr, port, lws, role))
     if len({member.node_id for member in decoded}) != len(decoded):
         raise _corrupt(key, "a node is listed twice")
-    return RoundRecord(number, tuple(decoded), read_at)
+    return RoundRecord(number, tuple(decoded), read_at, restarts)
 
 
 def decode_closed(key: str, raw: bytes) -> ClosedRecord:
@@ -234,6 +311,12 @@ def _corrupt(key: str, problem: str) -> RendezvousStateError:
         f"The rendezvous state at {key!r} is corrupt: {problem}. Delete the key (for etcd: "
         f"`etcdctl del {key}`) or start the job with a new --rdzv-id."
     )
+
+
+def _quote(value: object, limit: int = 100) -> str:
+    """``repr(value)`` cut to ``limit`` characters: an error message never carries a whole entry."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _is_port(value: object) -> bool:

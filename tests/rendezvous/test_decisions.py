@@ -10,6 +10,7 @@ from elastic.rendezvous.decisions import (
     MembershipChange,
     MonitorState,
     RoundView,
+    agreed_restart_count,
     assign_ranks,
     classify,
     decide_close,
@@ -179,3 +180,27 @@ def test_only_the_join_that_reaches_max_nodes_fills_the_round(count, max_nodes, 
 def test_at_the_maximum_the_closer_waits_the_fill_grace_before_closing(joined, full_since, now, action, wait_until):
     decision = decide_close(joined, 2, 4, 32.0 if joined < 4 else None, now, full_since, fill_grace=5.0)
     assert (decision.action, decision.wait_until) == (action, wait_until)
+
+
+# -- the agreed restart count -------------------------------------------------------------------
+def _previous(restarts, *ids):
+    return RoundRecord(4, tuple(Member(node, "h", 1) for node in ids), restart_count=restarts)
+
+
+def _joiners(*specs):
+    """(node id, failed round or None) per joiner."""
+    return [Joiner(node, "h", 1, index, failed_round=failed) for index, (node, failed) in enumerate(specs)]
+
+
+@pytest.mark.parametrize("previous, members, expected, why", [
+    (None, _joiners(("a", None), ("b", None)), 0, "the first round starts at 0"),
+    (_previous(0, "a", "b"), _joiners(("a", 4), ("b", None)), 1, "a worker of a failed, everyone came back"),
+    (_previous(0, "a", "b"), _joiners(("a", 4), ("b", 4)), 1, "both failed in one round: one restart"),
+    (_previous(2, "a", "b"), _joiners(("a", None), ("b", None)), 2, "a membership change (someone waited)"),
+    (_previous(2, "a", "b"), _joiners(("a", 4)), 2, "b is gone: a's failure was its consequence"),
+    (_previous(2, "a", "b"), _joiners(("a", 4), ("c", None)), 2, "b was replaced by c: not counted"),
+    (_previous(1, "a", "b"), _joiners(("a", 4), ("b", None), ("c", None)), 2, "a newcomer does not hide a failure"),
+    (_previous(1, "a", "b"), _joiners(("a", 3), ("b", None)), 1, "a failure report from an older round is stale"),
+])
+def test_the_closer_decides_one_restart_count_for_every_member(previous, members, expected, why):
+    assert agreed_restart_count(previous, members) == expected, why
