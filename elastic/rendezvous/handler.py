@@ -33,7 +33,7 @@ import socket
 import threading
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, TypeVar
 
 from backends.api import (
@@ -56,6 +56,7 @@ from elastic.rendezvous.decisions import (
     Joiner,
     MembershipChange,
     RoundView,
+    agreed_restart_count,
     assign_ranks,
     barrier_outcome,
     decide_close,
@@ -69,7 +70,8 @@ from elastic.rendezvous.errors import (
     RendezvousTimeoutError,
 )
 from elastic.rendezvous.monitor import MembershipMonitor
-from elastic.rendezvous.records import JoinRecord, Member, RendezvousKeys, RoundRecord
+from elastic.rendezvous.ports import PortReservation, reserve_port
+from elastic.rendezvous.records import DEFAULT_ROLE, JoinRecord, Member, NodeLayout, RendezvousKeys, RoundRecord
 from elastic.rendezvous.settings import RendezvousSettings
 
 log = logging.getLogger(__name__)
@@ -77,7 +79,15 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class RendezvousInfo:
-    """The result of a completed round, as this node sees it."""
+    """The result of a completed round, as this node sees it.
+
+    Everything here comes from the round record, so every member sees the same world, master
+    and restart count. ``layout`` places this node's workers (None from handlers that know no
+    local world sizes, e.g. the static one: ranks are then ``group_rank * nproc + local_rank``).
+    ``master_listener`` is the listening socket of the master port when this node is group rank
+    0 (see :mod:`elastic.rendezvous.ports`): the caller owns it and must hand it to the store's
+    host or close it.
+    """
 
     run_id: str
     round: int
@@ -86,6 +96,9 @@ class RendezvousInfo:
     master_addr: str
     master_port: int
     members: tuple[Member, ...]
+    restart_count: int = 0
+    layout: NodeLayout | None = None
+    master_listener: socket.socket | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -103,17 +116,6 @@ class _StateView:
         return self.closed_reason is not None
 
 
-def free_port(addr: str) -> int:
-    """A TCP port free right now on ``addr`` (the OS picks it), for this round's MASTER_PORT."""
-    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        try:
-            probe.bind((addr, 0))
-        except OSError:
-            probe.bind(("", 0))
-        return probe.getsockname()[1]
-
-
 def default_node_id() -> str:
     """A node id unique per handler: host, pid and a random suffix (no '/')."""
     host = socket.gethostname().replace("/", "_") or "node"
@@ -128,7 +130,10 @@ class RendezvousHandler:
         backend: an open key-value backend; the handler does not close it unless ``owns_backend``.
         release: called once on :meth:`shutdown` (e.g. closes the backend and an embedded store).
         node_addr: the address other nodes use to reach this one (rank 0's becomes MASTER_ADDR).
-        clock: monotonic clock (injectable); port_picker: chooses this node's master port per round.
+        local_world_size, role: this node's workers (``--nproc-per-node``, ``--role``), published
+            with every join so the round record can place every worker of every node.
+        clock: monotonic clock (injectable); port_reserver: listens on this node's master port
+            for a join (see :mod:`elastic.rendezvous.ports`).
 
     Every public method raises only :class:`~elastic.rendezvous.errors.RendezvousError` subclasses.
     """
@@ -142,9 +147,15 @@ class RendezvousHandler:
         node_id: str | None = None,
         owns_backend: bool = False,
         release: Callable[[], None] | None = None,
+        local_world_size: int = 1,
+        role: str = DEFAULT_ROLE,
         clock: Callable[[], float] = time.monotonic,
-        port_picker: Callable[[str], int] = free_port,
+        port_reserver: Callable[[str], PortReservation] = reserve_port,
     ) -> None:
+        if local_world_size < 1:
+            raise ValueError(f"The local world size ({local_world_size}) must be at least 1.")
+        if not role:
+            raise ValueError("The role must not be empty.")
         self.settings = settings
         self.node_id = node_id or default_node_id()
         self.node_addr = node_addr
@@ -153,7 +164,11 @@ class RendezvousHandler:
         self._owns_backend = owns_backend
         self._release = release
         self._clock = clock
-        self._port_picker = port_picker
+        self._port_reserver = port_reserver
+        self.local_world_size = local_world_size
+        self.role = role
+        self._reservation: PortReservation | None = None  # the master port our current join publishes
+        self._failed_round: int | None = None  # set by report_failure(), sent with the next join
         self._session: Session | None = None
         self._monitor: MembershipMonitor | None = None
         self._joined_key: str | None = None
@@ -199,6 +214,12 @@ class RendezvousHandler:
                      info.run_id, self.node_id, info.group_rank, info.group_world_size, info.round,
                      info.master_addr, info.master_port)
             return info
+
+    def report_failure(self) -> None:
+        """Say that this node's own workers failed in the current round; the next join carries
+        it, and the closer counts it into the agreed restart count. No I/O."""
+        if self._last_round is not None:
+            self._failed_round = self._last_round.round
 
     def is_closed(self) -> bool:
         """Whether the rendezvous was closed for good. Raises RendezvousConnectionError."""
@@ -299,6 +320,7 @@ class RendezvousHandler:
             if self._session is not None:
                 self._session.close(revoke=True)
                 self._session = None
+            self._drop_reservation()
             if self._owns_backend:
                 self._backend.close()
             if self._release is not None:
@@ -371,7 +393,14 @@ class RendezvousHandler:
         A join that applied replaces this node's join key of an earlier round (deleted).
         """
         key = self.keys.node(forming, self.node_id)
-        value = records.encode_join(JoinRecord(self.node_id, self.node_addr, self._port_picker(self.node_addr)))
+        self._drop_reservation()
+        try:
+            self._reservation = self._port_reserver(self.node_addr)
+        except OSError as error:
+            raise RendezvousError(f"Rendezvous {self.settings.run_id}: node {self.node_id} cannot listen on a "
+                                  f"master port on {self.node_addr}: {error}") from error
+        value = records.encode_join(JoinRecord(self.node_id, self.node_addr, self._reservation.port,
+                                               self.local_world_size, self.role, self._failed_round))
         claim_key = self.keys.closer(forming)
         self._join_value = value
         try:
@@ -522,7 +551,9 @@ class RendezvousHandler:
         members, spares = assign_ranks(state.round, joiners, self.settings.max_nodes)
         if len(members) < self.settings.min_nodes:
             return None
-        record = RoundRecord(forming, members, read.revision)
+        member_ids = {member.node_id for member in members}
+        restarts = agreed_restart_count(state.round, [j for j in joiners if j.node_id in member_ids])
+        record = RoundRecord(forming, members, read.revision, restarts)
         expected = state.round_kv.mod_revision if state.round_kv is not None else ABSENT
         # The close drops our closer claim at the same revision: each member's state/ watch
         # gets the round record and the claim's DELETE in one message.
@@ -553,9 +584,15 @@ class RendezvousHandler:
         if session is not None:
             monitor = self._monitor
             session.on_lost(lambda reason: monitor.signal(MembershipChange.MEMBER_LOST, f"this node's lease was lost: {reason}"))
+        self._failed_round = None
+        reservation, self._reservation = self._reservation, None
+        listener = reservation.take() if reservation is not None and rank == 0 else None
+        if reservation is not None:
+            reservation.close()
         master = record.members[0]
-        return RendezvousInfo(self.settings.run_id, record.round, rank, record.world_size,
-                              master.addr, master.master_port, record.members)
+        return RendezvousInfo(self.settings.run_id, record.round, rank, record.group_world_size,
+                              master.addr, master.master_port, record.members, record.restart_count,
+                              record.layout_of(self.node_id), listener)
 
     # -- helpers --------------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -628,6 +665,11 @@ class RendezvousHandler:
             self._joined_key = None
         return self._session
 
+    def _drop_reservation(self) -> None:
+        reservation, self._reservation = self._reservation, None
+        if reservation is not None:
+            reservation.close()
+
     def _stop_monitor(self) -> None:
         if self._monitor is not None:
             self._monitor.stop()
@@ -646,6 +688,7 @@ class RendezvousHandler:
             log.warning("Rendezvous %s: could not delete %s: %s (it goes with our lease)", self.settings.run_id, claim, error)
 
     def _leave_quietly(self) -> None:
+        self._drop_reservation()
         self._release_claim()
         if self._joined_key is None:
             return
@@ -678,4 +721,5 @@ class _JoinKeyLost(Exception):
 
 def _joiner(kv: KeyValue) -> Joiner:
     record = records.decode_join(kv.key, kv.value)
-    return Joiner(record.node_id, record.addr, record.master_port, kv.create_revision)
+    return Joiner(record.node_id, record.addr, record.master_port, kv.create_revision, record.local_world_size,
+                  record.role, record.failed_round)

@@ -176,8 +176,12 @@ def create_handler(
     node_addr: str,
     *,
     node_rank: int | None = None,
+    local_world_size: int = 1,
+    role: str = "default",
 ):
     """Build the handler for ``--rdzv-backend backend_name``; the handler owns what it opened.
+
+    ``local_world_size`` and ``role`` describe this node's workers (published with its joins).
 
     Raises:
         RendezvousConfigError: unknown backend, malformed endpoint or option.
@@ -194,5 +198,6 @@ def create_handler(
         return StaticRendezvousHandler(settings.run_id, settings.max_nodes, node_rank,
                                        master.host if master else "127.0.0.1", master.port if master else 29500)
     opened = open_backend(backend_name, endpoint, settings.backend_options)
-    return RendezvousHandler(settings, opened.backend, node_addr, release=opened.release)
+    return RendezvousHandler(settings, opened.backend, node_addr, release=opened.release,
+                             local_world_size=local_world_size, role=role)
 

@@ -73,9 +73,12 @@ class RendezvousSettings:
     backend_options: Mapping[str, str] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
-        if not self.run_id or not re.fullmatch(r"[A-Za-z0-9._\-]+", self.run_id):
+        # A plain name: it becomes a store key segment and a log directory, so '.' and '..'
+        # (which would name the log root or its parent) are refused too.
+        if not self.run_id or not re.fullmatch(r"[A-Za-z0-9._\-]+", self.run_id) or not self.run_id.strip("."):
             raise RendezvousConfigError(
-                f"The run id ({self.run_id!r}) must be non-empty and use only letters, digits, '.', '_' and '-'."
+                f"The run id ({self.run_id[:100]!r}) must be a plain name: letters, digits, '.', '_' and '-', "
+                f"not only dots."
             )
         if self.min_nodes < 1:
             raise RendezvousConfigError(f"The minimum number of nodes ({self.min_nodes}) must be at least 1.")
