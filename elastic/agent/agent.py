@@ -4,9 +4,11 @@ The loop: rendezvous → start the worker group → watch it and the membership 
 :func:`elastic.agent.decisions.decide` → restart, finish (exit barrier) or give up. The
 membership signal comes from the rendezvous watch, so survivors blocked in a collective are
 stopped within the lease TTL of a peer's death, not after a collective timeout. A worker
-failure restarts the group at once, and counts against ``--max-restarts`` only if the next
-round still has every member of the last one (else it was a dead peer's consequence). The agent
-never imports torch.
+failure restarts the group at once; this node's next join reports it, and the round's closer
+counts it against ``--max-restarts`` only if the next round still has every member of the
+last one (else it was a dead peer's consequence). Every member reads the count from the round
+record, so all agree on it (:func:`elastic.rendezvous.decisions.agreed_restart_count`). The
+agent never imports torch.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from elastic.agent.decisions import AgentAction, AgentView, decide
 from elastic.agent.events import Event, EventLog, RestartCause
 from elastic.agent.failures import first_failure, signal_name
 from elastic.agent.metrics import AgentMetrics
+from elastic.agent.store_host import StoreHost, StoreHostError
+from elastic.agent.worker_env import python_executable
 from elastic.agent.workers import GroupState, GroupStatus, WorkerGroup, WorkerStartError
 from elastic.launch.config import LaunchConfig
 from elastic.rendezvous.decisions import MembershipChange
@@ -69,6 +73,7 @@ class ElasticAgent:
         lease_ttl: float = 0.0,
         console: IO | None = None,
         clock: Callable[[], float] = time.monotonic,
+        store_host: StoreHost | None = None,
     ) -> None:
         self.config = config
         self.handler = handler
@@ -82,8 +87,12 @@ class ElasticAgent:
         self._last_group: WorkerGroup | None = None
         self.restarts_used = 0
         self._unsettled: _UnsettledFailure | None = None
+        self._membership_restart = False
         self.attempt = 0
         self.healthy = True
+        self.node_id: str = getattr(handler, "node_id", host)
+        self._store_host = store_host
+        self._store_host_failed = False
 
     # -- the loop -------------------------------------------------------------------------------
     def run(self) -> AgentResult:
@@ -110,6 +119,8 @@ class ElasticAgent:
             return AgentResult(1, str(error))
         finally:
             self.healthy = False
+            if self._store_host is not None:
+                self._store_host.close()
 
     def _run(self) -> AgentResult:
         while True:
@@ -136,19 +147,46 @@ class ElasticAgent:
         return info
 
     def _start_group(self, info: RendezvousInfo) -> WorkerGroup | None:
-        group = WorkerGroup(self.config, info, attempt=self.attempt, restart_count=self.restarts_used)
+        use_agent_store = self._serve_store(info)
+        group = WorkerGroup(self.config, info, attempt=self.attempt, restart_count=self._restart_count(info),
+                            use_agent_store=use_agent_store, node_id=self.node_id)
         try:
             group.start()
         except WorkerStartError as error:
             print(f"elasticrun: cannot start the workers: {error}", file=self._console)
             return None
         self._group = self._last_group = group
+        ranks = group.global_ranks()
         log.info("Run %s node %s: attempt %d started %d workers (ranks %d..%d of %d)",
                  info.run_id, self.host, self.attempt, self.config.nproc_per_node,
-                 info.group_rank * self.config.nproc_per_node,
-                 (info.group_rank + 1) * self.config.nproc_per_node - 1,
-                 info.group_world_size * self.config.nproc_per_node)
+                 ranks[0], ranks[-1], group.world_size)
         return group
+
+    def _restart_count(self, info: RendezvousInfo) -> int:
+        """``TORCHELASTIC_RESTART_COUNT``: the round record's agreed count, or (static
+        rendezvous, no record) this node's own."""
+        return info.restart_count if info.layout is not None else self.restarts_used
+
+    def _serve_store(self, info: RendezvousInfo) -> bool:
+        """Whether workers use an agent-hosted store (``TORCHELASTIC_USE_AGENT_STORE``).
+
+        On the master node the store helper serves the master port the round record names,
+        on the socket that has listened since the join; workers everywhere connect as clients.
+        Without a helper (static rendezvous, or no torch for it) rank 0's worker hosts the store.
+        """
+        listener = info.master_listener
+        if listener is None:
+            return info.layout is not None and self._store_host is not None
+        if self._store_host is None or self._store_host_failed:
+            listener.close()
+            return False
+        try:
+            self._store_host.serve(listener, info.master_addr)
+            return True
+        except StoreHostError as error:
+            self._store_host_failed = True
+            log.warning("Run %s node %s: %s; rank 0's worker hosts the store instead", info.run_id, self.host, error)
+            return False
 
     def _watch(self, group: WorkerGroup) -> tuple[AgentAction, GroupState]:
         """Wait on worker exits and the membership signal until something must be done."""
@@ -192,13 +230,16 @@ class ElasticAgent:
         if action is AgentAction.RESTART_AFTER_FAILURE:
             self._stop_group()
             # Restart at once, but count the failure only once the next round shows every member
-            # survived: a peer's death breaks our collectives before its lease expires.
+            # survived: a peer's death breaks our collectives before its lease expires. Our join
+            # reports the failure; the closer decides the count for every member.
+            if hasattr(self.handler, "report_failure"):
+                self.handler.report_failure()
             self._unsettled = _UnsettledFailure(state, self._last_members())
             self.attempt += 1
             return None
         if action is AgentAction.RESTART_FOR_MEMBERSHIP:
             self._stop_group()
-            self._record_restart(RestartCause.MEMBERSHIP_CHANGE)
+            self._membership_restart = True  # its cause is recorded once the next round says it
             self.attempt += 1
             return None
         if action is AgentAction.STOP_CLOSED:
@@ -219,9 +260,16 @@ class ElasticAgent:
         """Count the failure that caused this round, unless a member of the previous one is gone.
 
         Its restart is then a membership change (DESIGN §4: those are free): the peer died, and
-        our workers failed on the connections it reset, before its lease expired.
+        our workers failed on the connections it reset, before its lease expired. With a round
+        record the closer decided that for every member; the static rendezvous decides locally.
         """
         unsettled, self._unsettled = self._unsettled, None
+        membership_restart, self._membership_restart = self._membership_restart, False
+        if info.layout is not None:
+            self._settle_agreed(info, unsettled, membership_restart)
+            return
+        if membership_restart:
+            self._record_restart(RestartCause.MEMBERSHIP_CHANGE)
         if unsettled is None:
             return
         lost = sorted(set(unsettled.members) - {member.node_id for member in info.members})
@@ -234,6 +282,25 @@ class ElasticAgent:
         self.restarts_used += 1
         self._print_failure(unsettled.state, final=False)
         self._record_restart(RestartCause.WORKER_FAILURE)
+
+    def _settle_agreed(self, info: RendezvousInfo, unsettled: _UnsettledFailure | None,
+                       membership_restart: bool) -> None:
+        """Take the round record's restart count; record this node's restart under the cause it
+        agreed on (a failure restart when the count went up)."""
+        counted = info.restart_count > self.restarts_used
+        self.restarts_used = info.restart_count
+        if unsettled is None and not membership_restart:
+            return
+        if counted:
+            if unsettled is not None:
+                self._print_failure(unsettled.state, final=False)
+            self._record_restart(RestartCause.WORKER_FAILURE)
+            return
+        if unsettled is not None:
+            reason = f"worker failure not counted: a member of the previous round is absent from round {info.round}"
+            self.events.emit(Event.MEMBER_LOST, reason=reason)
+            log.info("Run %s node %s: %s", info.run_id, self.host, reason)
+        self._record_restart(RestartCause.MEMBERSHIP_CHANGE)
 
     def _record_restart(self, cause: RestartCause) -> None:
         self.events.emit(Event.RESTART, cause=cause, restart_count=self.restarts_used,
@@ -266,6 +333,8 @@ class ElasticAgent:
         if forward is not None:
             group.send_signal(forward)
         group.stop(self.config.shutdown_timeout)
+        if self._store_host is not None:
+            self._store_host.release()
 
     def _report_exits(self, state: GroupState, reported: int) -> int:
         for failure in state.failures[reported:]:

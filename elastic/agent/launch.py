@@ -22,7 +22,8 @@ from contextlib import ExitStack
 from elastic.agent.agent import ElasticAgent, SignalReceived
 from elastic.agent.events import EventLog
 from elastic.agent.metrics import AgentMetrics, MetricsServer, MetricsServerError
-from elastic.agent.worker_env import omp_threads_notice
+from elastic.agent.store_host import StoreHost
+from elastic.agent.worker_env import omp_threads_notice, python_executable
 from elastic.launch.config import LaunchConfig
 from elastic.rendezvous.errors import RendezvousError
 from elastic.rendezvous.registry import create_handler
@@ -44,11 +45,13 @@ def run(config: LaunchConfig) -> int:
             node_addr = config.local_addr or ("localhost" if config.standalone else socket.getfqdn())
             settings = settings_from_conf(config.run_id, config.min_nodes, config.max_nodes, config.rdzv_conf)
             handler = create_handler(config.rdzv_backend, config.rdzv_endpoint, settings, node_addr,
-                                     node_rank=config.node_rank)
+                                     node_rank=config.node_rank, local_world_size=config.nproc_per_node,
+                                     role=config.role)
             events = cleanup.enter_context(EventLog(config.event_log, run_id=config.run_id, node=socket.gethostname()))
             metrics = AgentMetrics(run_id=config.run_id, node=socket.gethostname())
+            store_host = StoreHost(python_executable(os.environ), os.environ) if config.rdzv_backend != "static" else None
             agent = ElasticAgent(config, handler, host=socket.gethostname(), events=events, metrics=metrics,
-                                 lease_ttl=settings.lease_ttl)
+                                 lease_ttl=settings.lease_ttl, store_host=store_host)
             if config.metrics_port is not None:
                 server = MetricsServer(config.metrics_port, registry=metrics.registry,
                                        health=lambda: (agent.healthy, "running" if agent.healthy else "stopped"))

@@ -7,16 +7,18 @@ Matches ``torchrun`` 2.13 (``LocalElasticAgent._start_workers`` + ``DefaultLogsS
 ``run.config_from_args``): a worker sees the agent's environment plus
 
 ===============================  =============================================================
-``RANK``                         ``group_rank * nproc + local_rank``
+``RANK``                         ``base_rank + local_rank``: the local world sizes of the members
+                                 before this node in group-rank order, summed (torchrun's
+                                 ``_assign_worker_ranks``), from the round record
 ``LOCAL_RANK``                   the worker's index on this node
-``WORLD_SIZE``                   ``group_world_size * nproc``
+``WORLD_SIZE``                   the sum of every member's local world size
 ``LOCAL_WORLD_SIZE``             ``nproc``
 ``GROUP_RANK``                   this node's rank in the round
 ``GROUP_WORLD_SIZE``             nodes in the round
 ``ROLE_NAME``                    ``--role`` (default ``default``)
-``ROLE_RANK``/``ROLE_WORLD_SIZE``  equal to ``RANK``/``WORLD_SIZE`` (one role per job)
+``ROLE_RANK``/``ROLE_WORLD_SIZE``  the same sums among the members of this role
 ``MASTER_ADDR``/``MASTER_PORT``  the round's master (a fresh port per round, DESIGN §4)
-``TORCHELASTIC_RESTART_COUNT``   restarts after failures so far
+``TORCHELASTIC_RESTART_COUNT``   restarts after failures so far, agreed in the round record
 ``TORCHELASTIC_MAX_RESTARTS``    ``--max-restarts``
 ``TORCHELASTIC_RUN_ID``          ``--rdzv-id``
 ``TORCHELASTIC_USE_AGENT_STORE`` ``True``/``False`` (Python's ``str(bool)``, as torchrun)
@@ -36,6 +38,7 @@ remapping; ``CUDA_VISIBLE_DEVICES`` is inherited unchanged, as torchrun does by 
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from string import Template
 from typing import TYPE_CHECKING, Mapping
 
@@ -46,6 +49,8 @@ if TYPE_CHECKING:  # the handler module pulls in the backends; workers need none
 
 __all__ = [
     "OMP_NOTICE",
+    "WorkerRanks",
+    "worker_ranks",
     "RUN_PATH_BOOTSTRAP",
     "omp_threads_notice",
     "python_executable",
@@ -68,6 +73,41 @@ OMP_NOTICE = (
 RUN_PATH_BOOTSTRAP = (
     "import runpy, sys; del sys.argv[0]; runpy.run_path(sys.argv[0], run_name='__main__')"
 )
+
+
+@dataclass(frozen=True)
+class WorkerRanks:
+    """Where one worker sits: its global and role ranks and the sizes they are out of."""
+
+    rank: int
+    world_size: int
+    role_rank: int
+    role_world_size: int
+
+
+def worker_ranks(config: LaunchConfig, rdzv: RendezvousInfo, local_rank: int) -> WorkerRanks:
+    """The ranks of worker ``local_rank``: from the round record's layout of this node when the
+    handler gives one, else (static rendezvous: no exchange) as if every node ran ``nproc``.
+
+    Raises:
+        ValueError: the layout's local world size is not ``nproc_per_node``, or the group rank
+            is outside the round.
+    """
+    layout = rdzv.layout
+    nproc = config.nproc_per_node
+    if layout is None:
+        if not 0 <= rdzv.group_rank < rdzv.group_world_size:
+            raise ValueError(
+                f"The group rank ({rdzv.group_rank}) must be in [0, {rdzv.group_world_size})."
+            )
+        rank, world = rdzv.group_rank * nproc + local_rank, rdzv.group_world_size * nproc
+        return WorkerRanks(rank, world, rank, world)
+    if layout.local_world_size != nproc:
+        raise ValueError(
+            f"The round record gives this node {layout.local_world_size} workers, but it runs {nproc}."
+        )
+    return WorkerRanks(layout.base_rank + local_rank, layout.world_size,
+                       layout.role_base_rank + local_rank, layout.role_world_size)
 
 
 def worker_env(
@@ -93,25 +133,20 @@ def worker_env(
         raise ValueError(f"The local rank ({local_rank}) must be in [0, {nproc}).")
     if restart_count < 0:
         raise ValueError(f"The restart count ({restart_count}) must not be negative.")
-    if not 0 <= rdzv.group_rank < rdzv.group_world_size:
-        raise ValueError(
-            f"The group rank ({rdzv.group_rank}) must be in [0, {rdzv.group_world_size})."
-        )
-    rank = rdzv.group_rank * nproc + local_rank
-    world_size = rdzv.group_world_size * nproc
+    ranks = worker_ranks(config, rdzv, local_rank)
 
     env = dict(base)
     env.update(
         {
-            "RANK": str(rank),
+            "RANK": str(ranks.rank),
             "LOCAL_RANK": str(local_rank),
-            "WORLD_SIZE": str(world_size),
+            "WORLD_SIZE": str(ranks.world_size),
             "LOCAL_WORLD_SIZE": str(nproc),
             "GROUP_RANK": str(rdzv.group_rank),
             "GROUP_WORLD_SIZE": str(rdzv.group_world_size),
             "ROLE_NAME": config.role,
-            "ROLE_RANK": str(rank),
-            "ROLE_WORLD_SIZE": str(world_size),
+            "ROLE_RANK": str(ranks.role_rank),
+            "ROLE_WORLD_SIZE": str(ranks.role_world_size),
             "MASTER_ADDR": rdzv.master_addr,
             "MASTER_PORT": str(rdzv.master_port),
             "TORCHELASTIC_RESTART_COUNT": str(restart_count),

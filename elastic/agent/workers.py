@@ -15,7 +15,7 @@ tee             the file, and the console with each     the file
                 line prefixed ``[{role}{local_rank}]:``
 ==============  =====================================  ============================================
 
-Logs live in ``<log_root>/<run_id>/attempt_<k>/<local_rank>/`` with the worker's
+Logs live in ``<log_root>/<run_id>/<node_id>/attempt_<k>/<local_rank>/`` with the worker's
 ``error.json`` (its ``TORCHELASTIC_ERROR_FILE``). Tee'd streams are pumped by one thread each
 (pipe → file + console, line-buffered, bounded memory); the others are plain file descriptors.
 
@@ -52,7 +52,7 @@ from elastic.agent.failures import (
     read_log_tail,
     root_cause_summary,
 )
-from elastic.agent.worker_env import python_executable, worker_argv, worker_env
+from elastic.agent.worker_env import python_executable, worker_argv, worker_env, worker_ranks
 from elastic.launch.config import LaunchConfig, Std
 
 if TYPE_CHECKING:
@@ -143,10 +143,23 @@ def resolve_log_root(log_dir: str | None) -> str:
         return _default_log_root
 
 
-def attempt_log_dir(log_root: str, run_id: str, attempt: int) -> str:
-    """``<log_root>/<run_id>/attempt_<attempt>`` (a ``/`` in the run id becomes ``_``)."""
-    safe_run_id = run_id.replace(os.sep, "_") or "run"
-    return os.path.join(log_root, safe_run_id, f"attempt_{attempt}")
+def attempt_log_dir(log_root: str, run_id: str, attempt: int, node_id: str | None = None) -> str:
+    """``<log_root>/<run_id>/<node_id>/attempt_<attempt>``: one directory per node, so agents
+    may share ``--log-dir`` (a shared volume); a ``/`` in an id becomes ``_``.
+
+    Raises:
+        ValueError: the ids would lead outside ``log_root`` (``.``, ``..``): the agent deletes
+            an attempt's directory before reusing it, and must never delete anything else.
+    """
+    parts = [part.replace(os.sep, "_") or "run" for part in (run_id, node_id) if part is not None]
+    for part in parts:
+        if not part.strip("."):
+            raise ValueError(f"The log directory name {part!r} must be a plain name, not only dots.")
+    path = os.path.join(log_root, *parts, f"attempt_{attempt}")
+    root = os.path.realpath(log_root)
+    if os.path.commonpath([root, os.path.realpath(path)]) != root:
+        raise ValueError(f"The log directory {path!r} is outside the log root {log_root!r}.")
+    return path
 
 
 def console_prefix(template: str | None, role: str, rank: int, local_rank: int) -> str:
@@ -286,6 +299,11 @@ class WorkerGroup:
         python: the interpreter (default: ``$PYTHON_EXEC`` or ours).
         console_stdout, console_stderr: the console (default: ``sys.stdout``/``sys.stderr``).
         line_prefix_template: torchrun's ``TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE``.
+        node_id: this node's id in the rendezvous, naming its log directory (agents may share
+            ``--log-dir``).
+
+    Raises:
+        ValueError: bad counts, or ids that would put the logs outside the log root.
     """
 
     def __init__(
@@ -302,6 +320,7 @@ class WorkerGroup:
         console_stdout: IO | None = None,
         console_stderr: IO | None = None,
         line_prefix_template: str | None = None,
+        node_id: str | None = None,
     ) -> None:
         if config.nproc_per_node < 1:
             raise ValueError(f"The number of workers ({config.nproc_per_node}) must be positive.")
@@ -318,7 +337,7 @@ class WorkerGroup:
         self._console_err = console_stderr if console_stderr is not None else sys.stderr
         self._prefix_template = line_prefix_template
         self.log_dir = attempt_log_dir(
-            log_root or resolve_log_root(config.log_dir), rdzv.run_id, attempt
+            log_root or resolve_log_root(config.log_dir), rdzv.run_id, attempt, node_id
         )
         self._workers = [self._plan(local_rank) for local_rank in range(config.nproc_per_node)]
         self._cond = threading.Condition()
@@ -377,6 +396,15 @@ class WorkerGroup:
     def pids(self) -> dict[int, int]:
         """Local rank → pid of the workers started."""
         return {w.local_rank: w.pid for w in self._workers if w.proc is not None}
+
+    def global_ranks(self) -> list[int]:
+        """The global ranks of this node's workers, by local rank."""
+        return [w.global_rank for w in self._workers]
+
+    @property
+    def world_size(self) -> int:
+        """``WORLD_SIZE`` of this attempt."""
+        return worker_ranks(self.config, self.rdzv, 0).world_size
 
     def logs(self) -> dict[int, WorkerLogs]:
         """Local rank → where its output goes."""
@@ -487,7 +515,7 @@ class WorkerGroup:
             stderr=paths["stderr"],
             error_file=os.path.join(rank_dir, "error.json"),
         )
-        global_rank = self.rdzv.group_rank * self.config.nproc_per_node + local_rank
+        global_rank = worker_ranks(self.config, self.rdzv, local_rank).rank
         return _Worker(local_rank=local_rank, global_rank=global_rank, logs=logs, routes=routes)
 
     def _shown(self, local_rank: int) -> bool:

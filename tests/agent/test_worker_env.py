@@ -249,3 +249,45 @@ def test_environment_matches_torchrun_key_by_key(tmp_path):
         assert theirs["TORCHELASTIC_ERROR_FILE"].endswith(suffix)
         assert ours["TORCHELASTIC_ERROR_FILE"].endswith(suffix)
         assert theirs["OMP_NUM_THREADS"] == "1"
+
+
+# -- mixed nodes: the round record's layout -------------------------------------------------------
+
+
+def mixed_round(shapes, node):
+    """A RendezvousInfo for ``node`` of a round whose members run ``shapes`` = (role, nproc)."""
+    from elastic.rendezvous.records import Member, RoundRecord
+
+    record = RoundRecord(2, tuple(Member(f"n{i}", "10.0.0.1", 29500, size, role) for i, (role, size) in enumerate(shapes)),
+                         restart_count=1)
+    rank = record.rank_of(node)
+    return RendezvousInfo("job", 2, rank, record.group_world_size, "10.0.0.1", 29500, record.members,
+                          record.restart_count, record.layout_of(node))
+
+
+@pytest.mark.parametrize(
+    "shapes, node, nproc, role, expected",
+    [
+        # torchrun's answer for A --nproc-per-node=2, B --nproc-per-node=1: 0/3, 1/3 | 2/3.
+        ([("default", 2), ("default", 1)], "n0", 2, "default", [(0, 3, 0, 3), (1, 3, 1, 3)]),
+        ([("default", 2), ("default", 1)], "n1", 1, "default", [(2, 3, 2, 3)]),
+        ([("default", 3), ("default", 1), ("default", 2)], "n2", 2, "default", [(4, 6, 4, 6), (5, 6, 5, 6)]),
+        # Two roles: role ranks count within the role, global ranks across both.
+        ([("trainer", 2), ("ps", 1), ("trainer", 1)], "n2", 1, "trainer", [(3, 4, 2, 3)]),
+        ([("trainer", 2), ("ps", 1), ("trainer", 1)], "n1", 1, "ps", [(2, 4, 0, 1)]),
+    ],
+)
+def test_mixed_nodes_get_torchruns_ranks_from_the_round_record(shapes, node, nproc, role, expected):
+    info = mixed_round(shapes, node)
+    for local_rank, (rank, world, role_rank, role_world) in enumerate(expected):
+        env = env_for(cfg=config(nproc, role=role), info=info, local_rank=local_rank)
+        assert (env["RANK"], env["WORLD_SIZE"], env["ROLE_RANK"], env["ROLE_WORLD_SIZE"]) == (
+            str(rank), str(world), str(role_rank), str(role_world))
+        assert env["LOCAL_WORLD_SIZE"] == str(nproc)
+        assert env["GROUP_WORLD_SIZE"] == str(len(shapes))
+
+
+def test_a_layout_that_disagrees_with_this_nodes_nproc_is_refused():
+    info = mixed_round([("default", 2), ("default", 1)], "n1")
+    with pytest.raises(ValueError, match="gives this node 1 workers, but it runs 2"):
+        env_for(cfg=config(2), info=info)

@@ -1,0 +1,154 @@
+"""The workers' store on the master node, served on the master port the join published.
+
+The round record names group rank 0's master port, which that node's rendezvous handler has
+been listening on since its join (:mod:`elastic.rendezvous.ports`). Peers' workers may connect
+as soon as the round closes; their connections wait in the accept queue until a store serves
+the socket. The agent does not import torch, so a helper process does it: it imports torch
+once, and for each attempt on this node receives the listening socket over a Unix socket pair
+(``SCM_RIGHTS``) and serves a ``TCPStore`` on it (``master_listen_fd``). Workers then connect as
+clients (``TORCHELASTIC_USE_AGENT_STORE=True``, as under torchrun), so no worker ever meets a
+refused connection, and a restart does not wait for a store to bind. The helper dies with the
+agent: it exits when its end of the pair reads EOF.
+"""
+
+from __future__ import annotations
+
+import logging
+import select
+import socket
+import subprocess
+from typing import Mapping
+
+log = logging.getLogger(__name__)
+
+__all__ = ["StoreHost", "StoreHostError"]
+
+# The helper's program, run as ``python -c`` by the workers' interpreter (it may not have our
+# package; it must have torch). argv[1]: the fd of its end of the pair. Replies, one line each:
+# "ready" once torch is imported, then per socket received "serving <port>" or "error <text>";
+# a message without a socket drops the current store.
+_HOST_PROGRAM = r"""
+import os, socket, sys
+from datetime import timedelta
+chan = socket.socket(fileno=int(sys.argv[1]))
+try:
+    import torch.distributed as dist
+except BaseException as error:
+    chan.sendall(("error cannot import torch.distributed: %r" % (error,))[:300].encode())
+    sys.exit(0)
+chan.sendall(b"ready")
+store = None
+while True:
+    message, fds, _, _ = socket.recv_fds(chan, 256, 1)
+    if not message:
+        break
+    store = None
+    if not fds:
+        continue
+    host, port = message.decode().split()
+    try:
+        store = dist.TCPStore(host, int(port), None, True, timedelta(seconds=60),
+                              wait_for_workers=False, master_listen_fd=fds[0])
+        chan.sendall(b"serving %d" % int(port))
+    except BaseException as error:
+        os.close(fds[0])
+        chan.sendall(("error %r" % (error,))[:300].encode())
+"""
+
+
+class StoreHostError(RuntimeError):
+    """The store helper could not start or could not serve the socket (the message says why)."""
+
+
+class StoreHost:
+    """One helper process per agent, started on first use, serving one attempt's store at a time.
+
+    The hand-off never waits for the helper: workers start at once, and their connections
+    queue on the listening socket until the helper serves it (its first start imports torch,
+    in parallel with the workers' own imports). The helper's replies are read without blocking
+    and its errors logged: a helper that cannot import torch serves workers that cannot either.
+
+    Args:
+        python: the workers' interpreter (it imports torch).
+        environ: the helper's environment (the workers' base environment).
+    """
+
+    def __init__(self, python: str, environ: Mapping[str, str]) -> None:
+        self._python = python
+        self._environ = dict(environ)
+        self._proc: subprocess.Popen | None = None
+        self._chan: socket.socket | None = None
+        self.serving: int | None = None
+        """The port whose store the helper last confirmed serving (for tests and logs)."""
+
+    def serve(self, listener: socket.socket, host: str) -> None:
+        """Hand ``listener`` (a listening socket, closed here whatever happens) to the helper.
+
+        Raises:
+            StoreHostError: the helper could not be started or reached; rank 0's worker must
+                host the store itself.
+        """
+        port = listener.getsockname()[1]
+        try:
+            chan = self._ensure_started()
+            self.poll()
+            socket.send_fds(chan, [f"{host} {port}".encode()], [listener.fileno()])
+        except OSError as error:
+            self.close()
+            raise StoreHostError(f"the store helper could not take port {port}: {error}") from error
+        finally:
+            listener.close()  # the helper holds its own copy now
+
+    def release(self) -> None:
+        """Stop serving the current attempt's store (its port closes); the helper stays warm."""
+        if self._chan is None:
+            return
+        try:
+            self.poll()
+            self._chan.send(b"-")
+        except OSError:
+            self.close()
+
+    def poll(self) -> None:
+        """Read the helper's replies so far without blocking; log its errors."""
+        chan = self._chan
+        while chan is not None and select.select([chan], [], [], 0)[0]:
+            reply = chan.recv(4096).decode(errors="replace").strip()
+            if not reply:
+                raise OSError("the store helper exited")
+            if reply.startswith("serving"):
+                self.serving = int(reply.split()[1])
+            elif reply.startswith("error"):
+                log.warning("Store helper: %s", reply[len("error"):].strip())
+
+    def close(self) -> None:
+        """Stop the helper (idempotent)."""
+        chan, self._chan = self._chan, None
+        if chan is not None:
+            chan.close()  # the helper reads EOF and exits
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            try:
+                proc.wait(timeout=2.0)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+    def _ensure_started(self) -> socket.socket:
+        if self._chan is not None and self._proc is not None and self._proc.poll() is None:
+            return self._chan
+        self.close()
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)  # one message per send
+        try:
+            self._proc = subprocess.Popen(
+                [self._python, "-c", _HOST_PROGRAM, str(theirs.fileno())],
+                env=self._environ, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL, pass_fds=(theirs.fileno(),), start_new_session=True,
+            )
+        except OSError:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        self._chan = ours
+        return ours
