@@ -11,7 +11,10 @@ Per round, :class:`TorchrunRendezvousHandler`
 2. gives torch's agent the c10d ``Store`` it needs (rank assignment, exit barrier): the rank-0
    node hosts a ``TCPStore`` at the round's ``master_addr:master_port`` (a port our engine picks
    fresh each round), the other nodes connect to it; the store is wrapped in a per-round
-   ``PrefixStore``;
+   ``PrefixStore``. The port has listened since rank 0's join published it
+   (:mod:`elastic.rendezvous.ports`) and the store serves that very socket
+   (``master_listen_fd``), so a node that connects before rank 0's store runs waits in the accept
+   queue instead of being refused into TCPStore's connect back-off;
 3. shares that store with the workers (``use_agent_store``, like torch's dynamic handler), so
    their ``init_process_group`` connects to it as clients via MASTER_ADDR/MASTER_PORT. With
    ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` the workers host their own store on a port rank 0
@@ -66,8 +69,9 @@ _ERROR_MAP: tuple[tuple[type[ours.RendezvousError], type[torch_api.RendezvousErr
     (ours.RendezvousStateError, torch_api.RendezvousStateError),
 )
 
-StoreFactory = Callable[[str, int, bool, timedelta], dist.Store]
-"""``(host, port, is_master, timeout) -> Store``: how the agent store is opened (injectable)."""
+StoreFactory = Callable[[str, int, bool, timedelta, "int | None"], dist.Store]
+"""``(host, port, is_master, timeout, listen_fd) -> Store``: how the agent store is opened
+(injectable); ``listen_fd`` is the master port's listening socket, owned by the store from then on."""
 
 
 # -- translation ------------------------------------------------------------------------------
@@ -119,8 +123,10 @@ def _torch_errors() -> Iterator[None]:
 
 
 # -- the agent store --------------------------------------------------------------------------
-def open_tcp_store(host: str, port: int, is_master: bool, timeout: timedelta) -> dist.Store:
+def open_tcp_store(host: str, port: int, is_master: bool, timeout: timedelta, listen_fd: int | None = None) -> dist.Store:
     """A ``TCPStore`` server (``is_master``) on ``port``, or a client of the one at ``host:port``.
+
+    A server given ``listen_fd`` serves that already-listening socket (and closes it when done).
 
     Raises:
         RuntimeError: (torch's ``DistNetworkError``/``DistStoreError``) the port is taken, or the
@@ -133,6 +139,7 @@ def open_tcp_store(host: str, port: int, is_master: bool, timeout: timedelta) ->
         timeout=timeout,
         wait_for_workers=False,
         multi_tenant=is_master,
+        master_listen_fd=listen_fd if is_master else None,
     )
 
 
@@ -240,8 +247,10 @@ class TorchrunRendezvousHandler(torch_api.RendezvousHandler):
             RendezvousConnectionError: the port is taken, or the host did not answer in time.
         """
         is_master = info.group_rank == 0
+        listener = info.master_listener
+        listen_fd = listener.detach() if listener is not None else None
         try:
-            return self._store_factory(info.master_addr, info.master_port, is_master, self._store_timeout)
+            return self._store_factory(info.master_addr, info.master_port, is_master, self._store_timeout, listen_fd)
         except (RuntimeError, OSError) as error:
             role = "host" if is_master else "reach"
             raise torch_api.RendezvousConnectionError(

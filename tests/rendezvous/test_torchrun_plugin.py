@@ -255,7 +255,7 @@ def test_a_lost_member_is_reported_to_torch_as_a_waiting_node_so_survivors_resta
 
 @pytest.mark.parametrize("rank, verb", [(0, "host"), (1, "reach")])
 def test_an_agent_store_that_cannot_be_opened_is_a_rendezvous_connection_error(rank, verb):
-    def refuse(host, port, is_master, timeout):
+    def refuse(host, port, is_master, timeout, listen_fd=None):
         assert (host, port, is_master) == ("127.0.0.1", 1, rank == 0)
         raise RuntimeError("address in use")
 
