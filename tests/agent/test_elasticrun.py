@@ -484,6 +484,7 @@ def test_worker_environment_equals_torchruns_key_by_key(procs, tmp_path):
             pattern = form.replace("LOCAL_RANK", str(local_rank))
             assert re.fullmatch(pattern, theirs_env[key]), (key, theirs_env[key])
             assert re.fullmatch(pattern, ours_env[key]), (key, ours_env[key])
-        assert (ours_env["TORCHELASTIC_USE_AGENT_STORE"], theirs_env["TORCHELASTIC_USE_AGENT_STORE"]) == ("False", "True")
+        # Both agents host the workers' store (ours in its store helper, on the pre-bound port).
+        assert (ours_env["TORCHELASTIC_USE_AGENT_STORE"], theirs_env["TORCHELASTIC_USE_AGENT_STORE"]) == ("True", "True")
         different = {key for key in theirs_env if key not in BY_FORM and ours_env[key] != theirs_env[key]}
         assert different == set(), {key: (ours_env[key], theirs_env[key]) for key in different}
