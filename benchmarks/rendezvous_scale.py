@@ -2,13 +2,18 @@
 rendezvous on its c10d (TCPStore) backend, in one run, on one machine.
 
 Run:  python benchmarks/rendezvous_scale.py [--sizes 8,32,64,128,256,512,1024] [--repeats 3]
-                                            [--backends etcd,tcp,torch] [--procs 16] [--quick]
+                                            [--backends etcd,tcp,plugin,torch] [--procs 16] [--quick]
 
 For each N, N simulated nodes (min = max = N) rendezvous once. Nodes are threads spread over
 ``--procs`` worker processes; every node has its own handler. Our nodes share one backend
 client per process (one gRPC channel / one multiplexed store connection, as agents on one host
 could); torch's nodes each have their own TCPStore client, because a TCPStore client blocks
 other threads while it waits for a key and torch's rank exchange waits for one.
+
+``plugin`` is our engine on etcd as stock torchrun sees it (``--rdzv-backend=etcd-v3``): torch's
+registry builds each node's handler, each with its own etcd connection as torchrun makes them,
+and a node's ``next_rendezvous`` returns once it has also opened the round's agent store (rank
+0 hosts a TCPStore on the master port its join published; the others connect to it).
 
 Measured per repetition: the time from the first node's ``next_rendezvous`` call to the last
 one's return, the CPU seconds the worker processes and the server spent meanwhile (where the
@@ -50,7 +55,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 ALL_SIZES = (8, 32, 64, 128, 256, 512, 1024)
 QUICK_SIZES = (8, 64)
-BACKENDS = ("etcd", "tcp", "torch")
+BACKENDS = ("etcd", "tcp", "plugin", "torch")
 TORCH_DEFAULT_MAX_N = 128
 LEASE_TTL = 10.0
 """Generous, so keepalives are rare (one per node every TTL/3) while 1024 nodes share 2 cores."""
@@ -152,6 +157,37 @@ class _OurNodes:
         self.backend.close()
 
 
+class _PluginNodes:
+    """Our engine behind stock torchrun: torch's registry makes each node's handler and connection."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.endpoint = endpoint
+
+    def make(self, spec: dict[str, Any], index: int) -> Any:
+        from torch.distributed.elastic.rendezvous import RendezvousParameters
+        from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
+
+        params = RendezvousParameters(
+            "etcd-v3", self.endpoint, spec["run_id"], spec["nodes"], spec["nodes"], local_addr="127.0.0.1",
+            join_timeout=str(spec["budget"]), lease_ttl=str(LEASE_TTL), namespace=spec["namespace"],
+            request_timeout=str(REQUEST_TIMEOUT),
+        )
+        handler = get_rendezvous_handler(params)
+        handler._handler._backend.get("/")  # connect before the clock starts
+        return handler
+
+    def rendezvous(self, handler: Any) -> tuple[int, int, int, int]:
+        info = handler.next_rendezvous()
+        ours = handler._handler
+        return info.rank, info.world_size, ours._last_round.round, ours.backend_writes
+
+    def release(self, handler: Any) -> None:
+        handler.shutdown()
+
+    def close(self) -> None:
+        pass
+
+
 class _TorchNodes:
     """torch's DynamicRendezvousHandler on C10dRendezvousBackend, one TCPStore client per node."""
 
@@ -243,7 +279,12 @@ def worker_main(conn: Connection, kind: str, endpoint: str, token: str | None) -
     import logging
 
     logging.basicConfig(level=logging.ERROR)
-    nodes = _TorchNodes(endpoint) if kind == "torch" else _OurNodes(kind, endpoint, token)
+    if kind == "torch":
+        nodes: Any = _TorchNodes(endpoint)
+    elif kind == "plugin":
+        nodes = _PluginNodes(endpoint)
+    else:
+        nodes = _OurNodes(kind, endpoint, token)
     handlers: dict[int, Any] = {}
     conn.send(("ready", None))
     while True:
@@ -394,6 +435,7 @@ class Servers:
     def __init__(self, stack: ExitStack) -> None:
         self._stack = stack
         self.pids: dict[str, int | None] = {}
+        self.etcd_endpoint = ""
         """Server process of each backend (None when not a local process), for CPU accounting."""
 
     def etcd(self) -> tuple[str, None]:
@@ -413,6 +455,12 @@ class Servers:
         command = [sys.executable, "-m", "backends.tcp.cli", "--host", "127.0.0.1", "--port", "0",
                    "--token-file", token_file.name, "--log-level", "WARNING"]
         return self._spawn("tcp", command, "elastic-store listening on "), token
+
+    def plugin(self) -> tuple[str, None]:
+        """The plugin runs on etcd: start one when the etcd rows did not."""
+        endpoint, token = self.etcd()
+        self.etcd_endpoint = endpoint
+        return endpoint, token
 
     def torch(self) -> tuple[str, None]:
         script = (
@@ -487,7 +535,7 @@ def run_backend(kind: str, endpoint: str, token: str | None, sizes: list[int], a
                     pool.stop()  # stuck threads must not slow down what follows
                     pool = None
                     break  # the median is "did not complete" anyway
-                if kind in ("etcd", "tcp"):
+                if kind in ("etcd", "tcp", "plugin"):
                     _drop_namespace(kind, endpoint, token, spec["namespace"])
     finally:
         if pool is not None:
@@ -502,7 +550,7 @@ def repeats_for(nodes: int, args: argparse.Namespace) -> int:
 
 
 def _drop_namespace(kind: str, endpoint: str, token: str | None, namespace: str) -> None:
-    if kind == "etcd":
+    if kind in ("etcd", "plugin"):
         from backends.etcd import EtcdBackend
 
         backend: Any = EtcdBackend(endpoint)
@@ -594,9 +642,15 @@ def main(argv: list[str] | None = None) -> int:
     with ExitStack() as stack:
         servers = Servers(stack)
         for kind in args.backend_list:
-            endpoint, token = getattr(servers, kind)()
+            if kind == "plugin" and "etcd" in servers.pids:
+                endpoint, token = servers.etcd_endpoint, None  # the same etcd as the etcd rows
+            else:
+                endpoint, token = getattr(servers, kind)()
+                if kind == "etcd":
+                    servers.etcd_endpoint = endpoint
             print(f"{kind}: server at {endpoint}", flush=True)
-            rows += run_backend(kind, endpoint, token, args.size_list, args, servers.pids.get(kind))
+            rows += run_backend(kind, endpoint, token, args.size_list, args,
+                                servers.pids.get("etcd" if kind == "plugin" else kind))
     print_table(rows, args.size_list)
     print(f"load average at the end: {os.getloadavg()[0]:.1f} (other work on this machine skews the times)")
     if args.json:
