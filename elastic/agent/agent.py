@@ -162,6 +162,10 @@ class ElasticAgent:
                  ranks[0], ranks[-1], group.world_size)
         return group
 
+    def spares(self) -> int:
+        """Nodes waiting as spares beyond this node's full round (0 for handlers without spares)."""
+        return self.handler.num_spares() if hasattr(self.handler, "num_spares") else 0
+
     def _restart_count(self, info: RendezvousInfo) -> int:
         """``TORCHELASTIC_RESTART_COUNT``: the round record's agreed count, or (static
         rendezvous, no record) this node's own."""
@@ -197,7 +201,7 @@ class ElasticAgent:
             reported_exits = self._report_exits(state, reported_exits)
             change, reason = self.handler.membership_change()
             if self.metrics:
-                self.metrics.set_nodes_waiting(self.handler.num_nodes_waiting())
+                self.metrics.set_nodes_waiting(self.handler.num_nodes_waiting(), self.spares())
                 self.metrics.set_workers(running=len(state.running), succeeded=0,
                                          failed=len(state.failures))
             grace_over = True

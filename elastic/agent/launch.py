@@ -54,7 +54,7 @@ def run(config: LaunchConfig) -> int:
                                  lease_ttl=settings.lease_ttl, store_host=store_host)
             if config.metrics_port is not None:
                 server = MetricsServer(config.metrics_port, registry=metrics.registry,
-                                       health=lambda: (agent.healthy, "running" if agent.healthy else "stopped"))
+                                       health=lambda: (agent.healthy, _health_text(agent)))
                 cleanup.callback(server.stop)
                 server.start()
                 log.info("Serving /metrics and /healthz on port %d", server.port)
@@ -66,6 +66,14 @@ def run(config: LaunchConfig) -> int:
     if result.exit_code != 0:
         print(f"elasticrun: {result.reason}", file=sys.stderr)
     return result.exit_code
+
+
+def _health_text(agent: ElasticAgent) -> str:
+    """``/healthz``'s text: the agent's state and the spares waiting beyond a full round."""
+    if not agent.healthy:
+        return "stopped"
+    spares = agent.spares()
+    return f"running; spares: {spares}" if spares else "running"
 
 
 def _with_standalone_store(config: LaunchConfig, cleanup: ExitStack) -> LaunchConfig:

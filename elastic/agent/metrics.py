@@ -63,6 +63,7 @@ ROUNDS_TOTAL = "elastic_rendezvous_rounds_total"
 ROUND_DURATION_SECONDS = "elastic_rendezvous_round_duration_seconds"
 MEMBERS = "elastic_members"
 NODES_WAITING = "elastic_nodes_waiting"
+SPARES = "elastic_spares"
 RESTARTS_TOTAL = "elastic_restarts_total"
 WORKERS = "elastic_workers"
 WORKER_EXITS_TOTAL = "elastic_worker_exits_total"
@@ -298,6 +299,7 @@ class AgentMetrics:
         )
         self.members = r.gauge(MEMBERS, "Nodes in the current round (0 before the first).")
         self.nodes_waiting = r.gauge(NODES_WAITING, "Nodes waiting to join the next round.")
+        self.spares = r.gauge(SPARES, "Nodes waiting as spares beyond a full round (no restart for them).")
         self.restarts = r.counter(
             RESTARTS_TOTAL, "Restarts of the worker group, by cause.", ("cause",)
         )
@@ -318,8 +320,9 @@ class AgentMetrics:
         self.round_duration.observe(duration_s)
         self.members.set(members)
 
-    def set_nodes_waiting(self, count: int) -> None:
+    def set_nodes_waiting(self, count: int, spares: int = 0) -> None:
         self.nodes_waiting.set(count)
+        self.spares.set(spares)
 
     def restart(self, cause: RestartCause | str) -> None:
         """The worker group is being restarted. Raises ValueError for an unknown cause."""

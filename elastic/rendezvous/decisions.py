@@ -122,6 +122,35 @@ def assign_ranks(
     return tuple(joiner.as_member() for joiner in ordered[:max_nodes]), tuple(ordered[max_nodes:])
 
 
+# -- spares --------------------------------------------------------------------------------
+def holds_for_members(
+    previous: RoundRecord | None, joined: Iterable[str], alive: Iterable[str], max_nodes: int
+) -> bool:
+    """Whether the forming round must not close yet, to keep a full world's live members in it.
+
+    ``joined``: the nodes that joined the forming round; ``alive``: the previous round's members
+    whose join keys of that round still exist (their leases live). When the previous round was
+    full and every one of its members is alive, a node beyond the maximum is a *spare*: closing
+    a round with it before all members are back would replace a healthy member, and each such
+    round made the members restart to let the spare in, for ever (43 rounds in 25 s, 0 steps,
+    with 3 nodes at ``--nnodes 1:2``). The round closes once every member has rejoined (the
+    spares then stay out by rank order) or one is lost (a spare takes its place).
+    """
+    if previous is None or previous.group_world_size < max_nodes:
+        return False
+    members = {member.node_id for member in previous.members}
+    back = members & set(joined)
+    return back != members and members <= (back | set(alive))
+
+
+def is_spare(previous: RoundRecord | None, node_id: str, max_nodes: int) -> bool:
+    """Whether ``node_id`` waits as a spare: the last round is full and it is not in it.
+
+    A spare waits without a join timeout: it has nothing to time out on until a member is lost.
+    """
+    return previous is not None and previous.group_world_size >= max_nodes and previous.rank_of(node_id) is None
+
+
 # -- the restart count ---------------------------------------------------------------------
 def agreed_restart_count(previous: RoundRecord | None, members: Sequence[Joiner]) -> int:
     """The restart count of the attempt that round closing with ``members`` starts.
@@ -178,6 +207,13 @@ def waiting_counts(view: RoundView, waiting_ids: Iterable[str]) -> int:
     newcomers = waiting - member_ids
     room = view.record.group_world_size < view.max_nodes
     return len(rejoining) + (len(newcomers) if room else 0)
+
+
+def spare_count(view: RoundView, waiting_ids: Iterable[str]) -> int:
+    """How many waiting nodes are spares: newcomers while the round is full (no restart for them)."""
+    if view.record.group_world_size < view.max_nodes:
+        return 0
+    return len(set(waiting_ids) - {member.node_id for member in view.record.members} - {view.node_id})
 
 
 # -- the exit barrier -------------------------------------------------------------------------

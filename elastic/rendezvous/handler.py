@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import socket
 import threading
@@ -56,10 +57,13 @@ from elastic.rendezvous.decisions import (
     Joiner,
     MembershipChange,
     RoundView,
+    CloseDecision,
     agreed_restart_count,
     assign_ranks,
     barrier_outcome,
     decide_close,
+    holds_for_members,
+    is_spare,
     join_fills_round,
     last_call_deadline,
 )
@@ -169,6 +173,7 @@ class RendezvousHandler:
         self.role = role
         self._reservation: PortReservation | None = None  # the master port our current join publishes
         self._failed_round: int | None = None  # set by report_failure(), sent with the next join
+        self._spare_of: int | None = None  # the full round this node last logged it is a spare of
         self._session: Session | None = None
         self._monitor: MembershipMonitor | None = None
         self._joined_key: str | None = None
@@ -234,6 +239,11 @@ class RendezvousHandler:
         """Nodes waiting for the next round that justify a restart; 0 before the first round. No I/O."""
         monitor = self._monitor
         return monitor.num_nodes_waiting if monitor is not None else 0
+
+    def num_spares(self) -> int:
+        """Nodes waiting as spares beyond this node's full round; 0 when there is room. No I/O."""
+        monitor = self._monitor
+        return monitor.num_spares if monitor is not None else 0
 
     @property
     def membership_changed(self) -> threading.Event:
@@ -345,12 +355,14 @@ class RendezvousHandler:
             if joined is None:
                 joined = self._put_join_key(forming)
             closer = joined.holder
+            # A spare has no join timeout: it waits for a member to be lost (or the job to end).
+            wait_deadline = math.inf if self._is_spare(state) else deadline
             try:
                 closed = None
                 if join_fills_round(joined.count, self.settings.max_nodes):
                     closed = self._try_close(forming, state)  # our join filled the round: close it now
                 if closed is None:
-                    closed = self._wait_for_round(forming, state, state_watch, closer, deadline)
+                    closed = self._wait_for_round(forming, state, state_watch, closer, wait_deadline)
                 record, revision = closed
             except _JoinKeyLost as lost:
                 log.warning("Rendezvous %s: node %s lost its join key for round %d (%s); joining again",
@@ -363,6 +375,18 @@ class RendezvousHandler:
             log.info("Rendezvous %s: round %d closed without node %s; waiting for round %d",
                      self.settings.run_id, record.round, self.node_id, record.round + 1)
             state, joined = self._read_state(), None
+
+    def _is_spare(self, state: _StateView) -> bool:
+        """Whether this node waits as a spare now; says so once per full round."""
+        if not is_spare(state.round, self.node_id, self.settings.max_nodes):
+            return False
+        if self._spare_of != state.round.round:  # type: ignore[union-attr]
+            self._spare_of = state.round.round  # type: ignore[union-attr]
+            log.info("Rendezvous %s: node %s waits as a spare: round %d is full (%d of at most %d nodes) and every "
+                     "member is alive; it joins the first round with room (when a member is lost)",
+                     self.settings.run_id, self.node_id, state.round.round, state.round.group_world_size,  # type: ignore[union-attr]
+                     self.settings.max_nodes)
+        return True
 
     def _join_expected_round(self) -> tuple[_StateView, ClaimResult | None]:
         """Join the round expected to form next if the round record is the one we expect, and read ``state/``.
@@ -500,6 +524,7 @@ class RendezvousHandler:
         """The closer's loop: watch joins, decide, and close with one compare-and-swap."""
         with self._watch(self.keys.root) as watch:  # from now, then read: see _join_until_included
             joined, seen_revision = self._read_joiners(forming)
+            alive = self._read_alive(state.round)
             already = self._backend.get(self.keys.round).kv  # the join that filled it may have closed it
             if already is not None and (record := records.decode_round(already.key, already.value)).round >= forming:
                 return record, already.mod_revision
@@ -507,23 +532,28 @@ class RendezvousHandler:
             full_since: float | None = None
             while True:
                 now = self._clock()
-                last_call = last_call_deadline(last_call, len(joined), self.settings.min_nodes, now,
-                                               self.settings.last_call_timeout)
-                if len(joined) < self.settings.max_nodes:
-                    full_since = None
-                elif full_since is None:
-                    full_since = now
-                decision = decide_close(len(joined), self.settings.min_nodes, self.settings.max_nodes, last_call, now,
-                                        full_since, self.settings.lease_ttl)
+                if holds_for_members(state.round, joined, alive, self.settings.max_nodes):
+                    last_call = full_since = None
+                    decision = CloseDecision(CloseAction.WAIT, reason="every member of the full round is alive")
+                else:
+                    last_call = last_call_deadline(last_call, len(joined), self.settings.min_nodes, now,
+                                                   self.settings.last_call_timeout)
+                    if len(joined) < self.settings.max_nodes:
+                        full_since = None
+                    elif full_since is None:
+                        full_since = now
+                    decision = decide_close(len(joined), self.settings.min_nodes, self.settings.max_nodes, last_call,
+                                            now, full_since, self.settings.lease_ttl)
                 if decision.action is CloseAction.CLOSE:
                     closed = self._try_close(forming, state)
                     if closed is not None:
                         return closed
                     joined, seen_revision = self._read_joiners(forming)
+                    alive = self._read_alive(state.round)
                     continue
                 if now >= deadline:
                     raise self._timeout(forming)
-                wait_until = min(deadline, decision.wait_until or deadline)
+                wait_until = min(deadline, decision.wait_until or deadline, now + self.settings.lease_ttl)
                 for event in watch.get(timeout=max(wait_until - now, 0.0)):
                     if event.revision <= seen_revision:
                         continue  # reflected in the read
@@ -531,9 +561,24 @@ class RendezvousHandler:
                     if closed is not None:
                         return closed
                     self._apply_join_event(joined, forming, event)
+                    self._apply_alive_event(alive, state.round, event)
                 self._check_still_joined()
                 if self.node_id not in joined:
                     raise _JoinKeyLost("our key vanished (the lease expired)")
+
+    def _read_alive(self, previous: RoundRecord | None) -> set[str]:
+        """The previous round's nodes whose join keys still exist; only read when that round was
+        full (the spare rule, :func:`holds_for_members`), else empty."""
+        if previous is None or previous.group_world_size < self.settings.max_nodes:
+            return set()
+        read = self._backend.get_prefix(self.keys.nodes_prefix(previous.round))
+        return {kv.key[len(self.keys.nodes_prefix(previous.round)):] for kv in read.kvs}
+
+    def _apply_alive_event(self, alive: set[str], previous: RoundRecord | None, event) -> None:
+        parsed = self.keys.parse_node_key(event.kv.key)
+        if previous is None or parsed is None or parsed[0] != previous.round:
+            return
+        (alive.add if event.type is EventType.PUT else alive.discard)(parsed[1])
 
     def _apply_join_event(self, joined: dict[str, Joiner], forming: int, event) -> None:
         parsed = self.keys.parse_node_key(event.kv.key)
@@ -551,6 +596,9 @@ class RendezvousHandler:
         members, spares = assign_ranks(state.round, joiners, self.settings.max_nodes)
         if len(members) < self.settings.min_nodes:
             return None
+        if holds_for_members(state.round, (j.node_id for j in joiners), self._read_alive(state.round),
+                             self.settings.max_nodes):
+            return None  # a spare must not take a live member's place; the closer waits for a change
         member_ids = {member.node_id for member in members}
         restarts = agreed_restart_count(state.round, [j for j in joiners if j.node_id in member_ids])
         record = RoundRecord(forming, members, read.revision, restarts)

@@ -22,7 +22,14 @@ from typing import Sequence
 from backends.api import KVBackend, Watch, WatchEvent
 from backends.errors import BackendClosedError, BackendError, CompactedError
 from backends.retry import RetryPolicy
-from elastic.rendezvous.decisions import MembershipChange, MonitorState, RoundView, classify, waiting_counts
+from elastic.rendezvous.decisions import (
+    MembershipChange,
+    MonitorState,
+    RoundView,
+    classify,
+    spare_count,
+    waiting_counts,
+)
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +80,11 @@ class MembershipMonitor:
     def num_nodes_waiting(self) -> int:
         """Waiting nodes that justify a restart (see :func:`decisions.waiting_counts`)."""
         return waiting_counts(self._view, self._state.waiting)
+
+    @property
+    def num_spares(self) -> int:
+        """Waiting nodes beyond a full round: spares (see :func:`decisions.spare_count`)."""
+        return spare_count(self._view, self._state.waiting)
 
     def signal(self, change: MembershipChange, reason: str) -> None:
         """Record ``change`` (the first one wins) and set :attr:`changed`."""

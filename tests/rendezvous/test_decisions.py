@@ -11,6 +11,9 @@ from elastic.rendezvous.decisions import (
     MonitorState,
     RoundView,
     agreed_restart_count,
+    holds_for_members,
+    is_spare,
+    spare_count,
     assign_ranks,
     classify,
     decide_close,
@@ -204,3 +207,41 @@ def _joiners(*specs):
 ])
 def test_the_closer_decides_one_restart_count_for_every_member(previous, members, expected, why):
     assert agreed_restart_count(previous, members) == expected, why
+
+
+# -- spares -------------------------------------------------------------------------------------
+FULL_AB = RoundRecord(7, members("a", "b"))  # max_nodes 2 below: full
+
+
+@pytest.mark.parametrize("previous, joined, alive, hold, why", [
+    (None, {"c"}, set(), False, "the first round: nobody to keep"),
+    (RoundRecord(7, members("a")), {"c"}, {"a"}, False, "the last round had room: c is a newcomer, not a spare"),
+    (FULL_AB, {"c"}, {"a", "b"}, True, "full and everyone alive: c is a spare and must not close a round alone"),
+    (FULL_AB, {"c", "d"}, {"a", "b"}, True, "two spares fill a round: still no close (it would replace a and b)"),
+    (FULL_AB, {"a", "c"}, {"b"}, True, "a rejoined (its worker failed), b is alive: wait for b"),
+    (FULL_AB, {"a", "b", "c"}, set(), False, "every member is back: close; c stays out by rank order"),
+    (FULL_AB, {"c"}, {"a"}, False, "b was lost: c takes its place"),
+    (FULL_AB, {"a", "c"}, set(), False, "b was lost and a is back: close with a and c"),
+])
+def test_a_spare_never_takes_the_place_of_a_live_member(previous, joined, alive, hold, why):
+    assert holds_for_members(previous, joined, alive, max_nodes=2) is hold, why
+
+
+@pytest.mark.parametrize("previous, node, spare", [
+    (None, "c", False),
+    (FULL_AB, "c", True),
+    (FULL_AB, "a", False),
+    (RoundRecord(7, members("a")), "c", False),
+])
+def test_a_node_outside_a_full_round_is_a_spare(previous, node, spare):
+    assert is_spare(previous, node, max_nodes=2) is spare
+
+
+@pytest.mark.parametrize("record, waiting, spares", [
+    (FULL_AB, {"c", "d"}, 2),
+    (FULL_AB, {"a", "c"}, 1),  # a rejoining member is not a spare
+    (RoundRecord(7, members("a")), {"c"}, 0),  # room: c is waited for, not a spare
+])
+def test_members_count_spares_only_beyond_a_full_round(record, waiting, spares):
+    view = RoundView(KEYS, record, "a", max_nodes=2)
+    assert spare_count(view, waiting) == spares
