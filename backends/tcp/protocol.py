@@ -29,6 +29,7 @@ from backends.errors import (
     ProtocolError,
     ValueTooLargeError,
 )
+from backends.untrusted import quote
 
 PROTOCOL_VERSION = 1
 MAGIC = b"ESTORE1\n"
@@ -110,8 +111,10 @@ def _parse_frame(data: bytes | bytearray | memoryview, start: int, end: int) -> 
     try:
         text = str(data[start + 8 : head_end], "utf-8")
         header, parsed = _raw_decode(text)
+    except RecursionError:  # "[" * 50000: the C decoder gives up, which is bad input, not a bug
+        raise ProtocolError("A frame header is JSON nested too deeply to decode.") from None
     except ValueError as error:  # JSONDecodeError and UnicodeDecodeError
-        raise ProtocolError(f"A frame header is not valid JSON: {error}") from error
+        raise ProtocolError(f"A frame header is not valid JSON: {quote(error)}") from None
     if type(header) is not dict or parsed != len(text):
         raise ProtocolError("A frame header is not one JSON object.")
     return Frame(header, bytes(data[head_end:end]) if head_end < end else b"")
