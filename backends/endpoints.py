@@ -33,8 +33,13 @@ def parse_endpoint(text: str, default_port: int) -> Endpoint:
     Raises:
         EndpointError: the text is not ``[scheme://]host[:port]`` with a port in 1..65535.
     """
-    original = text
+    original = _redact(text)
     text = text.strip()
+    if "@" in text:
+        raise EndpointError(
+            f"The endpoint {original!r} has user info (credentials) in it; give the user as "
+            "--rdzv-conf user=NAME and the password as --rdzv-conf password_file=PATH instead."
+        )
     scheme = "http"
     if "://" in text:
         scheme, _, text = text.partition("://")
@@ -62,6 +67,14 @@ def parse_endpoint(text: str, default_port: int) -> Endpoint:
     if not port_text.isdigit() or not 0 < int(port_text) < 65536:
         raise EndpointError(f"The endpoint {original!r} has port {port_text!r}; a port is a number from 1 to 65535.")
     return Endpoint(host, int(port_text), scheme)
+
+
+def _redact(text: str) -> str:
+    """``text`` with any user info replaced by ``***`` and cut to about 100 characters, for messages."""
+    if "@" in text:
+        scheme, sep, rest = text.strip().rpartition("://")
+        text = f"{scheme}{sep}***@{rest.rpartition('@')[2]}"
+    return text if len(text) <= 100 else f"{text[:100]}... ({len(text)} characters)"
 
 
 def parse_endpoints(text: str | list[str] | tuple[str, ...], default_port: int) -> tuple[Endpoint, ...]:
