@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ipaddress
+import socket
 from dataclasses import dataclass
 
 from backends.errors import EndpointError
@@ -88,3 +90,14 @@ def parse_endpoints(text: str | list[str] | tuple[str, ...], default_port: int) 
     if not items:
         raise EndpointError("No endpoint given; expected host:port[,host:port...], e.g. 127.0.0.1:2379.")
     return tuple(parse_endpoint(item, default_port) for item in items)
+
+
+def is_loopback_only(host: str) -> bool:
+    """Whether every address ``host`` names is a loopback address (an unresolvable name: False)."""
+    if host in ("", "0.0.0.0", "::"):
+        return False
+    try:
+        addresses = {info[4][0] for info in socket.getaddrinfo(host, None)}
+    except OSError:
+        return False
+    return bool(addresses) and all(ipaddress.ip_address(address.split("%")[0]).is_loopback for address in addresses)

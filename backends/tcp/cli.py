@@ -5,7 +5,8 @@
 Prints ``elastic-store listening on HOST:PORT`` once it accepts clients, and serves until
 SIGTERM or SIGINT, then exits 0. Bad flags or an unreadable token file print one line and
 exit 2; an address that cannot be bound exits 1. The token file holds the shared secret
-clients must present (surrounding whitespace is ignored); without it any client is accepted.
+clients must present (surrounding whitespace is ignored); without it any client is accepted,
+and a warning says so when the store listens off loopback.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import threading
 from pathlib import Path
 from typing import NoReturn, Sequence
 
+from backends.endpoints import is_loopback_only
 from backends.tcp.protocol import DEFAULT_PORT
 from backends.tcp.server import start_server
 
@@ -80,6 +82,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}: error: {error}", file=sys.stderr)
         return 2
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if token is None and not is_loopback_only(args.host):
+        logging.getLogger(__name__).warning(
+            "%s on %s has no --token-file: anyone who can reach port %s can read and rewrite every key "
+            "(the rendezvous members and master address included). Pass --token-file, or listen on 127.0.0.1.",
+            PROG, args.host, args.port)
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())

@@ -20,7 +20,7 @@ from backends.tcp.client import TcpStoreBackend, TcpStoreConfig
 from backends.tcp.protocol import MAGIC
 from elastic.agent.failures import read_error_file
 from elastic.rendezvous.errors import RendezvousStateError
-from elastic.rendezvous.records import decode_closed, decode_join, decode_round
+from elastic.rendezvous.records import FORMAT_VERSION, decode_closed, decode_join, decode_round
 from elastic.testing.tcp_store import TcpStoreHarness
 from hostile import NESTED, closed_by_peer, handshake, raw_socket
 
@@ -36,8 +36,8 @@ def assert_one_short_line(message: str, limit: int = 400) -> None:
 
 @pytest.mark.parametrize("raw", [
     NESTED,
-    b'{"v":1,"round":0,"members":' + NESTED + b'}',
-    b'{"v":1,"round":0,"members":[' + NESTED + b'],"read_at":0}',
+    b'{"v":%d,"round":0,"members":' % FORMAT_VERSION + NESTED + b'}',
+    b'{"v":%d,"round":0,"members":[' % FORMAT_VERSION + NESTED + b'],"read_at":0}',
 ], ids=["bare", "as-members", "as-a-member"])
 def test_deeply_nested_round_state_is_a_one_line_state_error(raw):
     with pytest.raises(RendezvousStateError) as caught:
@@ -55,7 +55,7 @@ def test_deeply_nested_join_and_closed_records_are_one_line_state_errors(decode)
 
 def test_a_huge_corrupt_member_entry_is_quoted_in_at_most_about_100_characters():
     entry = ["node", "x" * 1_000_000]  # two fields instead of three, one of them 1 MB
-    raw = json.dumps({"v": 1, "round": 0, "members": [entry], "read_at": 0}).encode()
+    raw = json.dumps({"v": FORMAT_VERSION, "round": 0, "members": [entry], "read_at": 0}).encode()
     with pytest.raises(RendezvousStateError) as caught:
         decode_round(KEY, raw)
     assert "member entry ['node', 'xxx" in str(caught.value)
