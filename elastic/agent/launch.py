@@ -50,7 +50,7 @@ def run(config: LaunchConfig) -> int:
             agent = ElasticAgent(config, handler, host=socket.gethostname(), events=events, metrics=metrics,
                                  lease_ttl=settings.lease_ttl)
             if config.metrics_port is not None:
-                server = MetricsServer(config.metrics_port, registry=metrics.registry,
+                server = MetricsServer(config.metrics_port, config.metrics_addr, registry=metrics.registry,
                                        health=lambda: (agent.healthy, "running" if agent.healthy else "stopped"))
                 cleanup.callback(server.stop)
                 server.start()

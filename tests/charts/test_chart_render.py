@@ -407,6 +407,7 @@ def test_default_workers_request_no_gpus(rendered):
 def test_metrics_profile_serves_scrapes_and_charts_the_agent_metrics(rendered):
     manifests = rendered["metrics"]
     port = int(agent(manifests).one("--metrics-port"))
+    assert agent(manifests).one("--metrics-addr") == "0.0.0.0"  # the agent's default is loopback
     main = container(manifests.workers, "elasticrun")
     assert main["ports"] == [{"name": "metrics", "containerPort": port, "protocol": "TCP"}]
     service = manifests.get("Service", f"{FULLNAME}-workers")
