@@ -23,6 +23,7 @@ from datetime import datetime, timezone
 from typing import Any, Iterable, Mapping
 
 from backends.untrusted import parse_json
+from elastic.agent.private_files import open_private_file
 
 log = logging.getLogger(__name__)
 
@@ -192,7 +193,7 @@ def dump_error_file(failure: WorkerFailure, dest: str) -> bool:
     if isinstance(data.get("message"), dict) and failure.exitcode:
         data["message"]["errorCode"] = failure.exitcode
     tmp = f"{dest}.tmp.{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as fp:
+    with open_private_file(tmp, "w", encoding="utf-8") as fp:
         json.dump(data, fp)
     os.replace(tmp, dest)
     return True
