@@ -36,8 +36,8 @@ class StoreLimits:
 
     max_header_bytes: int = 256 * 1024
     max_connections: int = 1024
-    max_pending_connections: int = 64
-    max_watches_per_connection: int = 1024
+    max_pending_connections: int = 256
+    max_watches_per_connection: int = 4096
     max_write_buffer_bytes: int = 16 * 1024 * 1024
 
     def __post_init__(self) -> None:

@@ -116,17 +116,17 @@ def test_a_key_over_the_limit_is_refused_with_an_error_naming_the_limit(token_fi
 def test_watches_beyond_the_per_connection_limit_are_refused(token_file):
     with StoreProcess(token_file=token_file) as store:
         sock = handshake(store.port, token_file.read_text())
-        sock.sendall(b"".join(encode_frame({"i": i, "op": "watch", "p": f"/w/{i}/"}) for i in range(1, 1101)))
+        sock.sendall(b"".join(encode_frame({"i": i, "op": "watch", "p": f"/w/{i}/"}) for i in range(1, 4201)))
         decoder = FrameDecoder()
         replies = []
         sock.settimeout(10)
-        while len(replies) < 1100:
+        while len(replies) < 4200:
             chunk = sock.recv(65536)
             assert chunk, "the store hung up"
             replies.extend(decoder.feed(chunk))
         sock.close()
     refused = [frame.header for frame in replies if "err" in frame.header]
-    assert len(refused) == 1100 - 1024
+    assert len(refused) == 4200 - 4096
     assert refused[0]["err"] == "limit" and "--max-watches-per-connection" in refused[0]["msg"]
 
 
