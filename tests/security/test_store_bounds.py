@@ -218,3 +218,17 @@ def test_a_watcher_that_never_reads_is_dropped_before_its_queue_grows_large(toke
             slow.close()
     assert dropped and received < 40 * MiB, f"read {received / MiB:.0f} MiB, dropped={dropped}"
     assert grown < 110 * MiB, f"the store grew by {grown / MiB:.0f} MiB"
+
+
+def test_a_client_request_over_the_header_limit_fails_with_the_stores_reason_and_the_client_recovers():
+    from backends.tcp.limits import StoreLimits
+    from elastic.testing.tcp_store import TcpStoreHarness
+
+    harness = TcpStoreHarness(limits=StoreLimits(max_header_bytes=1024))
+    try:
+        with harness.connect() as store:
+            with pytest.raises(ValueTooLargeError, match="header of .* bytes is over the 1024-byte limit"):
+                store.get("/" + "k" * 2000)
+            assert store.put("/after", b"1") > 1  # reconnected
+    finally:
+        harness.close()
