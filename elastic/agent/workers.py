@@ -345,7 +345,7 @@ class WorkerGroup:
         self._started = True
         shutil.rmtree(self.log_dir, ignore_errors=True)  # a re-used attempt number starts clean
         for worker in self._workers:
-            os.makedirs(os.path.dirname(worker.logs.error_file), exist_ok=True)
+            os.makedirs(os.path.dirname(worker.logs.error_file), mode=0o700, exist_ok=True)  # owner-only
         for stream in (self._console_out, self._console_err):
             try:
                 stream.flush()

@@ -68,6 +68,8 @@ def test_worker_logs_and_the_agent_error_file_are_owner_only(tmp_path):
             if name.endswith(".log")]
     assert logs, proc.stderr
     assert {path: mode(path) for path in logs} == {path: 0o600 for path in logs}
+    rank_dirs = {os.path.dirname(path) for path in logs}  # where workers write their error files too
+    assert {path: mode(path) for path in rank_dirs} == {path: 0o700 for path in rank_dirs}
     if error_file.exists():  # written only when the worker left a report; a plain exit leaves none
         assert mode(error_file) == 0o600
 
