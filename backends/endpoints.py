@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ipaddress
+import socket
 from dataclasses import dataclass
 
 from backends.errors import EndpointError
@@ -33,8 +35,13 @@ def parse_endpoint(text: str, default_port: int) -> Endpoint:
     Raises:
         EndpointError: the text is not ``[scheme://]host[:port]`` with a port in 1..65535.
     """
-    original = text
+    original = _redact(text)
     text = text.strip()
+    if "@" in text:
+        raise EndpointError(
+            f"The endpoint {original!r} has user info (credentials) in it; give the user as "
+            "--rdzv-conf user=NAME and the password as --rdzv-conf password_file=PATH instead."
+        )
     scheme = "http"
     if "://" in text:
         scheme, _, text = text.partition("://")
@@ -64,6 +71,14 @@ def parse_endpoint(text: str, default_port: int) -> Endpoint:
     return Endpoint(host, int(port_text), scheme)
 
 
+def _redact(text: str) -> str:
+    """``text`` with any user info replaced by ``***`` and cut to about 100 characters, for messages."""
+    if "@" in text:
+        scheme, sep, rest = text.strip().rpartition("://")
+        text = f"{scheme}{sep}***@{rest.rpartition('@')[2]}"
+    return text if len(text) <= 100 else f"{text[:100]}... ({len(text)} characters)"
+
+
 def parse_endpoints(text: str | list[str] | tuple[str, ...], default_port: int) -> tuple[Endpoint, ...]:
     """Parse a comma-separated list (or a sequence) of endpoints; at least one is required.
 
@@ -75,3 +90,14 @@ def parse_endpoints(text: str | list[str] | tuple[str, ...], default_port: int) 
     if not items:
         raise EndpointError("No endpoint given; expected host:port[,host:port...], e.g. 127.0.0.1:2379.")
     return tuple(parse_endpoint(item, default_port) for item in items)
+
+
+def is_loopback_only(host: str) -> bool:
+    """Whether every address ``host`` names is a loopback address (an unresolvable name: False)."""
+    if host in ("", "0.0.0.0", "::"):
+        return False
+    try:
+        addresses = {info[4][0] for info in socket.getaddrinfo(host, None)}
+    except OSError:
+        return False
+    return bool(addresses) and all(ipaddress.ip_address(address.split("%")[0]).is_loopback for address in addresses)

@@ -39,6 +39,10 @@ class ValueTooLargeError(BackendError, ValueError):
     """A value exceeds the backend's size limit; nothing was written."""
 
 
+class LimitExceededError(BackendError):
+    """A request would pass one of the server's bounds (e.g. watches per connection); nothing was done."""
+
+
 class LeaseNotFoundError(BackendError):
     """The lease does not exist: it expired or was revoked."""
 

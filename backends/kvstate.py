@@ -43,8 +43,16 @@ from backends.api import (
     revision_matches,
 )
 from backends.errors import CompactedError, LeaseNotFoundError, ValueTooLargeError
+from backends.untrusted import quote
 
-__all__ = ["DEFAULT_HISTORY_LIMIT", "DEFAULT_MAX_VALUE_BYTES", "KVState", "Outcome"]
+__all__ = [
+    "DEFAULT_HISTORY_BYTES",
+    "DEFAULT_HISTORY_LIMIT",
+    "DEFAULT_MAX_KEY_BYTES",
+    "DEFAULT_MAX_VALUE_BYTES",
+    "KVState",
+    "Outcome",
+]
 
 T = TypeVar("T")
 
@@ -53,6 +61,16 @@ DEFAULT_MAX_VALUE_BYTES = 1024 * 1024
 
 DEFAULT_HISTORY_LIMIT = 10_000
 """Events kept for watches that start in the past; older ones are compacted away."""
+
+DEFAULT_HISTORY_BYTES = 64 * 1024 * 1024
+"""Bytes of keys and values the history keeps at most (each event also counts
+:data:`EVENT_OVERHEAD_BYTES`); without it 10,000 overwrites of a 1 MiB value would keep ~10 GiB."""
+
+DEFAULT_MAX_KEY_BYTES = 8 * 1024
+"""Longest key (UTF-8 bytes) a write accepts; rendezvous keys are well under 200 bytes."""
+
+EVENT_OVERHEAD_BYTES = 200
+"""What one kept event costs beyond its key and value (objects and references), for the history bound."""
 
 
 @dataclass(frozen=True)
@@ -80,6 +98,9 @@ class KVState:
         clock: monotonic clock in seconds (injectable for tests).
         max_value_bytes: writes of larger values raise :class:`ValueTooLargeError`.
         history_limit: events kept for replay; the oldest revisions are compacted beyond it.
+        history_bytes: bytes of keys and values kept for replay; the oldest revisions (but
+            never the newest) are compacted beyond it.
+        max_key_bytes: writes of longer keys (in UTF-8) raise :class:`ValueTooLargeError`.
         store_id: identifies this state; a host reports it so clients can tell a restarted
             store with fresh state from a reconnect to the same one. Random by default.
         rng: source of lease ids (injectable for tests).
@@ -94,14 +115,19 @@ class KVState:
         clock: Callable[[], float] = time.monotonic,
         max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
         history_limit: int = DEFAULT_HISTORY_LIMIT,
+        history_bytes: int = DEFAULT_HISTORY_BYTES,
+        max_key_bytes: int = DEFAULT_MAX_KEY_BYTES,
         store_id: str | None = None,
         rng: random.Random | None = None,
     ) -> None:
-        if max_value_bytes < 1:
-            raise ValueError(f"The value size limit ({max_value_bytes}) must be positive.")
-        if history_limit < 1:
-            raise ValueError(f"The history limit ({history_limit}) must be positive.")
+        for name, value in (("value size limit", max_value_bytes), ("history limit", history_limit),
+                            ("history size limit", history_bytes), ("key size limit", max_key_bytes)):
+            if value < 1:
+                raise ValueError(f"The {name} ({value}) must be positive.")
         self.max_value_bytes = max_value_bytes
+        self.max_key_bytes = max_key_bytes
+        self._history_bytes_limit = history_bytes
+        self._history_bytes = 0
         self.store_id = store_id or uuid.uuid4().hex
         self.clock = clock
         self._history_limit = history_limit
@@ -354,9 +380,15 @@ class KVState:
             index += 1
 
     def _check_value(self, key: str, value: bytes) -> None:
+        # A character is at most 4 UTF-8 bytes, so short keys (all of them, in practice) skip the encode.
+        if len(key) * 4 > self.max_key_bytes and len(key.encode("utf-8", "surrogatepass")) > self.max_key_bytes:
+            raise ValueTooLargeError(
+                f"The key {quote(key)} is {len(key.encode('utf-8', 'surrogatepass'))} bytes; the store accepts "
+                f"keys of at most {self.max_key_bytes} bytes."
+            )
         if len(value) > self.max_value_bytes:
             raise ValueTooLargeError(
-                f"The value for {key!r} is {len(value)} bytes; the store accepts at most {self.max_value_bytes}."
+                f"The value for {quote(key)} is {len(value)} bytes; the store accepts at most {self.max_value_bytes}."
             )
 
     def _check_lease(self, lease_id: int) -> _LeaseRecord | None:
@@ -404,13 +436,23 @@ class KVState:
     def _commit(self, events: list[WatchEvent]) -> tuple[WatchEvent, ...]:
         self._revision = events[0].revision
         self._history.extend(events)
+        self._history_bytes += sum(_event_bytes(event) for event in events)
         if len(self._history) > self._history_limit:
             overflow = self._history[len(self._history) - self._history_limit - 1]
             self._compact_revision = max(self._compact_revision, overflow.revision + 1)
         self._trim_history()
+        history = self._history
+        while self._history_bytes > self._history_bytes_limit and history[0].revision < self._revision:
+            self._compact_revision = history[0].revision + 1  # whole revisions go, the newest stays
+            self._trim_history()
         return tuple(events)
 
     def _trim_history(self) -> None:
         history = self._history
         while history and history[0].revision < self._compact_revision:
-            history.popleft()
+            self._history_bytes -= _event_bytes(history.popleft())
+
+
+def _event_bytes(event: WatchEvent) -> int:
+    """What keeping ``event`` in the history costs, roughly (keys are counted in characters)."""
+    return len(event.kv.key) + len(event.kv.value) + EVENT_OVERHEAD_BYTES

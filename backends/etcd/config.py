@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -10,6 +11,8 @@ from typing import Sequence
 from backends.endpoints import Endpoint, parse_endpoints
 from backends.errors import EndpointError
 from backends.retry import RetryPolicy
+
+log = logging.getLogger(__name__)
 
 DEFAULT_PORT = 2379
 """etcd's client port, used when an endpoint names none."""
@@ -82,6 +85,12 @@ class EtcdConfig:
             )
         _check_credentials(self.user, self.password)
         _check_certificates(self.ca_cert, self.client_cert, self.client_key)
+        if self.user is not None and not self.tls:
+            log.warning(
+                "The etcd password of user %r goes to %s over plain http, readable by anyone on the "
+                "network path; use https:// endpoints (or --rdzv-conf protocol=https) with cacert=.",
+                self.user, self.endpoint_list,
+            )
 
     @property
     def tls(self) -> bool:

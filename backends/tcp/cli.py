@@ -1,11 +1,16 @@
 """``elastic-store``: run the built-in TCP store on its own.
 
-    elastic-store --host 127.0.0.1 --port 29400 [--token-file FILE] [--log-level INFO]
+    elastic-store --host 127.0.0.1 --port 29400 [--token-file FILE] [--log-level INFO] [--max-... N]
 
 Prints ``elastic-store listening on HOST:PORT`` once it accepts clients, and serves until
 SIGTERM or SIGINT, then exits 0. Bad flags or an unreadable token file print one line and
 exit 2; an address that cannot be bound exits 1. The token file holds the shared secret
-clients must present (surrounding whitespace is ignored); without it any client is accepted.
+clients must present (surrounding whitespace is ignored); without it any client is accepted,
+and a warning says so when the store listens off loopback.
+
+The ``--max-*`` flags bound what clients can make the store hold (see
+:class:`~backends.tcp.limits.StoreLimits` and :class:`~backends.kvstate.KVState`); a client
+that passes one gets an error naming it.
 """
 
 from __future__ import annotations
@@ -18,6 +23,9 @@ import threading
 from pathlib import Path
 from typing import NoReturn, Sequence
 
+from backends.endpoints import is_loopback_only
+from backends.kvstate import DEFAULT_HISTORY_BYTES, DEFAULT_MAX_KEY_BYTES, DEFAULT_MAX_VALUE_BYTES
+from backends.tcp.limits import StoreLimits
 from backends.tcp.protocol import DEFAULT_PORT
 from backends.tcp.server import start_server
 
@@ -43,6 +51,29 @@ def _port(text: str) -> int:
     return int(text)
 
 
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a positive whole number")
+    return int(text)
+
+
+_DEFAULTS = StoreLimits()
+_STATE_LIMITS = (
+    ("max_key_bytes", DEFAULT_MAX_KEY_BYTES, "longest key in bytes"),
+    ("max_value_bytes", DEFAULT_MAX_VALUE_BYTES, "largest value in bytes"),
+    ("max_history_bytes", DEFAULT_HISTORY_BYTES, "bytes of keys and values kept for watches that start in the past"),
+)
+_SERVER_LIMITS = (
+    ("max_header_bytes", _DEFAULTS.max_header_bytes, "largest request header in bytes"),
+    ("max_connections", _DEFAULTS.max_connections, "connections served at once"),
+    ("max_pending_connections", _DEFAULTS.max_pending_connections,
+     "connections in the handshake at once (a new one evicts the oldest)"),
+    ("max_watches_per_connection", _DEFAULTS.max_watches_per_connection, "live watches of one connection"),
+    ("max_write_buffer_bytes", _DEFAULTS.max_write_buffer_bytes,
+     "bytes queued for a slow client before it is dropped"),
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog=PROG, description="Run the etcd-elastic TCP key-value store.")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
@@ -51,6 +82,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="file holding the shared token clients must present")
     parser.add_argument("--log-level", "--log_level", dest="log_level", default="INFO",
                         choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="logging level (default INFO)")
+    for name, default, what in _STATE_LIMITS + _SERVER_LIMITS:
+        flag = name.replace("_", "-")
+        parser.add_argument(f"--{flag}", f"--{name}", dest=name, type=_positive, default=default,
+                            metavar="N", help=f"{what} (default {default})")
     return parser
 
 
@@ -80,11 +115,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}: error: {error}", file=sys.stderr)
         return 2
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if token is None and not is_loopback_only(args.host):
+        logging.getLogger(__name__).warning(
+            "%s on %s has no --token-file: anyone who can reach port %s can read and rewrite every key "
+            "(the rendezvous members and master address included). Pass --token-file, or listen on 127.0.0.1.",
+            PROG, args.host, args.port)
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
     try:
-        handle = start_server(args.host, args.port, token)
+        limits = StoreLimits(**{name: getattr(args, name) for name, _, _ in _SERVER_LIMITS})
+    except ValueError as error:
+        print(f"{PROG}: error: {error}", file=sys.stderr)
+        return 2
+    try:
+        handle = start_server(args.host, args.port, token, max_key_bytes=args.max_key_bytes,
+                              max_value_bytes=args.max_value_bytes, history_bytes=args.max_history_bytes,
+                              limits=limits)
     except OSError as error:
         print(f"{PROG}: error: cannot listen on {args.host}:{args.port}: {error}", file=sys.stderr)
         return 1

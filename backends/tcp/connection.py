@@ -27,6 +27,7 @@ from backends.errors import (
     BackendConnectionError,
     BackendError,
     BackendTimeoutError,
+    CompactedError,
     ProtocolError,
     ValueTooLargeError,
 )
@@ -281,6 +282,9 @@ class Connection:
 
     def _dispatch(self, frame: Frame) -> None:
         request_id = frame.header.get("i")
+        if request_id is None and "err" in frame.header and "w" not in frame.header:
+            self._lose(_refusal(self.endpoint, frame.header))  # the store says why it hangs up
+            return
         if request_id is None:
             try:
                 self._on_push(frame)
@@ -358,6 +362,14 @@ def _copy(error: BackendError) -> BackendError:
 def _timeval(seconds: float) -> bytes:
     seconds = max(seconds, 0.001)
     return struct.pack("ll", int(seconds), int(seconds % 1 * 1_000_000))
+
+
+def _refusal(endpoint: Endpoint, header: dict[str, Any]) -> BackendError:
+    """The error a store's parting error frame describes, for every call still pending."""
+    error = error_from_wire(header)
+    if isinstance(error, BackendError) and not isinstance(error, CompactedError):  # _copy can rebuild it
+        return error
+    return ProtocolError(f"The elastic-store at {endpoint} hung up: {error}")
 
 
 def _connection_error(endpoint: Endpoint, reason: str, cause: BaseException) -> BackendConnectionError:

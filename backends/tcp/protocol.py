@@ -25,10 +25,13 @@ from backends.errors import (
     BackendAuthError,
     BackendError,
     CompactedError,
+    BackendConnectionError,
     LeaseNotFoundError,
+    LimitExceededError,
     ProtocolError,
     ValueTooLargeError,
 )
+from backends.untrusted import quote
 
 PROTOCOL_VERSION = 1
 MAGIC = b"ESTORE1\n"
@@ -57,16 +60,23 @@ def encode_frame(header: dict[str, Any], parts: Sequence[bytes] = ()) -> bytes:
     return b"".join((_PREFIX.pack(size, len(head)), head, *parts))
 
 
+class FrameTooLargeError(ProtocolError, ValueTooLargeError):
+    """A frame or its header is over the receiver's limit (travels as "too_large")."""
+
+
 class FrameDecoder:
-    """Splits a byte stream into frames, refusing any frame over ``max_frame_bytes``.
+    """Splits a byte stream into frames, refusing any frame over ``max_frame_bytes`` or header
+    over ``max_header_bytes`` from its length prefix alone (before buffering or parsing it).
 
     Raises (from :meth:`feed`):
-        ProtocolError: a frame is oversized, malformed, or its header is not a JSON object;
-            the stream cannot be resynchronized, so the connection must be dropped.
+        FrameTooLargeError: a frame or its header is over the limit.
+        ProtocolError: a frame is malformed, or its header is not a JSON object; the stream
+            cannot be resynchronized, so the connection must be dropped.
     """
 
-    def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+    def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES, max_header_bytes: int | None = None) -> None:
         self.max_frame_bytes = max_frame_bytes
+        self.max_header_bytes = max_header_bytes
         self._buffer = bytearray()
 
     @property
@@ -89,8 +99,16 @@ class FrameDecoder:
         end = len(data)
         while end - start >= 4:
             (size,) = _LENGTH.unpack_from(data, start)
-            if size > self.max_frame_bytes or size < 4:
-                raise ProtocolError(f"A frame of {size} bytes is outside the limit (4..{self.max_frame_bytes}).")
+            if size > self.max_frame_bytes:
+                raise FrameTooLargeError(f"A frame of {size} bytes is over the {self.max_frame_bytes}-byte limit.")
+            if size < 4:
+                raise ProtocolError(f"A frame of {size} bytes is too short to hold its header length.")
+            if self.max_header_bytes is not None and end - start >= 8:
+                (head_size,) = _LENGTH.unpack_from(data, start + 4)
+                if head_size > self.max_header_bytes:
+                    raise FrameTooLargeError(
+                        f"A frame header of {head_size} bytes is over the {self.max_header_bytes}-byte limit."
+                    )
             if end - start < 4 + size:
                 break
             frames.append(_parse_frame(data, start, start + 4 + size))
@@ -110,8 +128,10 @@ def _parse_frame(data: bytes | bytearray | memoryview, start: int, end: int) -> 
     try:
         text = str(data[start + 8 : head_end], "utf-8")
         header, parsed = _raw_decode(text)
+    except RecursionError:  # "[" * 50000: the C decoder gives up, which is bad input, not a bug
+        raise ProtocolError("A frame header is JSON nested too deeply to decode.") from None
     except ValueError as error:  # JSONDecodeError and UnicodeDecodeError
-        raise ProtocolError(f"A frame header is not valid JSON: {error}") from error
+        raise ProtocolError(f"A frame header is not valid JSON: {quote(error)}") from None
     if type(header) is not dict or parsed != len(text):
         raise ProtocolError("A frame header is not one JSON object.")
     return Frame(header, bytes(data[head_end:end]) if head_end < end else b"")
@@ -207,6 +227,10 @@ def error_to_wire(error: BaseException) -> dict[str, Any]:
         fields.update(err="compacted", req=error.requested_revision, crev=error.compact_revision)
     elif isinstance(error, LeaseNotFoundError):
         fields["err"] = "lease_not_found"
+    elif isinstance(error, LimitExceededError):
+        fields["err"] = "limit"
+    elif isinstance(error, BackendConnectionError):
+        fields["err"] = "busy"
     elif isinstance(error, ValueTooLargeError):
         fields["err"] = "too_large"
     elif isinstance(error, BackendAuthError):
@@ -233,6 +257,8 @@ def error_from_wire(header: dict[str, Any]) -> Exception:
     simple: dict[Any, type[Exception]] = {
         "lease_not_found": LeaseNotFoundError,
         "too_large": ValueTooLargeError,
+        "limit": LimitExceededError,
+        "busy": BackendConnectionError,
         "auth": BackendAuthError,
         "protocol": ProtocolError,
         "version": ProtocolError,

@@ -10,7 +10,11 @@ background thread and returns a :class:`StoreServerHandle` (what the agent embed
   the past (a compacted start gets an error reply);
 * expires leases on a timer set from :meth:`KVState.next_expiry`, so DELETEs go out on time;
 * never falls over on a bad peer: garbage, oversized or half frames and abrupt disconnects
-  cost only that connection, which is logged and dropped.
+  cost only that connection, which is logged (one line) and dropped; an authenticated client
+  is told why first;
+* bounds what peers can make it hold (:class:`~backends.tcp.limits.StoreLimits`): request
+  frames and headers, connections and handshakes in progress, watches per connection, and
+  what it queues for slow readers.
 """
 
 from __future__ import annotations
@@ -25,8 +29,15 @@ from typing import Any, Sequence, cast
 
 from backends.api import WatchEvent
 from backends.endpoints import Endpoint
-from backends.errors import BackendError, ProtocolError
-from backends.kvstate import DEFAULT_HISTORY_LIMIT, DEFAULT_MAX_VALUE_BYTES, KVState
+from backends.errors import BackendError, LimitExceededError, ProtocolError
+from backends.kvstate import (
+    DEFAULT_HISTORY_BYTES,
+    DEFAULT_HISTORY_LIMIT,
+    DEFAULT_MAX_KEY_BYTES,
+    DEFAULT_MAX_VALUE_BYTES,
+    KVState,
+)
+from backends.tcp.limits import PRE_AUTH_FRAME_BYTES, StoreLimits
 from backends.tcp.ops import LEASE_OPS, apply_request, field
 from backends.tcp.protocol import (
     DEFAULT_MAX_FRAME_BYTES,
@@ -46,9 +57,11 @@ __all__ = ["StoreServer", "StoreServerHandle", "start_server"]
 log = logging.getLogger(__name__)
 
 HELLO_MAX_FRAME_BYTES = 64 * 1024
-"""Frame limit before a client has authenticated, so strangers cannot make us buffer much."""
+"""The smallest frame limit a server or client may set."""
 
 _READ_BUFFER_BYTES = 64 * 1024
+_PRE_AUTH_READ_BUFFER_BYTES = 4 * 1024
+_REFUSAL_LOG_INTERVAL = 10.0
 
 
 class StoreServer:
@@ -57,8 +70,9 @@ class StoreServer:
     Args:
         state: the data; lease timers are set from its clock, which must tick in real seconds.
         token: shared secret clients must present; None accepts every client.
-        max_frame_bytes: largest frame accepted or sent.
+        max_frame_bytes: largest frame sent (a response; requests are bounded by ``limits``).
         handshake_timeout: seconds a new connection has to authenticate.
+        limits: bounds on what peers can make the server hold.
     """
 
     def __init__(
@@ -68,16 +82,23 @@ class StoreServer:
         token: str | None = None,
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         handshake_timeout: float = 10.0,
+        limits: StoreLimits | None = None,
     ) -> None:
         if max_frame_bytes < HELLO_MAX_FRAME_BYTES:
             raise ValueError(f"The frame limit ({max_frame_bytes}) must be at least {HELLO_MAX_FRAME_BYTES} bytes.")
         self.state = state
+        self.limits = limits if limits is not None else StoreLimits()
         self.max_frame_bytes = max_frame_bytes
+        self.max_request_bytes = max(HELLO_MAX_FRAME_BYTES,
+                                     min(max_frame_bytes, self.limits.request_frame_bytes(state.max_value_bytes)))
         self.handshake_timeout = handshake_timeout
         self.address = "unbound"
         self._token = None if token is None else token.encode()
         self._server: asyncio.AbstractServer | None = None
         self._connections: set[_StoreConnection] = set()
+        self._pending: dict[_StoreConnection, None] = {}  # in the handshake, oldest first
+        self._refusals = 0
+        self._refusal_logged_at = -_REFUSAL_LOG_INTERVAL
         self._watches: dict[tuple[_StoreConnection, int], str] = {}
         self._expiry_timer: asyncio.TimerHandle | None = None
         self._expiry_deadline = 0.0
@@ -129,17 +150,52 @@ class StoreServer:
             "store": state.store_id,
             "rev": state.revision,
             "crev": state.compact_revision,
-            "max_frame": self.max_frame_bytes,
+            "max_frame": self.max_request_bytes,
             "max_value": state.max_value_bytes,
+            "max_key": state.max_key_bytes,
         }
 
-    def register(self, connection: "_StoreConnection") -> None:
+    def register(self, connection: "_StoreConnection") -> bool:
+        """Admit a new connection; False (after telling it why) when the server is full.
+
+        A connection beyond ``max_pending_connections`` still in the handshake evicts the
+        oldest such one, so strangers that connect and stay silent cannot lock clients out.
+        """
+        if len(self._connections) >= self.limits.max_connections:
+            self._note_refusal(f"refused {connection.peer}: {len(self._connections)} connections "
+                               f"is the limit (max_connections)")
+            connection.refuse("busy", f"The store serves at most {self.limits.max_connections} connections "
+                                      "at once; retry later, or raise its --max-connections.")
+            return False
+        if len(self._pending) >= self.limits.max_pending_connections:
+            oldest = next(iter(self._pending))
+            self._note_refusal(f"dropped {oldest.peer}, the oldest of {len(self._pending)} connections "
+                               f"still in the handshake (max_pending_connections)")
+            self._pending.pop(oldest, None)
+            oldest.abort()
         self._connections.add(connection)
+        self._pending[connection] = None
+        return True
+
+    def authenticated(self, connection: "_StoreConnection") -> None:
+        self._pending.pop(connection, None)
 
     def unregister(self, connection: "_StoreConnection") -> None:
         self._connections.discard(connection)
-        for key in [key for key in self._watches if key[0] is connection]:
-            del self._watches[key]
+        self._pending.pop(connection, None)
+        if connection.watch_count:
+            for key in [key for key in self._watches if key[0] is connection]:
+                del self._watches[key]
+
+    def _note_refusal(self, what: str) -> None:
+        """Log refusals and evictions, at most one line per interval (a flood must not flood the log)."""
+        self._refusals += 1
+        now = time.monotonic()
+        if now - self._refusal_logged_at >= _REFUSAL_LOG_INTERVAL:
+            log.warning("elastic-store %s: %s (%d such in the last %.0f s at most)",
+                        self.address, what, self._refusals, _REFUSAL_LOG_INTERVAL)
+            self._refusal_logged_at = now
+            self._refusals = 0
 
     def handle(self, connection: "_StoreConnection", frame: Frame) -> None:
         """Answer one authenticated request, then fan out the events it produced.
@@ -156,7 +212,8 @@ class StoreServer:
                 self._watch(connection, request_id, header)
                 return
             if op == "unwatch":
-                self._watches.pop((connection, field(header, "w", int)), None)
+                if self._watches.pop((connection, field(header, "w", int)), None) is not None:
+                    connection.watch_count -= 1
                 connection.send({"i": request_id})
                 return
             reply = apply_request(self.state, op, header, frame.payload)
@@ -190,7 +247,15 @@ class StoreServer:
         start = header.get("s")
         start = self.state.revision + 1 if start is None else field(header, "s", int)
         backlog = self.state.events_since(prefix, start)
-        self._watches[(connection, request_id)] = prefix
+        key = (connection, request_id)
+        if key not in self._watches:
+            if connection.watch_count >= self.limits.max_watches_per_connection:
+                raise LimitExceededError(
+                    f"This connection already holds {connection.watch_count} watches, the store's limit "
+                    "(--max-watches-per-connection); cancel some, or open another connection."
+                )
+            connection.watch_count += 1
+        self._watches[key] = prefix
         connection.send({"i": request_id, "s": start})
         if backlog:
             connection.push_events(request_id, backlog)
@@ -225,13 +290,14 @@ class _StoreConnection(asyncio.BufferedProtocol):
         self._server = server
         self._transport: asyncio.Transport | None = None
         self._magic = b""
-        self._decoder = FrameDecoder(HELLO_MAX_FRAME_BYTES)
+        self._decoder = FrameDecoder(PRE_AUTH_FRAME_BYTES)
         self._authenticated = False
         self._closing = False
         self._handshake_timer: asyncio.TimerHandle | None = None
         self.max_out_frame = server.max_frame_bytes
         self.peer = "unknown peer"
-        self._buffer = memoryview(bytearray(_READ_BUFFER_BYTES))
+        self.watch_count = 0
+        self._buffer = memoryview(bytearray(_PRE_AUTH_READ_BUFFER_BYTES))  # grown after the handshake
 
     # -- asyncio callbacks -------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -241,7 +307,8 @@ class _StoreConnection(asyncio.BufferedProtocol):
             tune_socket(sock)
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
-        self._server.register(self)
+        if not self._server.register(self):
+            return
         loop = asyncio.get_running_loop()
         self._handshake_timer = loop.call_later(self._server.handshake_timeout, self._handshake_expired)
 
@@ -255,7 +322,10 @@ class _StoreConnection(asyncio.BufferedProtocol):
             self._receive(self._buffer[:nbytes])
         except ProtocolError as error:
             log.warning("elastic-store %s: dropping %s: %s", self._server.address, self.peer, error)
-            self.abort()
+            if self._authenticated:  # a client of ours: say why before hanging up
+                self.refuse(None, error)
+            else:
+                self.abort()
         except Exception:
             log.exception("elastic-store %s: dropping %s after an internal error", self._server.address, self.peer)
             self.abort()
@@ -280,12 +350,15 @@ class _StoreConnection(asyncio.BufferedProtocol):
             ids: dict[str, Any] = {name: header[name] for name in ("i", "w") if name in header}
             data = encode_frame({**ids, "err": "internal", "msg": message})
         self._transport.write(MAGIC + data if magic else data)
-        if self._transport.get_write_buffer_size() > 2 * self._server.max_frame_bytes:
-            log.warning("elastic-store %s: %s reads too slowly; dropping it", self._server.address, self.peer)
+        queued = self._transport.get_write_buffer_size()
+        if queued > max(self._server.limits.max_write_buffer_bytes, len(data)):
+            log.warning("elastic-store %s: dropping %s: it reads too slowly (%d bytes queued for it, "
+                        "over the max_write_buffer_bytes limit)", self._server.address, self.peer, queued)
             self.abort()
 
     def push_events(self, watch_id: int, events: Sequence[WatchEvent]) -> None:
-        for batch in event_batches(events, self.max_out_frame // 2):
+        batch_bytes = min(self.max_out_frame, self._server.limits.max_write_buffer_bytes) // 2
+        for batch in event_batches(events, batch_bytes):
             parts: list[bytes] = []
             items = [event_to_wire(event, parts) for event in batch]
             self.send({"w": watch_id, "ev": items}, parts)
@@ -316,25 +389,34 @@ class _StoreConnection(asyncio.BufferedProtocol):
     def _hello(self, frame: Frame) -> None:
         header = frame.header
         if header.get("v") != PROTOCOL_VERSION:
-            self._refuse("version", f"The store speaks protocol version {PROTOCOL_VERSION}, the client "
+            self.refuse("version", f"The store speaks protocol version {PROTOCOL_VERSION}, the client "
                          f"{header.get('v')!r}; use matching etcd-elastic versions.")
             return
         if not self._server.token_accepted(header.get("token")):
             log.warning("elastic-store %s: %s presented a wrong or missing token", self._server.address, self.peer)
-            self._refuse("auth", "The store rejected the token (wrong or missing); "
+            self.refuse("auth", "The store rejected the token (wrong or missing); "
                                  "pass the token the store was started with.")
             return
         peer_max = header.get("max_frame")
         if isinstance(peer_max, int) and HELLO_MAX_FRAME_BYTES <= peer_max < self.max_out_frame:
             self.max_out_frame = peer_max
         self._authenticated = True
-        self._decoder.max_frame_bytes = self._server.max_frame_bytes
+        self._server.authenticated(self)
+        self._decoder.max_frame_bytes = self._server.max_request_bytes
+        self._decoder.max_header_bytes = self._server.limits.max_header_bytes
+        self._buffer = memoryview(bytearray(_READ_BUFFER_BYTES))
         if self._handshake_timer is not None:
             self._handshake_timer.cancel()
         self.send(self._server.hello(), magic=True)
 
-    def _refuse(self, code: str, message: str) -> None:
-        self.send({"err": code, "msg": message}, magic=True)
+    def refuse(self, code: str | None, reason: str | BaseException) -> None:
+        """Tell the peer why in an error frame without a request id, then close.
+
+        ``code`` None takes the code from ``reason`` (an exception). Before the handshake the
+        frame follows :data:`MAGIC`, as a handshake answer would.
+        """
+        fields = error_to_wire(reason) if code is None else {"err": code, "msg": str(reason)}
+        self.send(fields, magic=not self._authenticated)
         self._closing = True
         if self._transport is not None:
             self._transport.close()
@@ -414,20 +496,27 @@ def start_server(
     state: KVState | None = None,
     max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
     history_limit: int = DEFAULT_HISTORY_LIMIT,
+    history_bytes: int = DEFAULT_HISTORY_BYTES,
+    max_key_bytes: int = DEFAULT_MAX_KEY_BYTES,
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
     handshake_timeout: float = 10.0,
+    limits: StoreLimits | None = None,
 ) -> StoreServerHandle:
     """Start a store server in a background thread; returns once it listens.
 
     Pass ``state`` to serve existing data (e.g. to restart a server without losing it);
-    otherwise a fresh :class:`KVState` with ``max_value_bytes`` and ``history_limit``.
+    otherwise a fresh :class:`KVState` with ``max_value_bytes``, ``max_key_bytes``,
+    ``history_limit`` and ``history_bytes``. ``limits`` bounds what peers can make it hold.
 
     Raises:
         OSError: the address cannot be bound (e.g. the port is taken).
         ValueError: a limit is invalid.
     """
-    state = state if state is not None else KVState(max_value_bytes=max_value_bytes, history_limit=history_limit)
-    server = StoreServer(state, token=token, max_frame_bytes=max_frame_bytes, handshake_timeout=handshake_timeout)
+    if state is None:
+        state = KVState(max_value_bytes=max_value_bytes, history_limit=history_limit, history_bytes=history_bytes,
+                        max_key_bytes=max_key_bytes)
+    server = StoreServer(state, token=token, max_frame_bytes=max_frame_bytes, handshake_timeout=handshake_timeout,
+                         limits=limits)
     loop = asyncio.new_event_loop()
     started: concurrent.futures.Future[tuple[str, int]] = concurrent.futures.Future()
     thread = threading.Thread(target=_serve, args=(loop, server, host, port, started),

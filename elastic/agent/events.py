@@ -7,7 +7,8 @@ Each record looks like::
 
 ``ts`` is wall-clock time (for people and log pipelines; nothing compares it across machines).
 Records are written with one ``write`` to a file opened with ``O_APPEND``, so several agents
-may share one file without interleaving lines. Every event is also logged at INFO through
+may share one file without interleaving lines. The file is created owner-only and never
+through a symbolic link (see :mod:`elastic.agent.private_files`). Every event is also logged at INFO through
 ``logging.getLogger(__name__)``, whether or not a file is configured.
 
 The event names and the fields each one must carry are fixed here (`Event`, `REQUIRED_FIELDS`)
@@ -27,6 +28,8 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
+
+from elastic.agent.private_files import open_private
 
 logger = logging.getLogger(__name__)
 
@@ -157,7 +160,7 @@ class EventLog:
 
 def _open_for_append(path: str) -> int:
     try:
-        return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        return open_private(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     except OSError as e:
         reason = e.strerror or errno.errorcode.get(e.errno or 0, str(e))
         raise ValueError(

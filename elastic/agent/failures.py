@@ -22,6 +22,9 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Iterable, Mapping
 
+from backends.untrusted import parse_json
+from elastic.agent.private_files import open_private_file
+
 log = logging.getLogger(__name__)
 
 __all__ = [
@@ -139,9 +142,9 @@ def read_error_file(path: str | None) -> ErrorReport | None:
         log.warning("Ignoring error file %s: larger than %d bytes.", path, MAX_ERROR_FILE_BYTES)
         return None
     try:
-        data = json.loads(raw.decode("utf-8", errors="replace"))
-    except ValueError:
-        log.warning("Ignoring error file %s: not valid JSON.", path)
+        data = parse_json(raw.decode("utf-8", errors="replace"))
+    except ValueError as error:  # also nesting too deep for the decoder
+        log.warning("Ignoring error file %s: %s.", path, error)
         return None
     report = parse_error_report(data)
     if report is None:
@@ -181,8 +184,8 @@ def dump_error_file(failure: WorkerFailure, dest: str) -> bool:
     if failure.error is None:
         return False
     try:
-        with open(failure.error_file, encoding="utf-8") as fp:
-            data = json.load(fp)
+        with open(failure.error_file, "rb") as fp:
+            data = parse_json(fp.read(MAX_ERROR_FILE_BYTES + 1), max_bytes=MAX_ERROR_FILE_BYTES)
     except (OSError, ValueError):
         return False
     if not isinstance(data, dict):
@@ -190,7 +193,7 @@ def dump_error_file(failure: WorkerFailure, dest: str) -> bool:
     if isinstance(data.get("message"), dict) and failure.exitcode:
         data["message"]["errorCode"] = failure.exitcode
     tmp = f"{dest}.tmp.{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as fp:
+    with open_private_file(tmp, "w", encoding="utf-8") as fp:
         json.dump(data, fp)
     os.replace(tmp, dest)
     return True

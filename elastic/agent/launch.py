@@ -53,7 +53,7 @@ def run(config: LaunchConfig) -> int:
             agent = ElasticAgent(config, handler, host=socket.gethostname(), events=events, metrics=metrics,
                                  lease_ttl=settings.lease_ttl, store_host=store_host)
             if config.metrics_port is not None:
-                server = MetricsServer(config.metrics_port, registry=metrics.registry,
+                server = MetricsServer(config.metrics_port, config.metrics_addr, registry=metrics.registry,
                                        health=lambda: (agent.healthy, _health_text(agent)))
                 cleanup.callback(server.stop)
                 server.start()

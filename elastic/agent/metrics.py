@@ -13,13 +13,17 @@ label names cannot be misspelled at the call site::
 
 `MetricsServer` answers ``GET /metrics`` (the exposition text), ``GET /healthz`` (200 with
 ``{"status": "ok", ...}`` or 503 with the reason from the health callable) and 404 otherwise,
-from a `http.server.ThreadingHTTPServer` on a daemon thread.
+from a `http.server.ThreadingHTTPServer` on a daemon thread. It listens on loopback unless
+told otherwise (``--metrics-addr``), gives each connection a whole-request deadline (a client
+sending one byte every few seconds is cut off at it), and serves a bounded number of
+connections at once (more are closed at once).
 """
 
 from __future__ import annotations
 
 import bisect
 import errno
+import io
 import json
 import logging
 import math
@@ -27,6 +31,7 @@ import re
 import signal as signal_module
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -361,24 +366,44 @@ class MetricsServerError(RuntimeError):
     """The metrics server could not start; the message names the address and the cause."""
 
 
+DEFAULT_REQUEST_DEADLINE = 10.0
+"""Seconds one connection has to send its request and read the answer."""
+
+DEFAULT_MAX_CONNECTIONS = 16
+"""Connections served at once; a scraper and a probe need two."""
+
+
 class MetricsServer:
     """Serves ``/metrics`` and ``/healthz`` on ``host:port`` from a daemon thread.
 
-    ``port=0`` picks a free port; read `port` after `start`. ``health`` returns
-    ``(healthy, reason)``; an exception from it counts as unhealthy.
+    ``port=0`` picks a free port; read `port` after `start`. ``host`` is loopback by default
+    (``0.0.0.0`` or ``::`` serve every interface). ``health`` returns ``(healthy, reason)``; an
+    exception from it counts as unhealthy. Each connection must be done within
+    ``request_deadline`` seconds; beyond ``max_connections`` at once, new ones are closed.
+
+    Raises (from the constructor):
+        ValueError: the port, deadline or connection cap is out of range.
     """
 
     def __init__(
         self,
         port: int,
-        host: str = "0.0.0.0",
+        host: str = "127.0.0.1",
         *,
         registry: Registry,
         health: HealthCheck | None = None,
+        request_deadline: float = DEFAULT_REQUEST_DEADLINE,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
     ) -> None:
         if not isinstance(port, int) or not 0 <= port <= 65535:
             raise ValueError(f"The metrics port ({port}) must be between 0 and 65535.")
+        if not request_deadline > 0:
+            raise ValueError(f"The metrics request deadline ({request_deadline}) must be positive.")
+        if not isinstance(max_connections, int) or max_connections < 1:
+            raise ValueError(f"The metrics connection cap ({max_connections}) must be a positive integer.")
         self.host = host
+        self.request_deadline = request_deadline
+        self.max_connections = max_connections
         self._requested_port = port
         self.registry = registry
         self.health: HealthCheck = health if health is not None else (lambda: (True, "ok"))
@@ -455,9 +480,10 @@ class MetricsServer:
                 ) from e
             raise MetricsServerError(
                 f"Cannot serve metrics on {where}: {e.strerror or e}; "
-                "check --metrics-port (0 picks a free one)."
+                "check --metrics-addr and --metrics-port (0 picks a free one)."
             ) from e
         server.owner = self
+        server.slots = threading.BoundedSemaphore(self.max_connections)
         return server
 
     def _health(self) -> tuple[bool, str]:
@@ -472,16 +498,61 @@ class MetricsServer:
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     owner: MetricsServer
+    slots: threading.BoundedSemaphore
+
+    def process_request(self, request, client_address) -> None:  # type: ignore[no-untyped-def]
+        """Serve on a thread while under the connection cap; otherwise close the connection at once."""
+        if not self.slots.acquire(blocking=False):
+            logger.debug("metrics server: %s refused, %d connections already", client_address,
+                         self.owner.max_connections)
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self.slots.release()
+            raise
+
+    def process_request_thread(self, request, client_address) -> None:  # type: ignore[no-untyped-def]
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
 
 
 class _IPv6Server(_Server):
     address_family = socket.AF_INET6
 
 
+class _DeadlineReader(io.RawIOBase):
+    """Reads a socket so that no read ends past ``deadline`` (a per-read timeout alone lets a
+    client that sends a byte just inside it hold the connection forever)."""
+
+    def __init__(self, sock: socket.socket, deadline: float) -> None:
+        self._sock = sock
+        self._deadline = deadline
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:  # type: ignore[no-untyped-def, override]
+        remaining = self._deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError("the request deadline passed")
+        self._sock.settimeout(remaining)
+        return self._sock.recv_into(buffer)
+
+
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
-    timeout = 10  # a stalled client frees its thread after this long
     server_version = "etcd-elastic-agent"
+
+    def setup(self) -> None:
+        deadline = time.monotonic() + self.server.owner.request_deadline
+        super().setup()
+        self.connection.settimeout(self.server.owner.request_deadline)  # also bounds the writes
+        self.rfile.close()  # reads go through the deadline instead
+        self.rfile = io.BufferedReader(_DeadlineReader(self.connection, deadline))
 
     def do_GET(self) -> None:  # noqa: N802  (http.server's naming)
         path = urlsplit(self.path).path

@@ -52,6 +52,7 @@ from elastic.agent.failures import (
     read_log_tail,
     root_cause_summary,
 )
+from elastic.agent.private_files import open_private_file
 from elastic.agent.worker_env import python_executable, worker_argv, worker_env, worker_ranks
 from elastic.launch.config import LaunchConfig, Std
 
@@ -192,7 +193,7 @@ class _Pump(threading.Thread):
     def __init__(self, name: str, fd: int, path: str | None, console: IO, prefix: str) -> None:
         super().__init__(name=name, daemon=True)
         self._fd = fd
-        self._file = open(path, "wb", buffering=0) if path else None  # noqa: SIM115
+        self._file = open_private_file(path, "wb", buffering=0) if path else None
         self._console = console
         self._prefix = prefix.encode()
         self._partial = b""
@@ -363,7 +364,7 @@ class WorkerGroup:
         self._started = True
         shutil.rmtree(self.log_dir, ignore_errors=True)  # a re-used attempt number starts clean
         for worker in self._workers:
-            os.makedirs(os.path.dirname(worker.logs.error_file), exist_ok=True)
+            os.makedirs(os.path.dirname(worker.logs.error_file), mode=0o700, exist_ok=True)  # owner-only
         for stream in (self._console_out, self._console_err):
             try:
                 stream.flush()
@@ -582,7 +583,7 @@ class WorkerGroup:
             route = worker.routes[name]
             path = getattr(worker.logs, name)
             if route is _Route.FILE:
-                fp = open(path, "wb")  # noqa: SIM115 - closed by the caller after Popen
+                fp = open_private_file(path, "wb")  # closed by the caller after Popen
                 opened.append(fp)
                 std[name] = fp
             elif route is _Route.DISCARD or console is None:

@@ -558,6 +558,7 @@ def config_from_args(
         shutdown_timeout=_shutdown_timeout(sources),
         exit_barrier_timeout=_seconds(*sources.text("exit_barrier_timeout")),
         metrics_port=_optional_port(*sources.text("metrics_port")),
+        metrics_addr=_host_address(_optional_text(sources.text("metrics_addr")[0])) or "127.0.0.1",
         event_log=_optional_text(sources.text("event_log")[0]),
         dry_run=sources.switch("dry_run"),
         **rendezvous,
@@ -629,6 +630,7 @@ def describe(config: LaunchConfig) -> str:
         ("shutdown_timeout", f"{config.shutdown_timeout:g}s"),
         ("exit_barrier_timeout", f"{config.exit_barrier_timeout:g}s"),
         ("metrics_port", str(config.metrics_port) if config.metrics_port else "off"),
+        ("metrics_addr", config.metrics_addr),
         ("event_log", config.event_log or "off"),
         ("dry_run", _yes_no(config.dry_run)),
     ]

@@ -74,6 +74,7 @@ class LaunchConfig:
         shutdown_timeout: seconds between SIGTERM and SIGKILL when stopping workers.
         exit_barrier_timeout: seconds to wait for the other nodes' workers to finish.
         metrics_port: serve /healthz and /metrics there (None: off).
+        metrics_addr: the address the metrics port listens on (loopback unless asked).
         event_log: path of the JSON-lines event log (None: off).
         dry_run: print the resolved config and exit.
     """
@@ -104,5 +105,6 @@ class LaunchConfig:
     shutdown_timeout: float = 30.0
     exit_barrier_timeout: float = 300.0
     metrics_port: int | None = None
+    metrics_addr: str = "127.0.0.1"
     event_log: str | None = None
     dry_run: bool = False

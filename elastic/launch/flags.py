@@ -141,6 +141,8 @@ OPTIONS: tuple[Option, ...] = (
             "the other nodes' workers to finish.", metavar="SECONDS", default="300"),
     _option("--metrics-port", ADDITIONS, "Serve /healthz and Prometheus /metrics on this port (default: off).",
             metavar="PORT"),
+    _option("--metrics-addr", ADDITIONS, "Address the metrics port listens on; 0.0.0.0 or :: for every "
+            "interface (default: 127.0.0.1, this machine only).", metavar="ADDR", default="127.0.0.1"),
     _option("--event-log", ADDITIONS, "Append structured events (rounds, restarts, failures) to FILE as "
             "JSON lines (default: off).", metavar="FILE"),
     _option("--dry-run", ADDITIONS, "Print the resolved configuration and exit without starting anything "

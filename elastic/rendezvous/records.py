@@ -27,9 +27,13 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from backends.untrusted import parse_json, quote
 from elastic.rendezvous.errors import RendezvousStateError
 
 FORMAT_VERSION = 2
+
+MAX_RECORD_BYTES = 64 * 1024 * 1024
+"""Records larger than this are corrupt (a 1000-member round record is about 60 KB)."""
 
 
 @dataclass(frozen=True)
@@ -266,11 +270,11 @@ def _decode_round_bytes(key: str, raw: bytes) -> RoundRecord:
         # The checks of _is_port inlined (type() is int also rules out bool): this loop runs
         # once per member, and function calls here were most of the decoding time.
         if type(entry) is not list or len(entry) != 5:
-            raise _corrupt(key, f"member entry {_quote(entry)} is not {shape}")
+            raise _corrupt(key, f"member entry {quote(entry)} is not {shape}")
         node_id, addr, port, lws, role = entry
         if (type(node_id) is not str or type(addr) is not str or type(port) is not int or not 0 < port < 65536
                 or type(lws) is not int or lws < 1 or type(role) is not str or not role):
-            raise _corrupt(key, f"member entry {_quote(entry)} is not {shape}")
+            raise _corrupt(key, f"member entry {quote(entry)} is not {shape}")
         append(Member(node_id, addr, port, lws, role))
     if len({member.node_id for member in decoded}) != len(decoded):
         raise _corrupt(key, "a node is listed twice")
@@ -291,15 +295,15 @@ def _dump(body: dict[str, Any]) -> bytes:
 
 def _load(key: str, raw: bytes) -> dict[str, Any]:
     try:
-        body = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as error:
-        raise _corrupt(key, f"it is not JSON ({error})") from error
+        body = parse_json(raw, max_bytes=MAX_RECORD_BYTES)
+    except ValueError as error:  # also nesting too deep and oversized records: bad state, not a bug
+        raise _corrupt(key, str(error)) from error
     if not isinstance(body, dict):
         raise _corrupt(key, "it is not a JSON object")
     version = body.get("v")
     if version != FORMAT_VERSION:
         raise RendezvousStateError(
-            f"The rendezvous state at {key!r} has format version {version!r}; this etcd-elastic reads "
+            f"The rendezvous state at {quote(key)} has format version {quote(version)}; this etcd-elastic reads "
             f"version {FORMAT_VERSION}. Upgrade every node to the same etcd-elastic, or start the job "
             f"with a new --rdzv-id."
         )
@@ -307,16 +311,11 @@ def _load(key: str, raw: bytes) -> dict[str, Any]:
 
 
 def _corrupt(key: str, problem: str) -> RendezvousStateError:
+    """The error for a corrupt record; quotes of bad values in ``problem`` are already short."""
     return RendezvousStateError(
-        f"The rendezvous state at {key!r} is corrupt: {problem}. Delete the key (for etcd: "
-        f"`etcdctl del {key}`) or start the job with a new --rdzv-id."
+        f"The rendezvous state at {quote(key)} is corrupt: {problem}. Delete the key (for etcd: "
+        f"`etcdctl del {quote(key)}`) or start the job with a new --rdzv-id."
     )
-
-
-def _quote(value: object, limit: int = 100) -> str:
-    """``repr(value)`` cut to ``limit`` characters: an error message never carries a whole entry."""
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _is_port(value: object) -> bool:

@@ -3,7 +3,9 @@
 ``etcd`` / ``etcd-v3``: etcd v3 at ``--rdzv-endpoint`` (comma-separated for a cluster).
 ``tcp``: a running built-in store (``elastic-store``, or another node's embedded one).
 ``c10d``: the built-in store, hosted by the node whose address matches the endpoint (or
-         ``is_host=1``), as torchrun users expect; the others connect to it.
+         ``is_host=1``), as torchrun users expect; the others connect to it. The host binds
+         the endpoint's address; off loopback it needs ``token_file=`` (every node the same)
+         or the explicit ``insecure_open_store=1``.
 ``static``: fixed ranks from ``--node-rank``, no elasticity, no backend.
 
 Optional dependencies (the etcd client) are imported only when their backend is chosen.
@@ -18,7 +20,7 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 from backends.api import KVBackend
-from backends.endpoints import parse_endpoint
+from backends.endpoints import is_loopback_only, parse_endpoint
 from backends.errors import BackendError, EndpointError
 from elastic.rendezvous.errors import RendezvousConfigError, RendezvousConnectionError
 from elastic.rendezvous.settings import RendezvousSettings
@@ -29,6 +31,9 @@ ETCD_DEFAULT_PORT = 2379
 STORE_DEFAULT_PORT = 29400
 
 BACKEND_NAMES = ("etcd", "etcd-v3", "tcp", "c10d", "static")
+
+OPEN_STORE_OPTION = "insecure_open_store"
+"""``--rdzv-conf`` option that lets a c10d host serve its store off loopback without a token."""
 
 
 @dataclass
@@ -96,8 +101,10 @@ def _open_store(endpoint: str, options: Mapping[str, str], may_host: bool) -> Op
     if may_host and _should_host(address.host, options):
         from backends.tcp.server import start_server
 
+        bind_host = address.host if _is_local(address.host) else "0.0.0.0"
+        check_open_hosting(bind_host, address.port, token, _flag(options, OPEN_STORE_OPTION))
         try:
-            server = start_server(address.host if _is_local(address.host) else "0.0.0.0", address.port, token)
+            server = start_server(bind_host, address.port, token)
             release_server, hosted = server.stop, server.endpoint
             log.info("Hosting the built-in rendezvous store on %s", hosted)
         except OSError as error:
@@ -122,11 +129,34 @@ def _open_store(endpoint: str, options: Mapping[str, str], may_host: bool) -> Op
     return OpenedBackend(backend, release, hosted)
 
 
+def check_open_hosting(bind_host: str, port: int, token: str | None, allow_open: bool) -> None:
+    """Refuse to serve the store without a token on an address other machines can reach.
+
+    Without a token, anyone who can reach the port can read and rewrite the members and the
+    master address, or close the rendezvous. torchrun's c10d store is that open; we host it
+    so only when asked to explicitly.
+
+    Raises:
+        RendezvousConfigError: ``bind_host`` is not loopback-only, ``token`` is None and
+            ``allow_open`` is false; the message names both ways out.
+    """
+    if token is not None or allow_open or is_loopback_only(bind_host):
+        return
+    raise RendezvousConfigError(
+        f"Refusing to host the c10d rendezvous store on {bind_host}:{port} without a token: anyone who can "
+        "reach it could rewrite the rendezvous. Put the same secret in a file on every node and pass "
+        f"--rdzv-conf token_file=PATH, or pass --rdzv-conf {OPEN_STORE_OPTION}=1 to host it open as torchrun does."
+    )
+
+
 def _should_host(host: str, options: Mapping[str, str]) -> bool:
-    flag = options.get("is_host")
-    if flag is not None:
-        return flag.strip().lower() in ("1", "true", "yes", "on")
+    if options.get("is_host") is not None:
+        return _flag(options, "is_host")
     return _is_local(host)
+
+
+def _flag(options: Mapping[str, str], name: str) -> bool:
+    return options.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def _is_local(host: str) -> bool:

@@ -51,6 +51,7 @@ BACKEND_KEYS = {
     "read_timeout": "torch's c10d store timeout; alias of request_timeout",
     "is_host": "c10d: whether this node hosts the built-in store (default: decided by address)",
     "store_type": "c10d: accepted for torch compatibility (only 'tcp')",
+    "insecure_open_store": "c10d: 1 lets the host serve its store off loopback without a token, as torchrun does",
 }
 
 

@@ -32,7 +32,8 @@ def test_valid_endpoints_parse(text, expected):
         ("ftp://host:1", "scheme"),
         ("::1:2379", "IPv6"),
         ("[::1:2379", "bracket"),
-        ("us er@host:1", "invalid host"),
+        ("us er@host:1", "user info"),
+        ("us er:1", "invalid host"),
     ],
 )
 def test_malformed_endpoints_raise_a_sentence_naming_the_problem(text, says):

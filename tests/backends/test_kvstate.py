@@ -262,6 +262,28 @@ def test_the_history_is_bounded_and_never_keeps_part_of_a_revision(clock):
         state.events_since("", 5)
 
 
+@pytest.mark.parametrize("sizes, limit, compact_revision", [
+    ((100, 100, 100), 10_000, 1),  # all fit
+    ((1000, 1000, 1000), 2_500, 3),  # two revisions fit: revision 2 goes
+    ((1000, 1000, 5000), 2_500, 4),  # the newest alone is over the limit: it stays, alone
+])
+def test_the_history_is_bounded_in_bytes_and_keeps_the_newest_revision(clock, sizes, limit, compact_revision):
+    state = KVState(clock=clock, history_bytes=limit)
+    for size in sizes:
+        state.put("k", b"x" * size)
+    assert state.compact_revision == compact_revision
+    assert state.events_since("", compact_revision)[-1].revision == state.revision
+
+
+def test_keys_over_the_key_limit_are_refused_and_name_the_limit(clock):
+    state = KVState(clock=clock, max_key_bytes=8)
+    state.put("12345678", b"v")
+    with pytest.raises(ValueTooLargeError, match="at most 8 bytes"):
+        state.put("é" * 5, b"v")  # 5 characters, 10 bytes
+    with pytest.raises(ValueTooLargeError):
+        state.put_and_claim("k", b"v", "c" * 9, b"v")
+
+
 def test_a_start_revision_below_one_is_rejected(state):
     with pytest.raises(ValueError):
         state.events_since("", 0)

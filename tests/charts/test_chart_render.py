@@ -147,7 +147,7 @@ def test_external_mode_uses_the_given_endpoints_and_deploys_no_etcd(rendered):
     assert manifests.find("StatefulSet", f"{FULLNAME}-etcd") is None
     assert manifests.find("Service", CLIENT_SERVICE) is None
     assert manifests.find("PodDisruptionBudget", f"{FULLNAME}-etcd") is None
-    assert manifests.of_kind("NetworkPolicy") == []
+    assert manifests.find("NetworkPolicy", f"{FULLNAME}-etcd") is None
     assert manifests.of_kind("Job") == []
 
 
@@ -308,7 +308,7 @@ def test_etcd_members_repel_each_other(rendered, profile, kind):
 # -- NetworkPolicy, Services, budgets, identity ------------------------------------------------
 def test_network_policy_admits_only_this_releases_clients_to_etcd(rendered):
     manifests = rendered[None]
-    [policy] = manifests.of_kind("NetworkPolicy")
+    policy = manifests.get("NetworkPolicy", f"{FULLNAME}-etcd")
     spec = policy["spec"]
     etcd_labels, worker_labels = pod_labels(manifests.etcd), pod_labels(manifests.workers)
     test_labels = pod_labels(manifests.of_kind("Pod")[0])
@@ -329,13 +329,13 @@ def test_network_policy_admits_only_this_releases_clients_to_etcd(rendered):
     assert admitted(2380, etcd_labels)
     assert not admitted(2380, worker_labels) and not admitted(2380, test_labels)
     [auth_job] = rendered["tls-auth"].of_kind("Job")
-    [tls_policy] = rendered["tls-auth"].of_kind("NetworkPolicy")
+    tls_policy = rendered["tls-auth"].get("NetworkPolicy", f"{FULLNAME}-etcd")
     assert any(selector_matches(peer["podSelector"], pod_labels(auth_job))
                for rule in tls_policy["spec"]["ingress"] if rule["ports"][0]["port"] == 2379 for peer in rule["from"])
 
 
 def test_extra_client_peers_are_added_to_the_client_port_rule_only(rendered):
-    [policy] = rendered["single-etcd"].of_kind("NetworkPolicy")
+    policy = rendered["single-etcd"].get("NetworkPolicy", f"{FULLNAME}-etcd")
     extra = values_for("single-etcd")["networkPolicy"]["extraClientPeers"]
     by_port = {rule["ports"][0]["port"]: rule["from"] for rule in policy["spec"]["ingress"]}
     assert by_port[2379][1:] == extra
@@ -407,6 +407,7 @@ def test_default_workers_request_no_gpus(rendered):
 def test_metrics_profile_serves_scrapes_and_charts_the_agent_metrics(rendered):
     manifests = rendered["metrics"]
     port = int(agent(manifests).one("--metrics-port"))
+    assert agent(manifests).one("--metrics-addr") == "0.0.0.0"  # the agent's default is loopback
     main = container(manifests.workers, "elasticrun")
     assert main["ports"] == [{"name": "metrics", "containerPort": port, "protocol": "TCP"}]
     service = manifests.get("Service", f"{FULLNAME}-workers")

@@ -80,8 +80,8 @@ def test_unset_flags_resolve_to_the_launch_config_defaults():
     config = parse(*ETCD, "train.py")
     for name in ("max_restarts", "monitor_interval", "start_method", "role", "log_dir", "redirects", "tee",
                  "local_ranks_filter", "node_rank", "local_addr", "master_addr", "master_port",
-                 "signals_to_handle", "shutdown_timeout", "exit_barrier_timeout", "metrics_port", "event_log",
-                 "dry_run", "rdzv_conf", "standalone"):
+                 "signals_to_handle", "shutdown_timeout", "exit_barrier_timeout", "metrics_port", "metrics_addr",
+                 "event_log", "dry_run", "rdzv_conf", "standalone"):
         default = next(field for field in fields(LaunchConfig) if field.name == name)
         expected = default.default_factory() if callable(default.default_factory) else default.default
         assert getattr(config, name) == expected, name
@@ -141,6 +141,8 @@ SPELLINGS = [
     ("--start-method", "fork", (), "start_method", "fork"),
     ("--exit-barrier-timeout", "60", (), "exit_barrier_timeout", 60.0),
     ("--metrics-port", "9090", (), "metrics_port", 9090),
+    ("--metrics-addr", "0.0.0.0", (), "metrics_addr", "0.0.0.0"),
+    ("--metrics-addr", "[::]", (), "metrics_addr", "::"),
     ("--event-log", "/tmp/events.jsonl", (), "event_log", "/tmp/events.jsonl"),
     ("--dry-run", None, (), "dry_run", True),
     ("--event-log-handler", "console", (), "event_log", None),
@@ -217,6 +219,7 @@ TWINS = [
     ("PET_SHUTDOWN_TIMEOUT", "7", (), "shutdown_timeout", 7.0),
     ("PET_EXIT_BARRIER_TIMEOUT", "9", (), "exit_barrier_timeout", 9.0),
     ("PET_METRICS_PORT", "9100", (), "metrics_port", 9100),
+    ("PET_METRICS_ADDR", "0.0.0.0", (), "metrics_addr", "0.0.0.0"),
     ("PET_EVENT_LOG", "/e.jsonl", (), "event_log", "/e.jsonl"),
 ]
 

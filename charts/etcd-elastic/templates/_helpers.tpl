@@ -210,6 +210,7 @@ elasticrun and the wait-for-etcd init container use the same string.
 {{- $args = append $args "--local-addr=$(POD_IP)" }}
 {{- if .Values.workers.metrics.enabled }}
 {{- $args = append $args (printf "--metrics-port=%d" (int .Values.workers.metrics.port)) }}
+{{- $args = append $args "--metrics-addr=0.0.0.0" }}
 {{- end }}
 {{- range .Values.workers.extraArgs }}
 {{- $args = append $args . }}
