@@ -21,6 +21,7 @@ from typing import IO, Callable
 from elastic.agent.decisions import AgentAction, AgentView, decide
 from elastic.agent.events import Event, EventLog, RestartCause
 from elastic.agent.failures import first_failure, signal_name
+from elastic.agent.lifeline import Lifeline
 from elastic.agent.metrics import AgentMetrics
 from elastic.agent.workers import GroupState, GroupStatus, WorkerGroup, WorkerStartError
 from elastic.launch.config import LaunchConfig
@@ -56,6 +57,8 @@ class ElasticAgent:
         host: this node's name, for reports.
         events, metrics: observability sinks (metrics may be None).
         lease_ttl: how long a dead peer takes to be noticed (the failure grace period).
+        lifeline: keeps the PID file of live workers its watchdog and a restarted agent read
+            (see :mod:`elastic.agent.lifeline`); None: no PID file.
     """
 
     def __init__(
@@ -69,6 +72,7 @@ class ElasticAgent:
         lease_ttl: float = 0.0,
         console: IO | None = None,
         clock: Callable[[], float] = time.monotonic,
+        lifeline: Lifeline | None = None,
     ) -> None:
         self.config = config
         self.handler = handler
@@ -78,6 +82,7 @@ class ElasticAgent:
         self.lease_ttl = lease_ttl
         self._console = console if console is not None else sys.stderr
         self._clock = clock
+        self._lifeline = lifeline
         self._group: WorkerGroup | None = None
         self._last_group: WorkerGroup | None = None
         self.restarts_used = 0
@@ -138,10 +143,14 @@ class ElasticAgent:
     def _start_group(self, info: RendezvousInfo) -> WorkerGroup | None:
         group = WorkerGroup(self.config, info, attempt=self.attempt, restart_count=self.restarts_used)
         try:
+            # Called from run(), in the agent's main thread, which lives as long as the agent: the
+            # workers' parent-death signal follows the thread that forked them (lifeline.py).
             group.start()
         except WorkerStartError as error:
             print(f"elasticrun: cannot start the workers: {error}", file=self._console)
             return None
+        if self._lifeline is not None:
+            self._lifeline.track(group.pids().values())
         self._group = self._last_group = group
         log.info("Run %s node %s: attempt %d started %d workers (ranks %d..%d of %d)",
                  info.run_id, self.host, self.attempt, self.config.nproc_per_node,
@@ -266,6 +275,8 @@ class ElasticAgent:
         if forward is not None:
             group.send_signal(forward)
         group.stop(self.config.shutdown_timeout)
+        if self._lifeline is not None:
+            self._lifeline.untrack(group.pids().values())
 
     def _report_exits(self, state: GroupState, reported: int) -> int:
         for failure in state.failures[reported:]:
