@@ -116,7 +116,9 @@ class Processes:
         self._extra: list[subprocess.Popen] = []
 
     def elasticrun(self, *args: str, name: str | None = None, env: dict[str, str] | None = None) -> Launched:
-        return self._launch(ELASTICRUN + list(args), name or f"agent{len(self.launched)}", env)
+        # TMPDIR: the PID files of agents without --log-dir (which kill_tree leaves) stay in the test's directory.
+        return self._launch(ELASTICRUN + list(args), name or f"agent{len(self.launched)}",
+                            env or clean_env(TMPDIR=str(self.workdir)))
 
     def torchrun(self, *args: str, name: str = "torchrun", env: dict[str, str] | None = None) -> Launched:
         return self._launch(TORCHRUN + list(args), name, env)
