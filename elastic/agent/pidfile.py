@@ -13,7 +13,9 @@ Stopping a worker means SIGKILL to it, to its descendants and to every process o
 (workers are session leaders): that covers a worker's subprocesses and forked DataLoader
 workers, even once the worker itself is gone, because Linux does not hand out a pid again while
 a session of that id has members. A grandchild that left the session (``setsid``) after its
-parent died is out of reach.
+parent died is out of reach. (One case this cannot tell apart: the worker's session emptied,
+its pid went to an unrelated process that led a session of its own and exited, and that
+session's members remain; only a restart long after the death leaves time for that.)
 """
 
 from __future__ import annotations

@@ -216,6 +216,30 @@ def test_a_worker_started_with_the_preexec_dies_when_its_agent_is_sigkilled(spaw
     assert wait_gone([worker], 1.0) == []
 
 
+RECHECK = textwrap.dedent("""
+    import os, signal
+    from elastic.agent.lifeline import parent_death_preexec
+    die_with_parent = parent_death_preexec()  # made for children of this process
+
+    def fate(run):  # how a child running run() ends: 0 if it got past it, else -signal
+        pid = os.fork()
+        if pid == 0:
+            run()
+            os._exit(0)
+        return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+    # A child of ours gets past it; a grandchild (its parent is not ours) kills itself.
+    print(fate(die_with_parent), fate(lambda: os._exit(fate(die_with_parent) + 100)))
+""")
+
+
+@linux_only
+def test_a_child_whose_parent_is_not_the_agent_any_more_kills_itself_at_once():
+    # As a worker whose agent died between fork and prctl: it was re-parented, the signal will never come.
+    out = subprocess.run([sys.executable, "-c", RECHECK], capture_output=True, text=True, timeout=30)
+    assert out.stdout.split() == ["0", str(100 - signal.SIGKILL)], out.stderr
+
+
 @linux_only
 def test_the_preexec_is_withheld_off_the_main_thread_with_one_warning(caplog, monkeypatch):
     # The signal follows the forking thread: a worker forked by a short-lived thread would die with it.
