@@ -116,15 +116,15 @@ class Processes:
         self._extra: list[subprocess.Popen] = []
 
     def elasticrun(self, *args: str, name: str | None = None, env: dict[str, str] | None = None) -> Launched:
-        # TMPDIR: the PID files of agents without --log-dir (which kill_tree leaves) stay in the test's directory.
-        return self._launch(ELASTICRUN + list(args), name or f"agent{len(self.launched)}",
-                            env or clean_env(TMPDIR=str(self.workdir)))
+        return self._launch(ELASTICRUN + list(args), name or f"agent{len(self.launched)}", env)
 
     def torchrun(self, *args: str, name: str = "torchrun", env: dict[str, str] | None = None) -> Launched:
         return self._launch(TORCHRUN + list(args), name, env)
 
     def _launch(self, argv: list[str], name: str, env: dict[str, str] | None) -> Launched:
-        launched = Launched(argv, self.workdir, name, env or clean_env())
+        # TMPDIR (both launchers, so their workers' environments compare equal): the PID files of
+        # our agents without --log-dir, which kill_tree leaves behind, stay in the test's directory.
+        launched = Launched(argv, self.workdir, name, env or clean_env(TMPDIR=str(self.workdir)))
         self.launched.append(launched)
         return launched
 
