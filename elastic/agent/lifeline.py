@@ -10,9 +10,9 @@ Three mechanisms, each covering what the one before cannot:
    long as the agent: the agent's main thread (``ElasticAgent.run`` → ``WorkerGroup.start``). A
    worker forked by any other thread gets no parent-death signal (logged once); the watchdog
    still covers it. The signal reaches the direct child only.
-2. **The watchdog** (any POSIX system): ``python -m elastic.agent.lifeline <pid file>``, one per
-   agent, in its own session, holds the read end of a pipe whose only write end is the
-   agent's. When the agent dies, however, the kernel closes that end; the watchdog reads EOF,
+2. **The watchdog** (any POSIX system, :mod:`elastic.agent.watchdog`), one per agent, in its
+   own session, holds the read end of a pipe whose only write end is the agent's. When the
+   agent dies, however, the kernel closes that end; the watchdog reads EOF,
    SIGKILLs every worker its agent's PID file names with their descendants and sessions
    (:func:`elastic.agent.pidfile.kill_workers`), removes the file and exits. This is what
    catches grandchildren: a worker's subprocesses and forked DataLoader workers stay in its
@@ -22,11 +22,13 @@ Three mechanisms, each covering what the one before cannot:
    same run in the same state directory and stops what they still name, with one log line.
    That covers an agent killed together with its watchdog.
 
-Why a ``preexec_fn`` despite Python's warning about threads: the function is two foreign calls
+Why a ``preexec_fn`` despite Python's warning about threads: ours makes one foreign call
 prepared in the parent (``prctl`` through a ctypes function pointer resolved at import, so no
-``dlsym`` in the child) and ``getppid``/``kill``; it takes no lock another thread could hold
-(CPython disables the garbage collector around the fork, and glibc resets malloc's locks in
-the child). An exec wrapper would cost an extra exec per worker and could not close the race.
+``dlsym`` in the child), then ``getppid`` and at worst ``kill``; it takes no lock another thread
+could hold (CPython disables the garbage collector around the fork, so no finalizer runs, and
+glibc resets malloc's locks in the child). An exec wrapper (util-linux's ``setpriv
+--pdeathsig``) costs an exec per worker and does not re-check the parent; a Python wrapper
+costs an interpreter start. The cost of ours: CPython forks instead of vforking (README).
 """
 
 from __future__ import annotations
@@ -183,7 +185,7 @@ class Lifeline:
                             "this run before starting new workers.", self.run_id, self._node, len(killed),
                             killed, live.agent.pid)
             stopped.extend(killed)
-            _remove(path, directory_too=False)
+            pidfile.remove(path, directory_too=False)
         return stopped
 
     def track(self, pids: Iterable[int]) -> None:
@@ -208,7 +210,7 @@ class Lifeline:
         exiting on an unexpected error) are left in the file for the watchdog to kill."""
         with self._lock:
             if not self._workers:
-                _remove(self.path)
+                pidfile.remove(self.path)
         if self._pipe_w is not None:
             os.close(self._pipe_w)
             self._pipe_w = None
@@ -241,7 +243,7 @@ class Lifeline:
         read_end, self._pipe_w = os.pipe()  # both close-on-exec; only the watchdog gets read_end
         try:
             self._watchdog = subprocess.Popen(
-                [sys.executable, "-m", "elastic.agent.lifeline", self.path],
+                [sys.executable, "-m", "elastic.agent.watchdog", self.path],
                 stdin=read_end, stdout=subprocess.DEVNULL, start_new_session=True, close_fds=True,
             )  # fmt: skip
         finally:
@@ -260,47 +262,3 @@ def _private_dir(directory: str) -> str:
     if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
         raise OSError(f"{directory} is not a directory owned by this user (uid {os.geteuid()})")
     return directory
-
-
-def _remove(path: str, *, directory_too: bool = True) -> None:
-    """Remove a PID file, and its run directory if that is now empty."""
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-    if directory_too:
-        try:
-            os.rmdir(os.path.dirname(path))
-        except OSError:
-            pass  # not empty (logs, another agent's file) or already gone
-
-
-def _watch(path: str) -> int:
-    """The watchdog: wait for EOF on stdin (the agent gone), then stop what ``path`` names."""
-    for sig in (signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, signal.SIG_IGN)
-    while os.read(0, 4096):
-        pass
-    try:
-        live = pidfile.read(path)
-    except FileNotFoundError:
-        return 0  # the agent exited normally and removed it
-    except (pidfile.PidFileError, OSError) as exc:
-        print(f"elasticrun lifeline: cannot read {path}: {exc}", file=sys.stderr)
-        return 1
-    killed = pidfile.kill_workers(live.workers)
-    _remove(path)
-    if killed:
-        try:
-            print(f"elasticrun lifeline: agent {live.agent.pid} of run {live.run_id} died; "
-                  f"killed {len(killed)} worker process(es) {killed}", file=sys.stderr, flush=True)
-        except OSError:
-            pass
-    return 0
-
-
-if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        print("usage: python -m elastic.agent.lifeline <pid file>  (started by elasticrun)", file=sys.stderr)
-        sys.exit(2)
-    sys.exit(_watch(sys.argv[1]))

@@ -3,7 +3,7 @@
 An agent keeps ``<state dir>/workers-<agent pid>.json`` up to date: its own identity and each
 live worker's, where an identity is a pid *and* the process's start time, so a pid the kernel
 gave to another process since is never taken for a worker. Two readers use it: the lifeline
-watchdog (:mod:`elastic.agent.lifeline`) when its agent dies, and a restarted agent of the same
+watchdog (:mod:`elastic.agent.watchdog`) when its agent dies, and a restarted agent of the same
 run, which stops what a dead agent's file still names before it starts new workers.
 
 The file is versioned JSON (never pickle), at most :data:`MAX_FILE_BYTES`, owned by the reader's
@@ -42,6 +42,7 @@ __all__ = [
     "kill_workers",
     "liveness",
     "read",
+    "remove",
     "write",
 ]
 
@@ -186,6 +187,19 @@ def read(path: str) -> LiveWorkers:
     finally:
         os.close(fd)
     return decode(data)
+
+
+def remove(path: str, *, directory_too: bool = True) -> None:
+    """Remove a PID file if it exists, and (``directory_too``) its directory if now empty."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    if directory_too:
+        try:
+            os.rmdir(os.path.dirname(path))
+        except OSError:
+            pass  # not empty (logs, another agent's file) or already gone
 
 
 # -- stopping --------------------------------------------------------------------------------------

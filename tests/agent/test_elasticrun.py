@@ -532,7 +532,7 @@ def grandchildren_started(procs: Processes, reports: Reports, launched: Launched
 
 
 def lifeline_watchdog(launched: Launched) -> psutil.Process:
-    [watchdog] = [p for p in launched.tree() if "elastic.agent.lifeline" in p.cmdline()]
+    [watchdog] = [p for p in launched.tree() if "elastic.agent.watchdog" in p.cmdline()]
     return watchdog
 
 
@@ -547,7 +547,7 @@ def test_sigkill_of_the_agent_kills_its_workers_and_their_grandchildren_within_1
     watchdog.wait(timeout=10)  # the watchdog leaves too
     agent.proc.wait(timeout=10)
     # The workers died of their parent-death signal; the watchdog killed the grandchildren.
-    assert "elasticrun lifeline: agent" in agent.stderr
+    assert "elasticrun watchdog: agent" in agent.stderr
 
 
 def test_stock_torchrun_leaves_its_worker_and_grandchildren_running_when_killed(procs, reports):

@@ -348,7 +348,7 @@ def test_the_watchdog_kills_the_tracked_workers_when_its_agent_dies_or_exits_wit
     assert wait_gone([watchdog], 5.0) == []
     if how == "sigkill":
         agent.wait(timeout=5)
-        assert "elasticrun lifeline: agent" in agent.stderr.read()
+        assert "elasticrun watchdog: agent" in agent.stderr.read()
     assert not state.exists()
 
 
