@@ -147,7 +147,11 @@ class Lifeline:
         lifeline.stop_stale()
         lifeline._write()
         if watchdog:
-            lifeline._start_watchdog()
+            try:
+                lifeline._start_watchdog()
+            except OSError:
+                pidfile.remove(lifeline.path)
+                raise
         return lifeline
 
     @property

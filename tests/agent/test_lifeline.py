@@ -366,3 +366,16 @@ def test_state_dir_is_under_the_log_dir_or_a_private_temporary_root(tmp_path):
     root = os.path.dirname(lifeline.state_dir(None, "run-1"))
     info = os.lstat(root)
     assert info.st_uid == os.geteuid() and info.st_mode & 0o077 == 0
+
+
+def test_a_state_directory_that_is_a_symlink_or_a_file_is_refused(tmp_path):
+    # A PID file found there could name any process: nothing is read from, or written to, it.
+    real = tmp_path / "real"
+    real.mkdir()
+    (tmp_path / "link").symlink_to(real)
+    with pytest.raises(OSError, match="not a directory owned by this user"):
+        Lifeline.open(str(tmp_path / "link"), "run-1", "node-a", watchdog=False)
+    (tmp_path / "file").write_text("")
+    with pytest.raises(OSError):
+        Lifeline.open(str(tmp_path / "file"), "run-1", "node-a", watchdog=False)
+    assert os.listdir(real) == []
