@@ -7,7 +7,8 @@ still names, with their descendants and sessions (:func:`elastic.agent.pidfile.k
 removes the file, prints one line to the agent's stderr and exits. An agent that exits normally
 removes its file first: the watchdog then exits at once.
 
-It imports nothing heavy until it has work, so it costs the agent's start little.
+It imports what it needs (psutil) before it blocks, so the kill does not wait for an import,
+and leaves with ``os._exit``, so an agent closing its lifeline does not wait for a teardown.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import os
 import signal
 import sys
 
+from elastic.agent import pidfile
+
 
 def watch(path: str) -> int:
     """Wait for EOF on stdin (the agent gone), then stop what ``path`` names; the exit status."""
@@ -23,14 +26,10 @@ def watch(path: str) -> int:
         signal.signal(sig, signal.SIG_IGN)
     while os.read(0, 4096):
         pass
-    if not os.path.exists(path):
-        return 0  # the agent exited normally and removed it
-    from elastic.agent import pidfile  # only now: psutil is not needed on the common path
-
     try:
         live = pidfile.read(path)
     except FileNotFoundError:
-        return 0
+        return 0  # the agent exited normally and removed it
     except (pidfile.PidFileError, OSError) as exc:
         print(f"elasticrun watchdog: cannot read {path}: {exc}", file=sys.stderr)
         return 1
