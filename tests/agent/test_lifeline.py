@@ -7,6 +7,7 @@ every process a test starts is killed by its PID at the end. End-to-end SIGKILLs
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import signal
@@ -256,9 +257,16 @@ def test_the_preexec_is_withheld_off_the_main_thread_with_one_warning(caplog, mo
     assert "no parent-death signal" in warning
 
 
-def test_off_linux_there_is_no_preexec(monkeypatch):
-    monkeypatch.setattr(lifeline, "_set_pdeathsig", None)
-    assert parent_death_preexec() is None
+def test_off_linux_the_module_imports_and_gives_no_preexec(monkeypatch):
+    monkeypatch.setattr(sys, "platform", "darwin")
+    try:
+        reloaded = importlib.reload(lifeline)  # as imported on macOS
+        assert not reloaded.PDEATHSIG_AVAILABLE
+        assert reloaded.parent_death_preexec() is None
+    finally:
+        monkeypatch.undo()
+        importlib.reload(lifeline)
+    assert lifeline.PDEATHSIG_AVAILABLE is sys.platform.startswith("linux")
 
 
 # -- the agent's side ------------------------------------------------------------------------------
