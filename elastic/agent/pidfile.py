@@ -116,10 +116,13 @@ def start_time(pid: int) -> float | None:
 
 def encode(live: LiveWorkers) -> bytes:
     """The file's bytes for ``live``."""
-    ident = lambda p: {"pid": p.pid, "start": p.start}  # noqa: E731
-    doc = {"v": VERSION, "run_id": live.run_id, "agent": ident(live.agent),
-           "workers": [ident(w) for w in live.workers]}  # fmt: skip
+    doc = {"v": VERSION, "run_id": live.run_id, "agent": _ident(live.agent),
+           "workers": [_ident(w) for w in live.workers]}  # fmt: skip
     return json.dumps(doc, sort_keys=True).encode()
+
+
+def _ident(process: ProcessId) -> dict[str, object]:
+    return {"pid": process.pid, "start": process.start}
 
 
 def decode(data: bytes) -> LiveWorkers:
