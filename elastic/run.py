@@ -116,6 +116,10 @@ Differences from torchrun
 * ``--nproc-per-node`` detects NVIDIA GPUs only; give XPU and other accelerators a number.
 * A bad command line prints one line, ``elasticrun: error: <flag>: <what is accepted>``, and
   exits with status 2.
+* Workers die with the agent even when it is SIGKILLed or OOM-killed (on Linux by the
+  parent-death signal; their subprocesses, and everything off Linux, by a watchdog process). A
+  restarted agent of the same run and log directory first stops what a dead one left. See
+  ``elastic.agent.lifeline`` and the README's "Failure behaviour".
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ from typing import IO, Callable
 from elastic.agent.decisions import AgentAction, AgentView, decide
 from elastic.agent.events import Event, EventLog, RestartCause
 from elastic.agent.failures import first_failure, signal_name
+from elastic.agent.lifeline import Lifeline
 from elastic.agent.metrics import AgentMetrics
 from elastic.agent.store_host import StoreHost, StoreHostError
 from elastic.agent.worker_env import python_executable
@@ -60,6 +61,8 @@ class ElasticAgent:
         host: this node's name, for reports.
         events, metrics: observability sinks (metrics may be None).
         lease_ttl: how long a dead peer takes to be noticed (the failure grace period).
+        lifeline: keeps the PID file of live workers its watchdog and a restarted agent read
+            (see :mod:`elastic.agent.lifeline`); None: no PID file.
     """
 
     def __init__(
@@ -74,6 +77,7 @@ class ElasticAgent:
         console: IO | None = None,
         clock: Callable[[], float] = time.monotonic,
         store_host: StoreHost | None = None,
+        lifeline: Lifeline | None = None,
     ) -> None:
         self.config = config
         self.handler = handler
@@ -83,6 +87,7 @@ class ElasticAgent:
         self.lease_ttl = lease_ttl
         self._console = console if console is not None else sys.stderr
         self._clock = clock
+        self._lifeline = lifeline
         self._group: WorkerGroup | None = None
         self._last_group: WorkerGroup | None = None
         self.restarts_used = 0
@@ -151,10 +156,14 @@ class ElasticAgent:
         group = WorkerGroup(self.config, info, attempt=self.attempt, restart_count=self._restart_count(info),
                             use_agent_store=use_agent_store, node_id=self.node_id)
         try:
+            # Called from run(), in the agent's main thread, which lives as long as the agent: the
+            # workers' parent-death signal follows the thread that forked them (lifeline.py).
             group.start()
         except WorkerStartError as error:
             print(f"elasticrun: cannot start the workers: {error}", file=self._console)
             return None
+        if self._lifeline is not None:
+            self._lifeline.track(group.pids().values())
         self._group = self._last_group = group
         ranks = group.global_ranks()
         log.info("Run %s node %s: attempt %d started %d workers (ranks %d..%d of %d)",
@@ -339,6 +348,8 @@ class ElasticAgent:
         group.stop(self.config.shutdown_timeout)
         if self._store_host is not None:
             self._store_host.release()
+        if self._lifeline is not None:
+            self._lifeline.untrack(group.pids().values())
 
     def _report_exits(self, state: GroupState, reported: int) -> int:
         for failure in state.failures[reported:]:

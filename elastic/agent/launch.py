@@ -21,6 +21,7 @@ from contextlib import ExitStack
 
 from elastic.agent.agent import ElasticAgent, SignalReceived
 from elastic.agent.events import EventLog
+from elastic.agent.lifeline import Lifeline, state_dir
 from elastic.agent.metrics import AgentMetrics, MetricsServer, MetricsServerError
 from elastic.agent.store_host import StoreHost
 from elastic.agent.worker_env import omp_threads_notice, python_executable
@@ -50,8 +51,9 @@ def run(config: LaunchConfig) -> int:
             events = cleanup.enter_context(EventLog(config.event_log, run_id=config.run_id, node=socket.gethostname()))
             metrics = AgentMetrics(run_id=config.run_id, node=socket.gethostname())
             store_host = StoreHost(python_executable(os.environ), os.environ) if config.rdzv_backend != "static" else None
+            lifeline = _open_lifeline(config, cleanup)
             agent = ElasticAgent(config, handler, host=socket.gethostname(), events=events, metrics=metrics,
-                                 lease_ttl=settings.lease_ttl, store_host=store_host)
+                                 lease_ttl=settings.lease_ttl, store_host=store_host, lifeline=lifeline)
             if config.metrics_port is not None:
                 server = MetricsServer(config.metrics_port, config.metrics_addr, registry=metrics.registry,
                                        health=lambda: (agent.healthy, _health_text(agent)))
@@ -88,6 +90,19 @@ def _with_standalone_store(config: LaunchConfig, cleanup: ExitStack) -> LaunchCo
     run_id = config.run_id if config.run_id not in ("", "none") else str(uuid.uuid4())
     return dataclasses.replace(config, rdzv_backend="tcp", rdzv_endpoint=server.endpoint, run_id=run_id,
                                rdzv_conf={**config.rdzv_conf, "token": token})
+
+
+def _open_lifeline(config: LaunchConfig, cleanup: ExitStack) -> Lifeline | None:
+    """Stop what a dead agent of this run left, start the watchdog; on failure, one warning line
+    (the parent-death signal still covers the workers on Linux)."""
+    try:
+        lifeline = Lifeline.open(state_dir(config.log_dir, config.run_id), config.run_id, socket.gethostname())
+    except OSError as error:
+        print(f"elasticrun: warning: no PID file or watchdog for the workers ({error}); if this agent is "
+              "killed, only the workers themselves (Linux) are sure to die with it", file=sys.stderr)
+        return None
+    cleanup.callback(lifeline.close)
+    return lifeline
 
 
 def _install_signal_handlers(names: tuple[str, ...]) -> None:

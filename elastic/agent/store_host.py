@@ -19,6 +19,8 @@ import socket
 import subprocess
 from typing import Mapping
 
+from elastic.agent.lifeline import parent_death_preexec
+
 log = logging.getLogger(__name__)
 
 __all__ = ["StoreHost", "StoreHostError"]
@@ -144,6 +146,7 @@ class StoreHost:
                 [self._python, "-c", _HOST_PROGRAM, str(theirs.fileno())],
                 env=self._environ, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL, pass_fds=(theirs.fileno(),), start_new_session=True,
+                preexec_fn=parent_death_preexec(),  # dies with the agent, even during its torch import
             )
         except OSError:
             ours.close()

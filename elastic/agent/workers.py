@@ -2,7 +2,8 @@
 
 A :class:`WorkerGroup` runs ``nproc_per_node`` workers for one rendezvous round and attempt.
 Each worker is its own session (``start_new_session``), so the worker and everything it spawns
-can be found and signalled; stdin is ``/dev/null``.
+can be found and signalled; stdin is ``/dev/null``. On Linux each worker also gets the
+parent-death signal (:mod:`elastic.agent.lifeline`): start groups from the agent's main thread.
 
 Output, per local rank and stream, as torchrun's ``--redirects``/``--tee``/``--local-ranks-filter``:
 
@@ -52,6 +53,7 @@ from elastic.agent.failures import (
     read_log_tail,
     root_cause_summary,
 )
+from elastic.agent.lifeline import parent_death_preexec
 from elastic.agent.private_files import open_private_file
 from elastic.agent.worker_env import python_executable, worker_argv, worker_env, worker_ranks
 from elastic.launch.config import LaunchConfig, Std
@@ -545,6 +547,8 @@ class WorkerGroup:
                 stderr=std["stderr"],
                 start_new_session=True,
                 close_fds=True,
+                # Linux: SIGKILL when this thread's process dies (see elastic.agent.lifeline).
+                preexec_fn=parent_death_preexec(),
             )
         finally:
             for fp in opened:  # the child holds its own copies

@@ -122,7 +122,9 @@ class Processes:
         return self._launch(TORCHRUN + list(args), name, env)
 
     def _launch(self, argv: list[str], name: str, env: dict[str, str] | None) -> Launched:
-        launched = Launched(argv, self.workdir, name, env or clean_env())
+        # TMPDIR (both launchers, so their workers' environments compare equal): the PID files of
+        # our agents without --log-dir, which kill_tree leaves behind, stay in the test's directory.
+        launched = Launched(argv, self.workdir, name, env or clean_env(TMPDIR=str(self.workdir)))
         self.launched.append(launched)
         return launched
 
@@ -488,3 +490,103 @@ def test_worker_environment_equals_torchruns_key_by_key(procs, tmp_path):
         assert (ours_env["TORCHELASTIC_USE_AGENT_STORE"], theirs_env["TORCHELASTIC_USE_AGENT_STORE"]) == ("True", "True")
         different = {key for key in theirs_env if key not in BY_FORM and ours_env[key] != theirs_env[key]}
         assert different == set(), {key: (ours_env[key], theirs_env[key]) for key in different}
+
+
+# -- 10: no orphans, whatever kills the agent --------------------------------------------------
+
+
+def start_times(pids: list[int]) -> dict[int, float]:
+    """pid → start time, to tell our processes from later ones that reuse a pid."""
+    return {pid: psutil.Process(pid).create_time() for pid in pids}
+
+
+def still_running(started: dict[int, float]) -> list[int]:
+    """The processes of ``started`` that still run (a zombie does not)."""
+    left = []
+    for pid, start in started.items():
+        try:
+            proc = psutil.Process(pid)
+            if proc.create_time() == start and proc.status() != psutil.STATUS_ZOMBIE:
+                left.append(pid)
+        except psutil.Error:
+            pass
+    return sorted(left)
+
+
+def wait_gone(started: dict[int, float], timeout: float) -> list[int]:
+    """Poll until none of ``started`` runs or ``timeout`` passes; the survivors."""
+    deadline = time.monotonic() + timeout
+    while (left := still_running(started)) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return left
+
+
+def grandchildren_started(procs: Processes, reports: Reports, launched: Launched, workers: int) -> dict[int, float]:
+    """Wait for ``workers`` grandchildren.py workers to report; every worker and grandchild pid."""
+    records = reports.wait_for(f"{workers} workers with grandchildren",
+                               lambda rs: len([r for r in rs if r["event"] == "grandchildren"]) == workers, [launched])
+    pids = [pid for r in records if r["event"] == "grandchildren" for pid in [r["pid"], *r["children"]]]
+    procs.worker_pids.update(pids)
+    started = start_times(pids)
+    assert len(started) == 3 * workers and still_running(started) == sorted(started)
+    return started
+
+
+def lifeline_watchdog(launched: Launched) -> psutil.Process:
+    [watchdog] = [p for p in launched.tree() if "elastic.agent.watchdog" in p.cmdline()]
+    return watchdog
+
+
+def test_sigkill_of_the_agent_kills_its_workers_and_their_grandchildren_within_1s(procs, reports):
+    agent = procs.elasticrun("--standalone", "--nproc-per-node=2", script("grandchildren.py"), str(reports.path))
+    started = grandchildren_started(procs, reports, agent, workers=2)
+    watchdog = lifeline_watchdog(agent)
+
+    agent.proc.kill()  # as the OOM killer: the agent alone, no chance to run any code
+    survivors = wait_gone(started, timeout=1.0)
+    assert survivors == [], f"alive 1 s after the agent's SIGKILL: {survivors}"
+    watchdog.wait(timeout=10)  # the watchdog leaves too
+    agent.proc.wait(timeout=10)
+    # The workers died of their parent-death signal; the watchdog killed the grandchildren.
+    assert "elasticrun watchdog: agent" in agent.stderr
+
+
+def test_stock_torchrun_leaves_its_worker_and_grandchildren_running_when_killed(procs, reports):
+    """What the README's failure-behaviour section says of torchrun (and so of our torchrun plugin)."""
+    torchrun = procs.torchrun("--standalone", "--nproc-per-node=1", script("grandchildren.py"), str(reports.path))
+    started = grandchildren_started(procs, reports, torchrun, workers=1)
+    torchrun.proc.kill()
+    torchrun.proc.wait(timeout=10)
+    time.sleep(1.0)
+    assert still_running(started) == sorted(started)  # orphans, until a test's cleanup kills them
+
+
+def test_a_restarted_agent_stops_what_its_dead_predecessor_left_before_starting_workers(procs, reports, tmp_path):
+    port, token_file = free_port(), tmp_path / "store.token"
+    token_file.write_text(uuid.uuid4().hex)
+    procs.tcp_store(port, token_file)  # (--standalone would give each agent a new run id)
+    flags = ["--nnodes=1", "--rdzv-backend=tcp", f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id={run_id()}",
+             f"--rdzv-conf={FAST_CONF},token_file={token_file}", "--local-addr=127.0.0.1",
+             f"--log-dir={tmp_path / 'logs'}", "--nproc-per-node=1", script("grandchildren.py"), str(reports.path)]
+    first = procs.elasticrun(*flags, name="first")
+    started = grandchildren_started(procs, reports, first, workers=1)
+    [worker] = [r["pid"] for r in reports.events("grandchildren")]
+    # The agent and its watchdog die together (one SIGKILL each, watchdog first): only the
+    # parent-death signal acts, so the worker dies and its grandchildren are left in its session.
+    lifeline_watchdog(first).kill()
+    first.proc.kill()
+    first.proc.wait(timeout=10)
+    assert wait_gone({worker: started[worker]}, timeout=1.0) == []
+    left = {pid: start for pid, start in started.items() if pid != worker}
+    assert still_running(left) == sorted(left)
+
+    second = procs.elasticrun(*flags, name="second")
+    reports.wait_for("the second agent's worker", lambda rs: len([r for r in rs if r["event"] == "grandchildren"]) == 2,
+                     [second])
+    assert still_running(left) == []
+    stderr = second.stderr
+    notices = [line for line in stderr.splitlines() if "left by an earlier agent" in line]
+    assert len(notices) == 1 and f"(pid {first.pid})" in notices[0], stderr
+    assert stderr.index("left by an earlier agent") < stderr.index("started 1 default worker(s)")
+    second.proc.send_signal(signal.SIGTERM)
+    assert second.wait(timeout=30) == 143, second.stderr

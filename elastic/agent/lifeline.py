@@ -1,0 +1,268 @@
+"""Workers die with their agent, whatever kills it (SIGKILL, the OOM killer, a crash).
+
+Three mechanisms, each covering what the one before cannot:
+
+1. **Parent-death signal** (Linux): :func:`parent_death_preexec` gives ``Popen`` a
+   ``preexec_fn`` that calls ``prctl(PR_SET_PDEATHSIG, SIGKILL)`` in the child before exec, then
+   re-checks the parent pid (an agent that died before the ``prctl`` would never send the
+   signal) and kills itself if the parent changed. The kernel sends the signal when the
+   *thread* that forked the child exits, so workers must be forked by a thread that lives as
+   long as the agent: the agent's main thread (``ElasticAgent.run`` → ``WorkerGroup.start``). A
+   worker forked by any other thread gets no parent-death signal (logged once); the watchdog
+   still covers it. The signal reaches the direct child only.
+2. **The watchdog** (any POSIX system, :mod:`elastic.agent.watchdog`), one per agent, in its
+   own session, holds the read end of a pipe whose only write end is the agent's. When the
+   agent dies, however, the kernel closes that end; the watchdog reads EOF,
+   SIGKILLs every worker its agent's PID file names with their descendants and sessions
+   (:func:`elastic.agent.pidfile.kill_workers`), removes the file and exits. This is what
+   catches grandchildren: a worker's subprocesses and forked DataLoader workers stay in its
+   session. An agent that exits normally removes its file first, so the watchdog finds
+   nothing to do.
+3. **The restarted agent**: :meth:`Lifeline.open` reads the PID files of dead agents of the
+   same run in the same state directory and stops what they still name, with one log line.
+   That covers an agent killed together with its watchdog.
+
+Why a ``preexec_fn`` despite Python's warning about threads: ours makes one foreign call
+prepared in the parent (``prctl`` through a ctypes function pointer resolved at import, so no
+``dlsym`` in the child), then ``getppid`` and at worst ``kill``; it takes no lock another thread
+could hold (CPython disables the garbage collector around the fork, so no finalizer runs, and
+glibc resets malloc's locks in the child). An exec wrapper (util-linux's ``setpriv
+--pdeathsig``) costs an exec per worker and does not re-check the parent; a Python wrapper
+costs an interpreter start. The cost of ours: CPython forks instead of vforking (README).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+from typing import Callable, Iterable
+
+from elastic.agent import pidfile
+from elastic.agent.pidfile import LiveWorkers, ProcessId
+
+log = logging.getLogger(__name__)
+
+__all__ = ["PDEATHSIG_AVAILABLE", "Lifeline", "parent_death_preexec", "state_dir"]
+
+_PR_SET_PDEATHSIG = 1
+_WATCHDOG_EXIT_S = 5.0
+
+
+def _load_prctl() -> Callable[[], int] | None:
+    """``prctl(PR_SET_PDEATHSIG, SIGKILL)`` as a ready ctypes call, or None off Linux."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    prctl.restype = ctypes.c_int
+    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    args = (ctypes.c_int(_PR_SET_PDEATHSIG), ctypes.c_ulong(signal.SIGKILL),
+            ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0))  # fmt: skip
+    return lambda: prctl(*args)
+
+
+_set_pdeathsig = _load_prctl()
+PDEATHSIG_AVAILABLE = _set_pdeathsig is not None
+"""Whether this platform has the parent-death signal (Linux)."""
+
+_warned_thread = False
+
+
+def parent_death_preexec() -> Callable[[], None] | None:
+    """A ``preexec_fn`` making the child die by SIGKILL when the calling thread's process dies.
+
+    ``None`` (no ``preexec_fn``) off Linux, or when called from a thread other than the main
+    one: the signal would fire when that thread exits (logged once).
+    """
+    global _warned_thread
+    set_pdeathsig = _set_pdeathsig
+    if set_pdeathsig is None:
+        return None
+    if threading.current_thread() is not threading.main_thread():
+        if not _warned_thread:
+            _warned_thread = True
+            log.warning("Workers started from thread %s get no parent-death signal (it follows the "
+                        "forking thread); the lifeline watchdog still stops them if the agent dies.",
+                        threading.current_thread().name)
+        return None
+    parent = os.getpid()
+
+    def die_with_parent() -> None:  # runs in the child between fork and exec: keep it minimal
+        set_pdeathsig()
+        if os.getppid() != parent:  # the parent died before prctl: the signal will never come
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return die_with_parent
+
+
+def state_dir(log_dir: str | None, run_id: str) -> str:
+    """Where a run's PID files live: ``<log_dir>/<run_id>``, or without ``--log-dir``
+    ``<tmp>/elasticrun-<uid>/<run_id>`` (stable, so a restarted agent finds it).
+
+    Raises:
+        OSError: ``<tmp>/elasticrun-<uid>`` cannot be created or is not this user's.
+    """
+    root = log_dir
+    if not root:
+        root = os.path.join(tempfile.gettempdir(), f"elasticrun-{os.geteuid()}")
+        _private_dir(root)
+    return os.path.join(root, run_id.replace(os.sep, "_") or "run")
+
+
+class Lifeline:
+    """The agent's side: its PID file and its watchdog. Use :meth:`open`; :meth:`close` at exit."""
+
+    def __init__(self, directory: str, run_id: str, node: str) -> None:
+        self.directory = directory
+        self.run_id = run_id
+        self._node = node
+        me = ProcessId.of(os.getpid())
+        if me is None:  # psutil cannot see this process: nothing can be tracked
+            raise OSError("cannot read this process's start time")
+        self._me = me
+        self.path = os.path.join(directory, f"workers-{me.pid}.json")
+        self._workers: dict[int, ProcessId] = {}
+        self._lock = threading.Lock()
+        self._pipe_w: int | None = None
+        self._watchdog: subprocess.Popen | None = None
+
+    @classmethod
+    def open(cls, directory: str, run_id: str, node: str, *, watchdog: bool = True) -> Lifeline:
+        """Stop what dead agents of this run left in ``directory``, then write our (empty) PID
+        file and start the watchdog.
+
+        Raises:
+            OSError: the directory or the PID file cannot be written, or the watchdog cannot start.
+        """
+        lifeline = cls(_private_dir(directory), run_id, node)
+        lifeline.stop_stale()
+        lifeline._write()
+        if watchdog:
+            try:
+                lifeline._start_watchdog()
+            except OSError:
+                pidfile.remove(lifeline.path)
+                raise
+        return lifeline
+
+    @property
+    def watchdog_pid(self) -> int | None:
+        """The watchdog's pid (None without one)."""
+        return self._watchdog.pid if self._watchdog is not None else None
+
+    def stop_stale(self) -> list[int]:
+        """SIGKILL the workers named by the PID files of dead agents here, and remove those files.
+
+        Files of live agents (another node of the run on this host) are left alone; a bad file
+        is reported in one line and left in place. Returns the pids signalled.
+        """
+        stopped: list[int] = []
+        try:
+            names = sorted(os.listdir(self.directory))
+        except FileNotFoundError:
+            return stopped
+        for name in names:
+            path = os.path.join(self.directory, name)
+            if not (name.startswith("workers-") and name.endswith(".json")) or path == self.path:
+                continue
+            try:
+                live = pidfile.read(path)
+            except FileNotFoundError:
+                continue
+            except (pidfile.PidFileError, OSError) as exc:
+                log.warning("Run %s node %s: ignoring the PID file %s: %s", self.run_id, self._node, path, exc)
+                continue
+            if pidfile.liveness(live.agent, pidfile.start_time(live.agent.pid)) is pidfile.Liveness.ALIVE:
+                continue
+            killed = pidfile.kill_workers(live.workers)
+            if killed:
+                log.warning("Run %s node %s: stopped %d process(es) %s left by an earlier agent (pid %d) of "
+                            "this run before starting new workers.", self.run_id, self._node, len(killed),
+                            killed, live.agent.pid)
+            stopped.extend(killed)
+            pidfile.remove(path, directory_too=False)
+        return stopped
+
+    def track(self, pids: Iterable[int]) -> None:
+        """Add workers to the PID file (call right after they start); a failed write is logged."""
+        with self._lock:
+            for pid in pids:
+                ident = ProcessId.of(pid)
+                if ident is not None:
+                    self._workers[pid] = ident
+            self._write_logged()
+
+    def untrack(self, pids: Iterable[int]) -> None:
+        """Drop workers from the PID file (call once they are stopped); a failed write is logged."""
+        with self._lock:
+            for pid in pids:
+                self._workers.pop(pid, None)
+            self._write_logged()
+
+    def close(self) -> None:
+        """Release the watchdog. Normally no worker is tracked any more: the PID file is removed
+        first and the watchdog exits finding nothing to do. Workers still tracked (the agent is
+        exiting on an unexpected error) are left in the file for the watchdog to kill."""
+        with self._lock:
+            if not self._workers:
+                pidfile.remove(self.path)
+        if self._pipe_w is not None:
+            os.close(self._pipe_w)
+            self._pipe_w = None
+        if self._watchdog is not None:
+            try:
+                self._watchdog.wait(timeout=_WATCHDOG_EXIT_S)
+            except subprocess.TimeoutExpired:
+                log.warning("Run %s: the lifeline watchdog (pid %d) did not exit; killing it.",
+                            self.run_id, self._watchdog.pid)
+                self._watchdog.kill()
+                self._watchdog.wait()
+            self._watchdog = None
+
+    def _write(self) -> None:
+        live = LiveWorkers(self.run_id, self._me, tuple(self._workers.values()))
+        try:
+            pidfile.write(self.path, live)
+        except FileNotFoundError:  # a dead agent's watchdog removed the emptied directory
+            _private_dir(self.directory)
+            pidfile.write(self.path, live)
+
+    def _write_logged(self) -> None:
+        try:
+            self._write()
+        except OSError as exc:
+            log.warning("Run %s node %s: cannot update the PID file %s (%s); a restarted agent or the "
+                        "watchdog may miss these workers.", self.run_id, self._node, self.path, exc)
+
+    def _start_watchdog(self) -> None:
+        read_end, self._pipe_w = os.pipe()  # both close-on-exec; only the watchdog gets read_end
+        try:
+            self._watchdog = subprocess.Popen(
+                [sys.executable, "-m", "elastic.agent.watchdog", self.path],
+                stdin=read_end, stdout=subprocess.DEVNULL, start_new_session=True, close_fds=True,
+            )  # fmt: skip
+        finally:
+            os.close(read_end)
+
+
+def _private_dir(directory: str) -> str:
+    """``directory``, created (0700) if missing.
+
+    Raises:
+        OSError: it cannot be created, or it is not a directory owned by this user (a PID file
+            found there could name any process).
+    """
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    info = os.lstat(directory)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
+        raise OSError(f"{directory} is not a directory owned by this user (uid {os.geteuid()})")
+    return directory
