@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from typing import IO, Callable
 
-from elastic.agent.decisions import AgentAction, AgentView, decide
+from elastic.agent.decisions import AgentAction, AgentView, decide, should_exclude
 from elastic.agent.events import Event, EventLog, RestartCause
 from elastic.agent.failures import first_failure, signal_name
 from elastic.agent.lifeline import Lifeline
@@ -42,6 +42,16 @@ class SignalReceived(Exception):
     def __init__(self, signum: int) -> None:
         super().__init__(f"received {signal.Signals(signum).name}")
         self.signum = signum
+
+
+@dataclass(frozen=True)
+class ExclusionPolicy:
+    """``--rdzv-conf max_node_failures=N,exclusion_cooldown=S``: a node whose own workers caused
+    N failure restarts in a row leaves for S seconds while ``min_nodes`` others remain."""
+
+    max_node_failures: int
+    cooldown: float
+    min_nodes: int
 
 
 @dataclass(frozen=True)
@@ -77,6 +87,7 @@ class ElasticAgent:
         console: IO | None = None,
         clock: Callable[[], float] = time.monotonic,
         store_host: StoreHost | None = None,
+        exclusion: ExclusionPolicy | None = None,
         lifeline: Lifeline | None = None,
     ) -> None:
         self.config = config
@@ -98,6 +109,8 @@ class ElasticAgent:
         self.node_id: str = getattr(handler, "node_id", host)
         self._store_host = store_host
         self._store_host_failed = False
+        self._exclusion = exclusion
+        self._failures_in_a_row = 0  # failure restarts this node's own workers caused, in a row
 
     # -- the loop -------------------------------------------------------------------------------
     def run(self) -> AgentResult:
@@ -188,8 +201,8 @@ class ElasticAgent:
         Without a helper (static rendezvous, or no torch for it) rank 0's worker hosts the store.
         """
         listener = info.master_listener
-        if listener is None:
-            return info.layout is not None and self._store_host is not None
+        if listener is None:  # another node hosts (or nobody can: then rank 0's worker does)
+            return info.group_rank != 0 and info.layout is not None and self._store_host is not None
         if self._store_host is None or self._store_host_failed:
             listener.close()
             return False
@@ -221,19 +234,64 @@ class ElasticAgent:
                     grace_deadline = self._clock() + grace
                     group.stop()
                 grace_over = self._clock() >= grace_deadline
-            view = AgentView(state.status, change, self.restarts_used, self.config.max_restarts, grace_over)
+            view = AgentView(state.status, change, self.restarts_used, self.config.max_restarts, grace_over,
+                             self._would_exclude(group))
             action = decide(view)
             if action is AgentAction.KEEP_RUNNING:
                 continue
             if action is AgentAction.AWAIT_MEMBERSHIP:
-                self.handler.membership_changed.wait(max(grace_deadline - self._clock(), 0.0))
+                remaining = max(grace_deadline - self._clock(), 0.0)
+                if change is None:
+                    self.handler.membership_changed.wait(remaining)
+                else:  # a change already seen that does not settle it (peers rejoining): look again soon
+                    time.sleep(min(remaining, self.config.monitor_interval))
                 continue
             if change is not None:
                 self._report_change(change, reason)
             return action, group.poll()
 
+    def _would_exclude(self, group: WorkerGroup) -> bool:
+        policy = self._exclusion
+        if policy is None or not hasattr(self.handler, "exclude"):
+            return False
+        return should_exclude(self._failures_in_a_row, policy.max_node_failures, group.rdzv.group_world_size,
+                              policy.min_nodes)
+
+    def _sit_out(self, state: GroupState) -> AgentResult | None:
+        """Leave the rendezvous for the exclusion cooldown; None to rejoin after it, or the result
+        when the job ended meanwhile."""
+        policy = self._exclusion
+        assert policy is not None
+        failures = self._failures_in_a_row + 1
+        first = first_failure(state.failures)
+        cause = f"rank {first.global_rank} {_exit_text(first.exitcode)}" if first else "its workers failed"
+        reason = (f"its own workers failed {failures} times in a row (max_node_failures={policy.max_node_failures}; "
+                  f"last: {cause})")
+        self.handler.exclude(policy.cooldown, reason)
+        self.events.emit(Event.NODE_EXCLUDED, reason=reason, cooldown_s=policy.cooldown, failures_in_a_row=failures)
+        if self.metrics:
+            self.metrics.excluded.set(1)
+        print(f"elasticrun: node {self.node_id} is excluded for {policy.cooldown:g}s: {reason}; the others go on "
+              f"without it", file=self._console)
+        deadline = self._clock() + policy.cooldown
+        while (remaining := deadline - self._clock()) > 0:
+            time.sleep(min(remaining, 2.0))
+            if self.handler.is_closed():
+                self.events.emit(Event.JOB_FINISHED, status="closed_while_excluded")
+                self.handler.shutdown()
+                return AgentResult(0, "the job ended while this node was excluded")
+        if self.metrics:
+            self.metrics.excluded.set(0)
+        log.info("Run %s node %s: the exclusion cooldown ended; rejoining", self.handler.get_run_id(), self.host)
+        self._failures_in_a_row = 0
+        self.attempt += 1
+        return None
+
     def _act(self, action: AgentAction, state: GroupState) -> AgentResult | None:
         """Apply ``action``; returns the final result, or None to go round again."""
+        if action is AgentAction.EXCLUDE:
+            self._stop_group()
+            return self._sit_out(state)
         if action is AgentAction.FINISH:
             self._stop_group()
             self._exit_barrier()
@@ -245,13 +303,13 @@ class ElasticAgent:
             # Restart at once, but count the failure only once the next round shows every member
             # survived: a peer's death breaks our collectives before its lease expires. Our join
             # reports the failure; the closer decides the count for every member.
-            if hasattr(self.handler, "report_failure"):
-                self.handler.report_failure()
+            self._report_failure(state)
             self._unsettled = _UnsettledFailure(state, self._last_members())
             self.attempt += 1
             return None
         if action is AgentAction.RESTART_FOR_MEMBERSHIP:
             self._stop_group()
+            self._report_failure(state)  # our workers may have failed first (the change is our peers' rejoin)
             self._membership_restart = True  # its cause is recorded once the next round says it
             self.attempt += 1
             return None
@@ -269,6 +327,13 @@ class ElasticAgent:
         return AgentResult(1, summary.splitlines()[0] if summary else "workers failed")
 
     # -- helpers --------------------------------------------------------------------------------
+    def _report_failure(self, state: GroupState) -> None:
+        """Tell the rendezvous this node's workers failed on their own (not stopped by us), with the
+        first exit's wall time: the next round's closer counts it and names the culprit."""
+        first = first_failure([failure for failure in state.failures if not failure.during_stop])
+        if first is not None and hasattr(self.handler, "report_failure"):
+            self.handler.report_failure(first.exit_time)
+
     def _settle_failure(self, info: RendezvousInfo) -> None:
         """Count the failure that caused this round, unless a member of the previous one is gone.
 
@@ -302,6 +367,8 @@ class ElasticAgent:
         agreed on (a failure restart when the count went up)."""
         counted = info.restart_count > self.restarts_used
         self.restarts_used = info.restart_count
+        # Exclusion counts only the failures this node was charged with, in a row.
+        self._failures_in_a_row = self._failures_in_a_row + 1 if info.culprit == self.node_id else 0
         if unsettled is None and not membership_restart:
             return
         if counted:

@@ -20,9 +20,11 @@ class AgentAction(enum.Enum):
     GIVE_UP: restarts exhausted (close the rendezvous, print the root cause, exit 1).
     STOP_CLOSED: the rendezvous was closed by another node (stop workers, exit 1 if they had
     not finished).
-    AWAIT_MEMBERSHIP: workers failed, no restart is left, but a peer may just have died (its
-    TCP connections reset at once, its lease expires only after the TTL): wait up to the
-    grace period for the membership signal before giving up.
+    AWAIT_MEMBERSHIP: workers failed, no restart is left (or this failure would exclude the
+    node), but a peer may just have died (its TCP connections reset at once, its lease expires
+    only after the TTL): wait up to the grace period for the membership signal first.
+    EXCLUDE: this node's own workers failed ``max_node_failures`` times in a row: leave the
+    rendezvous for the exclusion cooldown so the others go on without it.
     """
 
     KEEP_RUNNING = "keep_running"
@@ -32,6 +34,7 @@ class AgentAction(enum.Enum):
     GIVE_UP = "give_up"
     STOP_CLOSED = "stop_closed"
     AWAIT_MEMBERSHIP = "await_membership"
+    EXCLUDE = "exclude"
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,8 @@ class AgentView:
     restarts_used: int
     max_restarts: int
     grace_over: bool = True
+    exclude: bool = False
+    """Whether a failure of this node's workers now would exclude it (see :func:`should_exclude`)."""
 
 
 def decide(view: AgentView) -> AgentAction:
@@ -56,6 +61,9 @@ def decide(view: AgentView) -> AgentAction:
     if view.group in (GroupStatus.FAILED, GroupStatus.STOPPED):
         if view.membership is MembershipChange.CLOSED:
             return AgentAction.STOP_CLOSED
+        # Peers rejoining (their workers failed on ours) do not clear us; a lost member would.
+        if view.exclude and view.group is GroupStatus.FAILED and view.membership in (None, MembershipChange.NODES_WAITING):
+            return AgentAction.EXCLUDE if view.grace_over else AgentAction.AWAIT_MEMBERSHIP
         if view.membership is not None:
             return AgentAction.RESTART_FOR_MEMBERSHIP
         if view.restarts_used < view.max_restarts:
@@ -66,3 +74,14 @@ def decide(view: AgentView) -> AgentAction:
     if view.membership is not None:
         return AgentAction.RESTART_FOR_MEMBERSHIP
     return AgentAction.KEEP_RUNNING
+
+
+def should_exclude(failures_in_a_row: int, max_node_failures: int, group_world_size: int, min_nodes: int) -> bool:
+    """Whether a failure of this node's own workers now excludes it (``--rdzv-conf max_node_failures``).
+
+    ``failures_in_a_row``: the failure restarts this node's workers caused before, in a row.
+    Only while at least ``min_nodes`` other members would remain: excluding a node the job
+    cannot do without only turns a restart into a stall. 0 turns the policy off.
+    """
+    return (max_node_failures > 0 and failures_in_a_row + 1 >= max_node_failures
+            and group_world_size - 1 >= min_nodes)

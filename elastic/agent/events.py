@@ -46,6 +46,7 @@ class Event(str, enum.Enum):
     RESTART = "restart"
     WORKER_EXIT = "worker_exit"
     JOB_FINISHED = "job_finished"
+    NODE_EXCLUDED = "node_excluded"
 
 
 class RestartCause(str, enum.Enum):
@@ -67,6 +68,7 @@ REQUIRED_FIELDS: Mapping[Event, frozenset[str]] = {
     Event.RESTART: frozenset({"cause", "restart_count", "remaining"}),
     Event.WORKER_EXIT: frozenset({"local_rank", "global_rank", "exitcode", "signal"}),
     Event.JOB_FINISHED: frozenset({"status"}),
+    Event.NODE_EXCLUDED: frozenset({"reason", "cooldown_s", "failures_in_a_row"}),
 }
 
 _RESERVED_FIELDS = frozenset({"ts", "event", "run_id", "node"})

@@ -19,7 +19,7 @@ import threading
 import uuid
 from contextlib import ExitStack
 
-from elastic.agent.agent import ElasticAgent, SignalReceived
+from elastic.agent.agent import ElasticAgent, ExclusionPolicy, SignalReceived
 from elastic.agent.events import EventLog
 from elastic.agent.lifeline import Lifeline, state_dir
 from elastic.agent.metrics import AgentMetrics, MetricsServer, MetricsServerError
@@ -52,8 +52,11 @@ def run(config: LaunchConfig) -> int:
             metrics = AgentMetrics(run_id=config.run_id, node=socket.gethostname())
             store_host = StoreHost(python_executable(os.environ), os.environ) if config.rdzv_backend != "static" else None
             lifeline = _open_lifeline(config, cleanup)
+            exclusion = (ExclusionPolicy(settings.max_node_failures, settings.exclusion_cooldown, settings.min_nodes)
+                         if settings.max_node_failures else None)
             agent = ElasticAgent(config, handler, host=socket.gethostname(), events=events, metrics=metrics,
-                                 lease_ttl=settings.lease_ttl, store_host=store_host, lifeline=lifeline)
+                                 lease_ttl=settings.lease_ttl, store_host=store_host, lifeline=lifeline,
+                                 exclusion=exclusion)
             if config.metrics_port is not None:
                 server = MetricsServer(config.metrics_port, config.metrics_addr, registry=metrics.registry,
                                        health=lambda: (agent.healthy, _health_text(agent)))

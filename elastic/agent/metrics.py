@@ -69,6 +69,7 @@ ROUND_DURATION_SECONDS = "elastic_rendezvous_round_duration_seconds"
 MEMBERS = "elastic_members"
 NODES_WAITING = "elastic_nodes_waiting"
 SPARES = "elastic_spares"
+EXCLUDED = "elastic_node_excluded"
 RESTARTS_TOTAL = "elastic_restarts_total"
 WORKERS = "elastic_workers"
 WORKER_EXITS_TOTAL = "elastic_worker_exits_total"
@@ -305,6 +306,7 @@ class AgentMetrics:
         self.members = r.gauge(MEMBERS, "Nodes in the current round (0 before the first).")
         self.nodes_waiting = r.gauge(NODES_WAITING, "Nodes waiting to join the next round.")
         self.spares = r.gauge(SPARES, "Nodes waiting as spares beyond a full round (no restart for them).")
+        self.excluded = r.gauge(EXCLUDED, "1 while this node is excluded after failures in a row (max_node_failures).")
         self.restarts = r.counter(
             RESTARTS_TOTAL, "Restarts of the worker group, by cause.", ("cause",)
         )

@@ -27,6 +27,8 @@ class Joiner:
     role: str = DEFAULT_ROLE
     failed_round: int | None = None
     """The round in which this node's own workers failed, if that is why it joins again."""
+    failed_at: float = 0.0
+    """Wall time of that failure's first worker exit."""
 
     def as_member(self) -> Member:
         return Member(self.node_id, self.addr, self.master_port, self.local_world_size, self.role)
@@ -169,6 +171,18 @@ def agreed_restart_count(previous: RoundRecord | None, members: Sequence[Joiner]
     present = {joiner.node_id for joiner in members}
     everyone_back = all(member.node_id in present for member in previous.members)
     return previous.restart_count + (1 if failed and everyone_back else 0)
+
+
+def failure_culprit(previous: RoundRecord | None, members: Sequence[Joiner]) -> str | None:
+    """The node charged with the failure restart a round counts: the member whose workers failed
+    first (their exit times, reported with the joins; the others' workers usually failed on the
+    collectives it broke). None when the round counts no failure (:func:`agreed_restart_count`).
+    Feeds ``max_node_failures``: only the culprit's failures in a row count towards its exclusion.
+    """
+    if previous is None or agreed_restart_count(previous, members) == previous.restart_count:
+        return None
+    failed = [joiner for joiner in members if joiner.failed_round == previous.round]
+    return min(failed, key=lambda joiner: (joiner.failed_at, joiner.node_id)).node_id
 
 
 # -- what a change under a closed round means ------------------------------------------------

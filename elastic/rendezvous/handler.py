@@ -60,6 +60,7 @@ from elastic.rendezvous.decisions import (
     CloseDecision,
     agreed_restart_count,
     assign_ranks,
+    failure_culprit,
     barrier_outcome,
     decide_close,
     holds_for_members,
@@ -102,6 +103,8 @@ class RendezvousInfo:
     members: tuple[Member, ...]
     restart_count: int = 0
     layout: NodeLayout | None = None
+    culprit: str | None = None
+    """The node charged with this round's failure restart, if it counts one."""
     master_listener: socket.socket | None = field(default=None, compare=False, repr=False)
 
 
@@ -173,6 +176,7 @@ class RendezvousHandler:
         self.role = role
         self._reservation: PortReservation | None = None  # the master port our current join publishes
         self._failed_round: int | None = None  # set by report_failure(), sent with the next join
+        self._failed_at = 0.0
         self._spare_of: int | None = None  # the full round this node last logged it is a spare of
         self._session: Session | None = None
         self._monitor: MembershipMonitor | None = None
@@ -220,11 +224,35 @@ class RendezvousHandler:
                      info.master_addr, info.master_port)
             return info
 
-    def report_failure(self) -> None:
-        """Say that this node's own workers failed in the current round; the next join carries
-        it, and the closer counts it into the agreed restart count. No I/O."""
+    def report_failure(self, at: float = 0.0) -> None:
+        """Say that this node's own workers failed in the current round (first exit at wall time
+        ``at``); the next join carries it, and the closer counts it into the agreed restart count
+        and names the culprit. No I/O."""
         if self._last_round is not None:
             self._failed_round = self._last_round.round
+            self._failed_at = at
+
+    def exclude(self, cooldown: float, reason: str) -> None:
+        """Leave the current round and mark this node excluded for ``cooldown`` seconds.
+
+        The mark is a key bound to a lease of that TTL, so it vanishes by itself; the other
+        members see this node's join key go and re-form without it. The next
+        :meth:`next_rendezvous` joins again.
+
+        Raises:
+            RendezvousConnectionError: the backend could not be reached.
+        """
+        with self._lock:
+            self._stop_monitor()
+            self._leave_quietly()
+
+            def mark() -> None:
+                lease = self._backend.grant(cooldown)
+                self._backend.put(self.keys.excluded(self.node_id), records.encode_exclusion(reason, cooldown),
+                                  lease=lease.id)
+            self._backend_call(mark)
+            log.warning("Rendezvous %s: node %s is excluded for %gs: %s", self.settings.run_id, self.node_id,
+                        cooldown, reason)
 
     def is_closed(self) -> bool:
         """Whether the rendezvous was closed for good. Raises RendezvousConnectionError."""
@@ -424,7 +452,8 @@ class RendezvousHandler:
             raise RendezvousError(f"Rendezvous {self.settings.run_id}: node {self.node_id} cannot listen on a "
                                   f"master port on {self.node_addr}: {error}") from error
         value = records.encode_join(JoinRecord(self.node_id, self.node_addr, self._reservation.port,
-                                               self.local_world_size, self.role, self._failed_round))
+                                               self.local_world_size, self.role, self._failed_round,
+                                               self._failed_at))
         claim_key = self.keys.closer(forming)
         self._join_value = value
         try:
@@ -600,8 +629,9 @@ class RendezvousHandler:
                              self.settings.max_nodes):
             return None  # a spare must not take a live member's place; the closer waits for a change
         member_ids = {member.node_id for member in members}
-        restarts = agreed_restart_count(state.round, [j for j in joiners if j.node_id in member_ids])
-        record = RoundRecord(forming, members, read.revision, restarts)
+        included = [j for j in joiners if j.node_id in member_ids]
+        restarts = agreed_restart_count(state.round, included)
+        record = RoundRecord(forming, members, read.revision, restarts, failure_culprit(state.round, included))
         expected = state.round_kv.mod_revision if state.round_kv is not None else ABSENT
         # The close drops our closer claim at the same revision: each member's state/ watch
         # gets the round record and the claim's DELETE in one message.
@@ -639,8 +669,8 @@ class RendezvousHandler:
             reservation.close()
         master = record.members[0]
         return RendezvousInfo(self.settings.run_id, record.round, rank, record.group_world_size,
-                              master.addr, master.master_port, record.members, record.restart_count,
-                              record.layout_of(self.node_id), listener)
+                              master.addr, master.master_port, record.members, restart_count=record.restart_count,
+                              layout=record.layout_of(self.node_id), culprit=record.culprit, master_listener=listener)
 
     # -- helpers --------------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -770,4 +800,4 @@ class _JoinKeyLost(Exception):
 def _joiner(kv: KeyValue) -> Joiner:
     record = records.decode_join(kv.key, kv.value)
     return Joiner(record.node_id, record.addr, record.master_port, kv.create_revision, record.local_world_size,
-                  record.role, record.failed_round)
+                  record.role, record.failed_round, record.failed_at)

@@ -22,6 +22,7 @@ member derives its ranks, the world size, the master and the restart count from 
 from __future__ import annotations
 
 import functools
+import math
 import threading
 import json
 from dataclasses import dataclass
@@ -82,6 +83,10 @@ class RendezvousKeys:
     def done_prefix(self, round_number: int) -> str:
         return f"{self.root}rounds/{round_number}/done/"
 
+    def excluded(self, node_id: str) -> str:
+        """A node excluded for a cooldown (a key bound to a lease of that TTL)."""
+        return f"{self.root}excluded/{node_id}"
+
     def done(self, round_number: int, node_id: str) -> str:
         return self.done_prefix(round_number) + node_id
 
@@ -117,6 +122,8 @@ class JoinRecord:
     local_world_size: int = 1
     role: str = DEFAULT_ROLE
     failed_round: int | None = None
+    failed_at: float = 0.0
+    """Wall time of the first failure of its workers in ``failed_round`` (orders the culprits)."""
 
 
 @dataclass(frozen=True)
@@ -159,6 +166,8 @@ class RoundRecord:
     members: tuple[Member, ...]
     members_revision: int = 0
     restart_count: int = 0
+    culprit: str | None = None
+    """The node whose workers failed first, when this round counts a failure restart."""
 
     @property
     def group_world_size(self) -> int:
@@ -211,13 +220,21 @@ def encode_join(record: JoinRecord) -> bytes:
                             "lws": record.local_world_size, "role": record.role}
     if record.failed_round is not None:
         body["failed"] = record.failed_round
+        body["failed_at"] = record.failed_at
     return _dump(body)
 
 
 def encode_round(record: RoundRecord) -> bytes:
     members = [[m.node_id, m.addr, m.master_port, m.local_world_size, m.role] for m in record.members]
-    return _dump({"round": record.round, "members": members, "read_at": record.members_revision,
-                  "restarts": record.restart_count})
+    body: dict[str, Any] = {"round": record.round, "members": members, "read_at": record.members_revision,
+                            "restarts": record.restart_count}
+    if record.culprit is not None:
+        body["culprit"] = record.culprit
+    return _dump(body)
+
+
+def encode_exclusion(reason: str, cooldown: float) -> bytes:
+    return _dump({"reason": reason, "cooldown": cooldown})
 
 
 def encode_closed(record: ClosedRecord) -> bytes:
@@ -233,9 +250,12 @@ def decode_join(key: str, raw: bytes) -> JoinRecord:
         raise _corrupt(key, "a join record needs a node id, an address and a port")
     if not (_is_count(lws) and lws > 0 and isinstance(role, str) and role):
         raise _corrupt(key, "a join record needs a local world size >= 1 and a role")
+    failed_at = body.get("failed_at", 0.0)
     if failed is not None and not _is_count(failed):
         raise _corrupt(key, "a join record's failed round must be a round number")
-    return JoinRecord(node, addr, port, lws, role, failed)
+    if type(failed_at) not in (int, float) or not math.isfinite(failed_at):
+        raise _corrupt(key, "a join record's failure time must be a number")
+    return JoinRecord(node, addr, port, lws, role, failed, float(failed_at))
 
 
 def decode_round(key: str, raw: bytes) -> RoundRecord:
@@ -258,7 +278,7 @@ _decoding = threading.Lock()
 def _decode_round_bytes(key: str, raw: bytes) -> RoundRecord:
     body = _load(key, raw)
     number, members, read_at = body.get("round"), body.get("members"), body.get("read_at", 0)
-    restarts = body.get("restarts")
+    restarts, culprit = body.get("restarts"), body.get("culprit")
     if not (_is_count(number) and _is_count(read_at) and _is_count(restarts) and isinstance(members, list)
             and members):
         raise _corrupt(key, "a round record needs a round number >= 0, a non-empty member list, a read "
@@ -278,7 +298,9 @@ def _decode_round_bytes(key: str, raw: bytes) -> RoundRecord:
         append(Member(node_id, addr, port, lws, role))
     if len({member.node_id for member in decoded}) != len(decoded):
         raise _corrupt(key, "a node is listed twice")
-    return RoundRecord(number, tuple(decoded), read_at, restarts)
+    if culprit is not None and type(culprit) is not str:
+        raise _corrupt(key, "a round record's culprit must be a node id")
+    return RoundRecord(number, tuple(decoded), read_at, restarts, culprit)
 
 
 def decode_closed(key: str, raw: bytes) -> ClosedRecord:

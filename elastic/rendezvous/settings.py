@@ -31,6 +31,8 @@ ENGINE_KEYS = {
     "keep_alive_max_attempt": "torch's missed-heartbeat count (default 3)",
     "heartbeat": "torch's heartbeat timeout; accepted and ignored (liveness is the lease)",
     "namespace": "key prefix under which the rendezvous lives (default /elastic)",
+    "max_node_failures": "exclude a node whose own workers caused this many failure restarts in a row (default 0: off)",
+    "exclusion_cooldown": "seconds an excluded node stays out before it rejoins (default 600)",
     "etcd_prefix": "alias of namespace (torch's etcd rendezvous)",
 }
 
@@ -71,6 +73,9 @@ class RendezvousSettings:
     close_timeout: float = 30.0
     lease_ttl: float = DEFAULT_LEASE_TTL
     namespace: str = "/elastic"
+    max_node_failures: int = 0
+    """Exclude a node after this many failure restarts in a row caused by its own workers (0: never)."""
+    exclusion_cooldown: float = 600.0
     backend_options: Mapping[str, str] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -87,7 +92,12 @@ class RendezvousSettings:
             raise RendezvousConfigError(
                 f"The maximum number of nodes ({self.max_nodes}) must be at least the minimum ({self.min_nodes})."
             )
-        for name in ("join_timeout", "last_call_timeout", "close_timeout"):
+        if self.max_node_failures < 0 or self.max_node_failures == 1:
+            raise RendezvousConfigError(
+                f"The max node failures ({self.max_node_failures}) must be 0 (off) or at least 2: a node's first "
+                f"failure cannot be told from the consequence of a peer's (the round that follows names the culprit)."
+            )
+        for name in ("join_timeout", "last_call_timeout", "close_timeout", "exclusion_cooldown"):
             value = getattr(self, name)
             if not math.isfinite(value) or value <= 0:
                 raise RendezvousConfigError(f"The {name.replace('_', ' ')} ({value}) must be a positive number of seconds.")
@@ -140,9 +150,15 @@ def settings_from_conf(run_id: str, min_nodes: int, max_nodes: int, conf: Mappin
         valid = ", ".join(sorted(ENGINE_KEYS) + sorted(BACKEND_KEYS))
         raise RendezvousConfigError(f"Unknown rendezvous option(s) {', '.join(unknown)}; valid options are: {valid}.")
     engine: dict[str, object] = {}
-    for name in ("join_timeout", "last_call_timeout", "close_timeout"):
+    for name in ("join_timeout", "last_call_timeout", "close_timeout", "exclusion_cooldown"):
         if name in conf:
             engine[name] = _seconds(conf, name)
+    if "max_node_failures" in conf:
+        text = conf["max_node_failures"]
+        if not text.isdigit():
+            raise RendezvousConfigError(f"The rendezvous option max_node_failures={text[:100]!r} must be a whole number "
+                                        f"(0: off).")
+        engine["max_node_failures"] = int(text)
     if "lease_ttl" in conf:
         engine["lease_ttl"] = _seconds(conf, "lease_ttl")
     elif "keep_alive_interval" in conf or "keep_alive_max_attempt" in conf:

@@ -2,7 +2,7 @@
 
 import pytest
 
-from elastic.agent.decisions import AgentAction, AgentView, decide
+from elastic.agent.decisions import AgentAction, AgentView, decide, should_exclude
 from elastic.agent.workers import GroupStatus
 from elastic.rendezvous.decisions import MembershipChange
 
@@ -29,3 +29,31 @@ A = AgentAction
 )
 def test_decide(group, membership, used, maximum, grace_over, expected):
     assert decide(AgentView(group, membership, used, maximum, grace_over)) is expected
+
+
+# -- bad-node exclusion ---------------------------------------------------------------------------
+@pytest.mark.parametrize("in_a_row, max_failures, world, min_nodes, exclude, why", [
+    (5, 0, 3, 2, False, "off by default"),
+    (0, 2, 3, 2, False, "the first failure of two allowed"),
+    (1, 2, 3, 2, True, "the second failure in a row"),
+    (1, 2, 2, 2, False, "excluding would leave fewer than min_nodes: restart as usual"),
+    (3, 2, 4, 2, True, "past the limit (counting is per node, in a row)"),
+])
+def test_a_node_is_excluded_after_its_own_failures_in_a_row(in_a_row, max_failures, world, min_nodes, exclude, why):
+    assert should_exclude(in_a_row, max_failures, world, min_nodes) is exclude, why
+
+
+@pytest.mark.parametrize("grace_over, action", [(False, AgentAction.AWAIT_MEMBERSHIP), (True, AgentAction.EXCLUDE)])
+def test_an_excluding_failure_first_waits_out_the_grace_for_a_dead_peer(grace_over, action):
+    view = AgentView(GroupStatus.FAILED, None, restarts_used=0, max_restarts=3, grace_over=grace_over, exclude=True)
+    assert decide(view) is action
+    # A membership change in the same look wins: the failure was the peer's consequence.
+    lost = AgentView(GroupStatus.FAILED, MembershipChange.MEMBER_LOST, 0, 3, grace_over, exclude=True)
+    assert decide(lost) is AgentAction.RESTART_FOR_MEMBERSHIP
+
+
+def test_peers_rejoining_do_not_save_a_node_from_exclusion_but_a_lost_member_does():
+    waiting = AgentView(GroupStatus.FAILED, MembershipChange.NODES_WAITING, 0, 3, grace_over=True, exclude=True)
+    assert decide(waiting) is AgentAction.EXCLUDE
+    stopped = AgentView(GroupStatus.STOPPED, MembershipChange.NODES_WAITING, 0, 3, grace_over=True, exclude=True)
+    assert decide(stopped) is AgentAction.RESTART_FOR_MEMBERSHIP  # stopped by us for a scale-up: no failure

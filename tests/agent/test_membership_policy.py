@@ -99,3 +99,27 @@ def test_survivors_keep_their_order_and_a_promoted_spare_gets_the_last_rank(proc
     stop_file.touch()
     codes = [agent.wait() for agent in agents if agent is not victim]
     assert codes == [0, 0, 0], [agent.stderr[-3000:] for agent in agents]
+
+
+def test_a_node_whose_workers_keep_failing_is_excluded_and_the_job_goes_on(procs, reports, etcd_server, tmp_path):
+    stop_file = tmp_path / "stop"
+    flags = ["--nnodes=2:3", "--nproc-per-node=1", "--max-restarts=5", *e2e.etcd_flags(etcd_server)]
+    conf_at = flags.index("--rdzv-conf") + 1
+    flags[conf_at] += ",max_node_failures=2,exclusion_cooldown=300"
+    args = [*e2e.loop_args(reports, stop_file), "--crash-if-env", "BAD_NODE", "--crash-after", "0.5"]
+    agents = [procs.elasticrun(*flags, *args, name=f"good{index}") for index in range(2)]
+    bad = procs.elasticrun(*flags, *args, name="bad", env=e2e.clean_env(BAD_NODE="1"))
+    agents.append(bad)
+    records = reports.wait_for("the bad node excluded and 2 nodes training",
+                               lambda records: "is excluded for" in bad.stderr and e2e.allreduces_at(2)(records)
+                               and len([r for r in records if r["event"] == "crash"]) >= 2,
+                               agents, timeout=150)
+    crashes = [r for r in records if r["event"] == "crash"]
+    assert len(crashes) == 2, f"the bad node was not excluded after its 2nd failure in a row: {crashes}"
+    excluded_at = max(r["time"] for r in crashes)
+    reports.wait_for("the two good nodes training on", e2e.allreduces_at(2, after=excluded_at + 1.0), agents[:2])
+    stop_file.touch()
+    codes = [agent.wait() for agent in agents[:2]]
+    assert codes == [0, 0], [agent.stderr[-3000:] for agent in agents]
+    assert bad.wait(timeout=30) == 0, bad.stderr[-3000:]  # its cooldown wait sees the job end
+    assert "max_node_failures=2" in bad.stderr and "the others go on without it" in bad.stderr

@@ -1,7 +1,7 @@
 """A gloo worker: all-reduces ``rank + 1`` once, or in a loop, and reports each result.
 
     allreduce.py OUT [--loop] [--stop-file F] [--max-seconds S] [--interval S]
-                     [--crash-rank R --crash-restart K --crash-after S]
+                     [--crash-rank R --crash-restart K --crash-after S] [--crash-if-env VAR]
 
 Reports to OUT (JSON lines, see ``_report``): ``started`` (wall time taken before torch is
 imported), ``allreduce`` after each collective (``iteration``, ``result``, ``expected`` =
@@ -10,7 +10,8 @@ imported), ``allreduce`` after each collective (``iteration``, ``result``, ``exp
 ``--loop`` keeps all-reducing until the stop file exists (every rank agrees in the same
 collective, so all stop together) or ``--max-seconds`` pass. A dead peer breaks the collective
 and the worker exits non-zero, as a real training would. ``--crash-rank R --crash-restart K``:
-rank R exits 1 ``--crash-after`` seconds into the loop when ``TORCHELASTIC_RESTART_COUNT`` is K.
+rank R exits 1 ``--crash-after`` seconds into the loop when ``TORCHELASTIC_RESTART_COUNT`` is K;
+``--crash-if-env VAR``: every attempt crashes so on a node whose agent has VAR set (a bad node).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--crash-rank", type=int, default=-1)
     parser.add_argument("--crash-restart", type=int, default=0)
     parser.add_argument("--crash-after", type=float, default=0.0)
+    parser.add_argument("--crash-if-env", help="crash on every attempt when this variable is set (a bad node)")
     return parser.parse_args()
 
 
@@ -49,7 +51,8 @@ def main() -> int:
     dist.init_process_group("gloo", timeout=timedelta(seconds=60))
     rank, world = dist.get_rank(), dist.get_world_size()
     restart = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
-    crashes = rank == args.crash_rank and restart == args.crash_restart
+    crashes = (rank == args.crash_rank and restart == args.crash_restart) or bool(
+        args.crash_if_env and os.environ.get(args.crash_if_env))
     expected = world * (world + 1) // 2
     loop_started = time.monotonic()
     deadline = loop_started + args.max_seconds
