@@ -46,10 +46,15 @@ LAST_CALL = 1
 OURS_CONF = f"lease_ttl={LEASE_TTL},last_call_timeout={LAST_CALL}"
 # torch's dynamic rendezvous (c10d) takes join/last_call/close timeouts and keep-alive settings
 # (torch/distributed/elastic/rendezvous/dynamic_rendezvous.py:create_handler).
+# read_timeout bounds its store waits (60 s by default), which is where it hangs when it cannot
+# re-form (see the membership tests).
 C10D_CONF = f"join_timeout=60,last_call_timeout={LAST_CALL},close_timeout=20,keep_alive_interval=1," \
-            "keep_alive_max_attempt=3"
-JOB_TIMEOUT = 75.0
+            "keep_alive_max_attempt=3,read_timeout=20"
+JOB_TIMEOUT = 60.0
 """Seconds one launcher may take for one phase of a scenario before the harness gives up on it."""
+REFERENCE_TIMEOUT = 30.0
+"""The same for torchrun c10d, the reference: a phase it has not reached by then is recorded as not
+reached (its own timeouts would take minutes), and only what it reached is compared."""
 
 
 def free_port() -> int:
@@ -200,6 +205,7 @@ class Job:
                                free_port())
         self.agents: dict[str, Agent] = {}
         self.started = time.monotonic()
+        self.phase_timeout = REFERENCE_TIMEOUT if launcher == C10D else JOB_TIMEOUT
 
     def start(self, label: str, nproc: str | int) -> Agent:
         argv = launcher_argv(self.launcher, self.rdzv, nnodes=self.nnodes, nproc=str(nproc),
@@ -215,11 +221,11 @@ class Job:
         complete = self.table_path.read_text().split("\n")[:-1]  # the last piece may still be being written
         return [json.loads(line) for line in complete if line.strip()]
 
-    def wait_for(self, what: str, predicate: Callable[[list[dict]], bool], timeout: float = JOB_TIMEOUT,
+    def wait_for(self, what: str, predicate: Callable[[list[dict]], bool],
                  agents: Iterable[str] | None = None) -> list[dict] | None:
-        """Poll the table until ``predicate(rows)``; None when it times out or a watched agent exits."""
+        """Poll the table until ``predicate(rows)``; None after ``phase_timeout`` or when a watched agent exits."""
         watched = [self.agents[label] for label in (agents if agents is not None else self.agents)]
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + self.phase_timeout
         while time.monotonic() < deadline:
             rows = self.rows()
             if predicate(rows):
@@ -229,10 +235,10 @@ class Job:
             time.sleep(0.1)
         return None
 
-    def wait_exit(self, labels: Iterable[str] | None = None, timeout: float = JOB_TIMEOUT) -> Outcome:
+    def wait_exit(self, labels: Iterable[str] | None = None, timeout: float | None = None) -> Outcome:
         """Wait for the agents to exit (all, or ``labels``); codes are None for those still running."""
         labels = list(labels if labels is not None else self.agents)
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + (self.phase_timeout if timeout is None else timeout)
         codes: dict[str, int | None] = {}
         for label in labels:
             try:
