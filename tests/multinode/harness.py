@@ -52,7 +52,7 @@ C10D_CONF = f"join_timeout=60,last_call_timeout={LAST_CALL},close_timeout=20,kee
             "keep_alive_max_attempt=3,read_timeout=20"
 JOB_TIMEOUT = 60.0
 """Seconds one launcher may take for one phase of a scenario before the harness gives up on it."""
-REFERENCE_TIMEOUT = 30.0
+REFERENCE_TIMEOUT = 20.0
 """The same for torchrun c10d, the reference: a phase it has not reached by then is recorded as not
 reached (its own timeouts would take minutes), and only what it reached is compared."""
 

@@ -194,6 +194,11 @@ def test_a_worker_crash_on_one_node_restarts_every_rank_with_one_restart_count(t
 
 
 # -- membership changes ------------------------------------------------------------------------
+# torchrun c10d (torch 2.13, all agents on one host) does not reach the second phase of these
+# scenarios here: after an agent is killed or stopped, the re-formed round's workers fail gloo's
+# connectFullMesh ("Connection refused" to ports of the previous attempt) until the restarts run
+# out; after a join, the re-formed round's agent-store waits (role_info / MASTER_ADDR) time out.
+# Its first phase is compared; the second is printed as "not reached", never compared.
 
 ELASTIC_PROBE = ["--step-sleep", "0.05", "--max-seconds", "120"]
 
@@ -273,9 +278,7 @@ def scale_down_drive(job: Job) -> tuple[dict, dict]:
 
 
 def test_an_agent_stopped_with_sigterm_leaves_the_others_one_consistent_world(tmp_path, etcd_server):
-    """Under torchrun c10d, a SIGTERMed agent's shutdown closes the rendezvous for everyone (torch
-    2.13's ``DynamicRendezvousHandler.shutdown``), so the survivors cannot re-form there: that
-    phase is compared only when c10d reaches it."""
+    """C leaves gracefully; A and B must re-form a world of 2."""
     runs = {launcher: run_scenario(launcher, tmp_path, etcd_server, scale_down_drive, nnodes="2:3", max_restarts=3,
                                    probe_args=elastic_args(str(tmp_path / launcher / "stop")),
                                    nproc_of={"A": 1, "B": 1, "C": 1})
