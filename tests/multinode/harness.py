@@ -52,9 +52,10 @@ C10D_CONF = f"join_timeout=60,last_call_timeout={LAST_CALL},close_timeout=20,kee
             "keep_alive_max_attempt=3,read_timeout=20"
 JOB_TIMEOUT = 60.0
 """Seconds one launcher may take for one phase of a scenario before the harness gives up on it."""
-REFERENCE_TIMEOUT = 20.0
-"""The same for torchrun c10d, the reference: a phase it has not reached by then is recorded as not
-reached (its own timeouts would take minutes), and only what it reached is compared."""
+REFERENCE_TIMEOUT = 30.0
+"""How long to wait for torchrun c10d, the reference, to reach a membership phase: one it has not
+reached by then is recorded as not reached (its own timeouts would take minutes) and only what it
+reached is compared. Its whole runs of the fixed-node scenarios get :data:`JOB_TIMEOUT`."""
 
 
 def free_port() -> int:
@@ -238,7 +239,7 @@ class Job:
     def wait_exit(self, labels: Iterable[str] | None = None, timeout: float | None = None) -> Outcome:
         """Wait for the agents to exit (all, or ``labels``); codes are None for those still running."""
         labels = list(labels if labels is not None else self.agents)
-        deadline = time.monotonic() + (self.phase_timeout if timeout is None else timeout)
+        deadline = time.monotonic() + (JOB_TIMEOUT if timeout is None else timeout)
         codes: dict[str, int | None] = {}
         for label in labels:
             try:
