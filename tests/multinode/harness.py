@@ -1,0 +1,481 @@
+"""The multi-node differential harness: one scenario, several real agents, three launchers.
+
+A :class:`Job` runs one scenario under one launcher: every agent is a separate process on
+loopback (``python -m elastic.run`` or ``python -m torch.distributed.run``) with a clean
+environment plus ``PROBE_NODE=<label>``, so each row of the table says which agent started the
+worker. Workers (``workers/probe.py``) append rows to one table file; :func:`attempts` groups
+the ``formed`` rows by the tokens the workers all-gathered: an attempt is the set of workers
+that really formed one process group, whatever the launcher claimed.
+
+:func:`violations` is the pure check of one attempt (ranks, sizes, master, restart count,
+all-reduce, torchrun's rank derivation) and :func:`shape` the launcher-independent form of its
+rank/world columns, compared with stock torchrun's c10d run of the same scenario.
+
+Every process a job starts (agents, their workers, found through the process tree and the
+table's pids) is stopped by PID at the end, whatever happened.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable
+
+import psutil
+
+HERE = Path(__file__).parent
+PROBE = HERE / "workers" / "probe.py"
+REPO = HERE.parents[1]
+
+ELASTICRUN = "elasticrun"
+PLUGIN = "torchrun-etcd-v3"
+C10D = "torchrun-c10d"
+LAUNCHERS = (ELASTICRUN, PLUGIN, C10D)
+
+LEASE_TTL = 2
+LAST_CALL = 1
+OURS_CONF = f"lease_ttl={LEASE_TTL},last_call_timeout={LAST_CALL}"
+# torch's dynamic rendezvous (c10d) takes join/last_call/close timeouts and keep-alive settings
+# (torch/distributed/elastic/rendezvous/dynamic_rendezvous.py:create_handler).
+# read_timeout bounds its store waits (60 s by default), which is where it hangs when it cannot
+# re-form (see the membership tests).
+C10D_CONF = f"join_timeout=60,last_call_timeout={LAST_CALL},close_timeout=20,keep_alive_interval=1," \
+            "keep_alive_max_attempt=3,read_timeout=20"
+JOB_TIMEOUT = 60.0
+"""Seconds one launcher may take for one phase of a scenario before the harness gives up on it."""
+REFERENCE_TIMEOUT = 30.0
+"""How long to wait for torchrun c10d, the reference, to reach a membership phase: one it has not
+reached by then is recorded as not reached (its own timeouts would take minutes) and only what it
+reached is compared."""
+REFERENCE_RUN_TIMEOUT = 40.0
+"""How long a whole run of torchrun c10d may take (its crash run sometimes hangs in its store
+waits; it takes 6-25 s when it completes here, under load)."""
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """An agent's environment: ours without launcher/worker variables from outside."""
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith(("TORCHELASTIC_", "PET_", "TORCH_NCCL", "PROBE_", "ELASTIC_"))
+        and key not in {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+                        "ROLE_RANK", "ROLE_NAME", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOGLEVEL",
+                        "OMP_NUM_THREADS"}
+    }
+    env.update(OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo", PYTHONUNBUFFERED="1")
+    env.update(extra)
+    return env
+
+
+# -- launchers ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    """Where one job's agents meet: the etcd endpoints and credentials, or a c10d port."""
+
+    run_id: str
+    etcd_endpoints: str
+    etcd_user: str
+    etcd_password: str
+    c10d_port: int
+
+
+def launcher_argv(launcher: str, rdzv: Rendezvous, *, nnodes: str, nproc: str, max_restarts: int,
+                  log_dir: Path) -> list[str]:
+    """The command line of one agent of ``launcher`` (before the script and its arguments)."""
+    common = [f"--nnodes={nnodes}", f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}",
+              "--monitor-interval=0.2", f"--rdzv-id={rdzv.run_id}", f"--log-dir={log_dir}"]
+    credentials = f"user={rdzv.etcd_user},password={rdzv.etcd_password}"
+    if launcher == ELASTICRUN:
+        return [sys.executable, "-m", "elastic.run", *common, "--rdzv-backend=etcd",
+                f"--rdzv-endpoint={rdzv.etcd_endpoints}", f"--rdzv-conf={OURS_CONF},{credentials}",
+                "--local-addr=127.0.0.1"]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", *common, "--local-addr=127.0.0.1"]
+    if launcher == PLUGIN:
+        endpoint = rdzv.etcd_endpoints.split(",")[0].split("://", 1)[-1]
+        return [*torchrun, "--rdzv-backend=etcd-v3", f"--rdzv-endpoint={endpoint}",
+                f"--rdzv-conf={OURS_CONF},{credentials},join_timeout=60,read_timeout=30"]
+    if launcher == C10D:
+        return [*torchrun, "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{rdzv.c10d_port}",
+                f"--rdzv-conf={C10D_CONF}"]
+    raise ValueError(f"Unknown launcher {launcher!r}.")
+
+
+# -- processes ---------------------------------------------------------------------------------
+
+
+class Agent:
+    """One agent process (its output in files) and the label its workers carry (``PROBE_NODE``)."""
+
+    def __init__(self, label: str, nproc: str, argv: list[str], workdir: Path, env: dict[str, str]) -> None:
+        self.label = label
+        self.nproc = nproc
+        self.stdout_path = workdir / f"{label}.stdout"
+        self.stderr_path = workdir / f"{label}.stderr"
+        with open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:
+            self.proc = subprocess.Popen(argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env,
+                                         cwd=workdir)
+        self.pid = self.proc.pid
+
+    @property
+    def stderr(self) -> str:
+        return self.stderr_path.read_text(errors="replace")
+
+    @property
+    def stdout(self) -> str:
+        return self.stdout_path.read_text(errors="replace")
+
+    def tree(self) -> list[psutil.Process]:
+        try:
+            me = psutil.Process(self.pid)
+            return [me, *me.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return []
+
+    def kill_tree(self) -> float:
+        """SIGKILL the agent and all its descendants at once (a machine dying); the wall time."""
+        procs = self.tree()
+        killed_at = time.time()
+        for proc in procs:
+            try:
+                proc.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(procs, timeout=10)
+        self.proc.wait(timeout=10)
+        return killed_at
+
+    def terminate(self) -> float:
+        """SIGTERM the agent (a graceful stop); the wall time."""
+        at = time.time()
+        self.proc.send_signal(signal.SIGTERM)
+        return at
+
+
+def kill_if_probe(pid: int) -> None:
+    """SIGKILL ``pid`` if it is still one of our probe workers (not a reused pid)."""
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() != psutil.STATUS_ZOMBIE and str(PROBE) in " ".join(proc.cmdline()):
+            proc.kill()
+    except psutil.Error:
+        pass
+
+
+@dataclass
+class Outcome:
+    """What a job ended with: each agent's exit code (None: still running when given up)."""
+
+    codes: dict[str, int | None]
+    seconds: float
+    note: str = ""
+
+    @property
+    def completed(self) -> bool:
+        return bool(self.codes) and all(code == 0 for code in self.codes.values())
+
+
+class Job:
+    """One scenario under one launcher: its agents, its table; stops everything at ``close``."""
+
+    def __init__(self, launcher: str, workdir: Path, etcd_server, *, nnodes: str, max_restarts: int,
+                 probe_args: Iterable[str] = ()) -> None:
+        self.launcher = launcher
+        self.workdir = workdir
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.table_path = workdir / "table.jsonl"
+        self.stop_file = workdir / "stop"
+        self.nnodes = nnodes
+        self.max_restarts = max_restarts
+        self.probe_args = list(probe_args)
+        config = etcd_server.client_config()
+        self.rdzv = Rendezvous(f"mn-{uuid.uuid4().hex[:10]}", etcd_server.endpoints, config.user, config.password,
+                               free_port())
+        self.agents: dict[str, Agent] = {}
+        self.started = time.monotonic()
+        self.phase_timeout = REFERENCE_TIMEOUT if launcher == C10D else JOB_TIMEOUT
+        self.exit_timeout = REFERENCE_RUN_TIMEOUT if launcher == C10D else JOB_TIMEOUT
+
+    def start(self, label: str, nproc: str | int) -> Agent:
+        argv = launcher_argv(self.launcher, self.rdzv, nnodes=self.nnodes, nproc=str(nproc),
+                             max_restarts=self.max_restarts, log_dir=self.workdir / f"logs-{label}")
+        argv += [str(PROBE), str(self.table_path), *self.probe_args]
+        agent = Agent(label, str(nproc), argv, self.workdir, clean_env(PROBE_NODE=label))
+        self.agents[label] = agent
+        return agent
+
+    def rows(self) -> list[dict]:
+        if not self.table_path.exists():
+            return []
+        complete = self.table_path.read_text().split("\n")[:-1]  # the last piece may still be being written
+        return [json.loads(line) for line in complete if line.strip()]
+
+    def wait_for(self, what: str, predicate: Callable[[list[dict]], bool],
+                 agents: Iterable[str] | None = None) -> list[dict] | None:
+        """Poll the table until ``predicate(rows)``; None after ``phase_timeout`` or when a watched agent exits."""
+        watched = [self.agents[label] for label in (agents if agents is not None else self.agents)]
+        deadline = time.monotonic() + self.phase_timeout
+        while time.monotonic() < deadline:
+            rows = self.rows()
+            if predicate(rows):
+                return rows
+            if any(agent.proc.poll() is not None for agent in watched):
+                return None if not predicate(self.rows()) else self.rows()
+            time.sleep(0.1)
+        return None
+
+    def wait_exit(self, labels: Iterable[str] | None = None, timeout: float | None = None) -> Outcome:
+        """Wait for the agents to exit (all, or ``labels``); codes are None for those still running."""
+        labels = list(labels if labels is not None else self.agents)
+        deadline = time.monotonic() + (self.exit_timeout if timeout is None else timeout)
+        codes: dict[str, int | None] = {}
+        for label in labels:
+            try:
+                codes[label] = self.agents[label].proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                codes[label] = None
+        return Outcome(codes, time.monotonic() - self.started)
+
+    def logs(self, tail: int = 1500) -> str:
+        parts = []
+        for label, agent in self.agents.items():
+            parts.append(f"--- {self.launcher} agent {label} (exit {agent.proc.poll()}) stderr tail:\n"
+                         f"{agent.stderr[-tail:]}")
+        return "\n".join(parts)
+
+    def close(self) -> None:
+        """SIGKILL every agent still running (with its tree) and every probe worker left behind."""
+        for agent in self.agents.values():
+            if agent.proc.poll() is None:
+                agent.kill_tree()
+        for pid in {row["pid"] for row in self.rows()}:
+            kill_if_probe(pid)
+
+
+# -- attempts ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """The workers that formed one process group (by their all-gathered tokens) and their rows."""
+
+    tokens: frozenset[str]
+    formed: tuple[dict, ...]
+    """The ``formed`` rows of this group's workers (one per worker, or fewer if one never wrote it)."""
+
+    @property
+    def world(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def time(self) -> float:
+        return min(row["time"] for row in self.formed)
+
+    @property
+    def complete(self) -> bool:
+        return {row["token"] for row in self.formed} == set(self.tokens)
+
+    def nodes(self) -> set[str]:
+        return {row["node"] for row in self.formed}
+
+
+def attempts(rows: list[dict]) -> list[Attempt]:
+    """The process groups the workers really formed, in the order they formed."""
+    formed = [row for row in rows if row["event"] == "formed"]
+    groups: dict[frozenset[str], list[dict]] = defaultdict(list)
+    for row in formed:
+        groups[frozenset(row["tokens"])].append(row)
+    found = [Attempt(key, tuple(sorted(members, key=lambda r: int(r["env"].get("RANK", -1)))))
+             for key, members in groups.items()]
+    return sorted(found, key=lambda attempt: attempt.time)
+
+
+def _int(row: dict, key: str) -> int | None:
+    value = row["env"].get(key)
+    return int(value) if value is not None and value.lstrip("-").isdigit() else None
+
+
+def violations(attempt: Attempt, nproc_of: dict[str, int] | None = None) -> list[str]:
+    """Everything wrong with one attempt's world (empty: consistent). Pure; no I/O.
+
+    Checks: one row per member; RANK equal to the process group's rank; the all-reduce of the
+    ranks equals W(W-1)/2 on every row; and :func:`env_violations` of the rows for world W.
+    """
+    found: list[str] = []
+    rows = attempt.formed
+    world = attempt.world
+    if not attempt.complete:
+        found.append(f"{world - len(rows)} of {world} members wrote no 'formed' row")
+    if any(_int(row, "RANK") != row["rank"] for row in rows):
+        found.append("RANK differs from the process group's rank on "
+                     f"{[(row['env'].get('RANK'), row['rank']) for row in rows if _int(row, 'RANK') != row['rank']]}")
+    sums = {row["allreduce_sum"] for row in rows}
+    if sums != {world * (world - 1) // 2}:
+        found.append(f"all_reduce(rank) gave {sorted(sums)}, not {world * (world - 1) // 2}")
+    return found + env_violations(rows, world, nproc_of)
+
+
+def env_violations(rows: Iterable[dict], world: int, nproc_of: dict[str, int] | None = None) -> list[str]:
+    """What is wrong with the environments of the ``world`` workers of one attempt. Pure.
+
+    Checks: RANK exactly 0..W-1; one WORLD_SIZE == W; one MASTER_ADDR:MASTER_PORT; one
+    TORCHELASTIC_RESTART_COUNT; GROUP_RANK 0..G-1 with one GROUP_WORLD_SIZE == G; per node
+    LOCAL_RANK 0..L-1 with LOCAL_WORLD_SIZE == L (== the node's ``--nproc-per-node`` when
+    ``nproc_of`` names it); RANK == (sum of LOCAL_WORLD_SIZE of lower group ranks) + LOCAL_RANK,
+    as torch's ``_assign_worker_ranks``; one ROLE_NAME, ROLE_RANK == RANK and ROLE_WORLD_SIZE ==
+    WORLD_SIZE (one role).
+    """
+    rows = tuple(rows)
+    found: list[str] = []
+
+    def one(key: str) -> set:
+        return {row["env"].get(key) for row in rows}
+
+    ranks = [_int(row, "RANK") for row in rows]
+    if None in ranks or sorted(ranks) != list(range(world)):
+        found.append(f"RANK is {sorted(ranks, key=lambda r: -1 if r is None else r)}, not 0..{world - 1}")
+    if one("WORLD_SIZE") != {str(world)}:
+        found.append(f"WORLD_SIZE is {sorted(map(str, one('WORLD_SIZE')))}, not one value {world}")
+    masters = {f"{row['env'].get('MASTER_ADDR')}:{row['env'].get('MASTER_PORT')}" for row in rows}
+    if len(masters) != 1:
+        found.append(f"MASTER_ADDR:MASTER_PORT is {sorted(masters)}, not one value")
+    if len(one("TORCHELASTIC_RESTART_COUNT")) != 1:
+        found.append(f"TORCHELASTIC_RESTART_COUNT is {sorted(map(str, one('TORCHELASTIC_RESTART_COUNT')))} "
+                     "on one attempt, not one value")
+    found += _node_violations(rows, world, nproc_of)
+    if len(one("ROLE_NAME")) != 1:
+        found.append(f"ROLE_NAME is {sorted(map(str, one('ROLE_NAME')))}, not one role")
+    if any(row["env"].get("ROLE_RANK") != row["env"].get("RANK") for row in rows):
+        found.append("ROLE_RANK differs from RANK (one role)")
+    if any(row["env"].get("ROLE_WORLD_SIZE") != row["env"].get("WORLD_SIZE") for row in rows):
+        found.append("ROLE_WORLD_SIZE differs from WORLD_SIZE (one role)")
+    return found
+
+
+def unformed(rows: list[dict]) -> dict[str, list[dict]]:
+    """The ``started`` rows of workers that formed no group, by the master their launcher named.
+
+    The master port is fresh per attempt, so each entry is what one attempt's launchers claimed.
+    """
+    formed = {row["token"] for row in rows if row["event"] == "formed"}
+    claimed: dict[str, list[dict]] = defaultdict(list)
+    for row in rows:
+        if row["event"] == "started" and row["token"] not in formed:
+            claimed[f"{row['env'].get('MASTER_ADDR')}:{row['env'].get('MASTER_PORT')}"].append(row)
+    return dict(claimed)
+
+
+def _node_violations(rows: tuple[dict, ...], world: int, nproc_of: dict[str, int] | None) -> list[str]:
+    found: list[str] = []
+    group_sizes = {_int(row, "GROUP_WORLD_SIZE") for row in rows}
+    by_group: dict[int | None, list[dict]] = defaultdict(list)
+    for row in rows:
+        by_group[_int(row, "GROUP_RANK")].append(row)
+    if len(group_sizes) != 1 or set(by_group) != set(range(next(iter(group_sizes)) or 0)):
+        found.append(f"GROUP_RANK is {sorted(by_group, key=str)} with GROUP_WORLD_SIZE {sorted(group_sizes, key=str)}, "
+                     "not 0..G-1 with one G")
+    labels_per_group = {group: {row["node"] for row in members} for group, members in by_group.items()}
+    if any(len(labels) != 1 for labels in labels_per_group.values()):
+        found.append(f"one GROUP_RANK on several nodes: {dict(sorted(labels_per_group.items(), key=str))}")
+    base = 0
+    for group in sorted(by_group, key=lambda g: -1 if g is None else g):
+        members = by_group[group]
+        local = len(members)
+        node = members[0]["node"]
+        if {_int(row, "LOCAL_WORLD_SIZE") for row in members} != {local}:
+            found.append(f"node {node} (GROUP_RANK {group}) has {local} workers but LOCAL_WORLD_SIZE "
+                         f"{sorted({row['env'].get('LOCAL_WORLD_SIZE') for row in members})}")
+        if nproc_of and node in nproc_of and local != nproc_of[node]:
+            found.append(f"node {node} runs {local} workers, not its --nproc-per-node {nproc_of[node]}")
+        if sorted(_int(row, "LOCAL_RANK") for row in members if _int(row, "LOCAL_RANK") is not None) != list(range(local)):
+            found.append(f"node {node}: LOCAL_RANK {[row['env'].get('LOCAL_RANK') for row in members]} not 0..{local - 1}")
+        wrong = [(row["env"].get("LOCAL_RANK"), row["env"].get("RANK")) for row in members
+                 if _int(row, "RANK") != base + (_int(row, "LOCAL_RANK") or 0)]
+        if wrong:
+            found.append(f"node {node} (GROUP_RANK {group}): (LOCAL_RANK, RANK) {wrong}, torchrun gives RANK = "
+                         f"{base} + LOCAL_RANK (the local world sizes of the lower group ranks, summed)")
+        base += local
+    return found
+
+
+def shape(attempt: Attempt) -> list[tuple]:
+    """The rank/world columns per node, independent of the order of the nodes' group ranks.
+
+    One entry per node: ``(LOCAL_WORLD_SIZE, GROUP_WORLD_SIZE, WORLD_SIZE, ((LOCAL_RANK,
+    RANK - the node's first RANK, ROLE_RANK - RANK, ROLE_WORLD_SIZE), ...))``, sorted.
+    """
+    by_node: dict[str, list[dict]] = defaultdict(list)
+    for row in attempt.formed:
+        by_node[row["node"]].append(row)
+    nodes = []
+    for members in by_node.values():
+        first = min(_int(row, "RANK") or 0 for row in members)
+        columns = tuple(sorted(
+            (_int(row, "LOCAL_RANK"), (_int(row, "RANK") or 0) - first,
+             (_int(row, "ROLE_RANK") or 0) - (_int(row, "RANK") or 0), _int(row, "ROLE_WORLD_SIZE"))
+            for row in members))  # fmt: skip
+        nodes.append((_int(members[0], "LOCAL_WORLD_SIZE"), _int(members[0], "GROUP_WORLD_SIZE"),
+                      _int(members[0], "WORLD_SIZE"), columns))
+    return sorted(nodes, key=repr)
+
+
+# -- readable failures -------------------------------------------------------------------------
+
+COLUMNS = ("node", "pid", "event", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+           "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER", "RESTART", "sum", "world")
+
+
+def table(rows: Iterable[dict]) -> str:
+    """Rows as an aligned text table (environment columns, the all-reduce sum, the real group size)."""
+    lines = [COLUMNS]
+    for row in rows:
+        env = row["env"]
+        lines.append((
+            str(row.get("node")), str(row["pid"]), row["event"],
+            *(str(env.get(key, "-")) for key in COLUMNS[3:11]),
+            f"{env.get('MASTER_ADDR', '-')}:{env.get('MASTER_PORT', '-')}",
+            str(env.get("TORCHELASTIC_RESTART_COUNT", "-")),
+            str(row.get("allreduce_sum", "-")), str(row.get("world", "-")),
+        ))  # fmt: skip
+    widths = [max(len(line[i]) for line in lines) for i in range(len(COLUMNS))]
+    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(line, widths)) for line in lines)
+
+
+def describe(rows: list[dict]) -> str:
+    """Every attempt's table, then the rows of workers that formed nothing (started/failed/timeout)."""
+    parts = []
+    for index, attempt in enumerate(attempts(rows)):
+        parts.append(f"attempt {index} (world {attempt.world}):\n{table(attempt.formed)}")
+    formed = {row["token"] for row in rows if row["event"] == "formed"}
+    others = [row for row in rows if row["token"] not in formed and row["event"] != "started"]
+    if others:
+        parts.append("workers that formed no group:\n" + table(others) + "\n" +
+                     "\n".join(f"  {row['node']} pid {row['pid']}: {row.get('error', row['event'])}" for row in others))
+    if not parts:
+        parts.append("no worker formed a group; started:\n" + table(r for r in rows if r["event"] == "started"))
+    return "\n".join(parts)
+
+
+def restart_counts(attempt: Attempt) -> dict[str, str]:
+    """``{node: TORCHELASTIC_RESTART_COUNT}`` of one attempt (the value of the node's first row)."""
+    return {row["node"]: row["env"].get("TORCHELASTIC_RESTART_COUNT") for row in attempt.formed}
+
+
+def node_counts(attempt: Attempt) -> Counter:
+    return Counter(row["node"] for row in attempt.formed)
