@@ -223,6 +223,11 @@ def waiting_counts(view: RoundView, waiting_ids: Iterable[str]) -> int:
     return len(rejoining) + (len(newcomers) if room else 0)
 
 
+def rejoining_count(view: RoundView, waiting_ids: Iterable[str]) -> int:
+    """How many waiting nodes are members of the current round joining again (they restarted)."""
+    return len((set(waiting_ids) - {view.node_id}) & {member.node_id for member in view.record.members})
+
+
 def spare_count(view: RoundView, waiting_ids: Iterable[str]) -> int:
     """How many waiting nodes are spares: newcomers while the round is full (no restart for them)."""
     if view.record.group_world_size < view.max_nodes:

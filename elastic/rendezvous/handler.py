@@ -268,6 +268,11 @@ class RendezvousHandler:
         monitor = self._monitor
         return monitor.num_nodes_waiting if monitor is not None else 0
 
+    def num_members_rejoining(self) -> int:
+        """Members of the current round that already joined the next one (they restarted). No I/O."""
+        monitor = self._monitor
+        return monitor.num_rejoining if monitor is not None else 0
+
     def num_spares(self) -> int:
         """Nodes waiting as spares beyond this node's full round; 0 when there is room. No I/O."""
         monitor = self._monitor

@@ -27,6 +27,7 @@ from elastic.rendezvous.decisions import (
     MonitorState,
     RoundView,
     classify,
+    rejoining_count,
     spare_count,
     waiting_counts,
 )
@@ -80,6 +81,11 @@ class MembershipMonitor:
     def num_nodes_waiting(self) -> int:
         """Waiting nodes that justify a restart (see :func:`decisions.waiting_counts`)."""
         return waiting_counts(self._view, self._state.waiting)
+
+    @property
+    def num_rejoining(self) -> int:
+        """Members of this round waiting for the next one (see :func:`decisions.rejoining_count`)."""
+        return rejoining_count(self._view, self._state.waiting)
 
     @property
     def num_spares(self) -> int:

@@ -35,6 +35,7 @@ import contextlib
 import logging
 import os
 import socket
+import time
 from datetime import timedelta
 from typing import Callable, Iterator, Mapping
 
@@ -51,6 +52,9 @@ log = logging.getLogger(__name__)
 
 BACKEND_NAME = "etcd-v3"
 """The ``--rdzv-backend`` name torchrun knows us by (the entry point's name must match)."""
+
+REJOIN_GRACE_S = 3.0
+"""How long a member that rejoined is hidden from torch's agent (see ``num_nodes_waiting``)."""
 
 DEFAULT_STORE_TIMEOUT = 60.0
 """Seconds the agent store waits for a connection or a key (torch's c10d ``read_timeout`` default)."""
@@ -169,6 +173,8 @@ class TorchrunRendezvousHandler(torch_api.RendezvousHandler):
         self._store_factory = store_factory
         self._round_store: dist.Store | None = None
         self._restart_logged = False
+        self._rejoin_seen: float | None = None
+        self._clock = time.monotonic
 
     def get_backend(self) -> str:
         return BACKEND_NAME
@@ -190,6 +196,7 @@ class TorchrunRendezvousHandler(torch_api.RendezvousHandler):
         """
         self._round_store = None  # the old server stops once torch's agent drops its reference too
         self._restart_logged = False
+        self._rejoin_seen = None
         with _torch_errors():
             info = self._handler.next_rendezvous()
         raw = self._open_round_store(info)
@@ -215,6 +222,8 @@ class TorchrunRendezvousHandler(torch_api.RendezvousHandler):
         within the lease TTL instead of waiting for a collective to time out.
         """
         waiting = self._handler.num_nodes_waiting()
+        if waiting > 0 and self._hide_rejoining(waiting):
+            return 0
         if waiting > 0:
             return waiting
         change, reason = self._handler.membership_change()
@@ -225,6 +234,22 @@ class TorchrunRendezvousHandler(torch_api.RendezvousHandler):
             log.info("Rendezvous %s: node %s asks torchrun to restart its workers: %s",
                      self._handler.get_run_id(), self._handler.node_id, reason)
         return 1
+
+    def _hide_rejoining(self, waiting: int) -> bool:
+        """Whether to keep members that rejoined from torch's agent for :data:`REJOIN_GRACE_S`.
+
+        A member rejoins when its workers failed; ours then fail too, on the collectives it
+        broke, a moment later. torch's agent checks its workers first and counts a failure
+        restart, but restarts through this waiting count without counting one: reporting the
+        rejoin at once made two nodes of one attempt see TORCHELASTIC_RESTART_COUNT 1 and 0.
+        After the grace the rejoin is reported anyway (our workers did not fail).
+        """
+        if self._handler.num_members_rejoining() < waiting:
+            return False  # newcomers: a scale-up, report it now
+        now = self._clock()
+        if self._rejoin_seen is None:
+            self._rejoin_seen = now
+        return now - self._rejoin_seen < REJOIN_GRACE_S
 
     def get_run_id(self) -> str:
         return self._handler.get_run_id()

@@ -66,7 +66,7 @@ class Launched:
         self.name = name
         self.stdout_path = workdir / f"{name}.stdout"
         self.stderr_path = workdir / f"{name}.stderr"
-        with open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:
+        with open(self.stdout_path, "ab") as out, open(self.stderr_path, "ab") as err:
             self.proc = subprocess.Popen(argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env)
         self.pid = self.proc.pid
 

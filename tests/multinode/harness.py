@@ -128,7 +128,7 @@ class Agent:
         self.nproc = nproc
         self.stdout_path = workdir / f"{label}.stdout"
         self.stderr_path = workdir / f"{label}.stderr"
-        with open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:
+        with open(self.stdout_path, "ab") as out, open(self.stderr_path, "ab") as err:
             self.proc = subprocess.Popen(argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env,
                                          cwd=workdir)
         self.pid = self.proc.pid

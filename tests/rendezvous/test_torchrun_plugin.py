@@ -30,6 +30,7 @@ from elastic.rendezvous.handler import RendezvousInfo  # noqa: E402
 from elastic.rendezvous.records import Member  # noqa: E402
 from elastic.rendezvous.torchrun_plugin import (  # noqa: E402
     BACKEND_NAME,
+    REJOIN_GRACE_S,
     TorchrunRendezvousHandler,
     conf_from_params,
     create_rdzv_handler,
@@ -232,6 +233,11 @@ class StubHandler:
     def num_nodes_waiting(self) -> int:
         return self.waiting
 
+    rejoining = 0
+
+    def num_members_rejoining(self) -> int:
+        return self.rejoining
+
     def membership_change(self):
         return self.change, "why" if self.change else ""
 
@@ -251,6 +257,22 @@ class StubHandler:
 def test_a_lost_member_is_reported_to_torch_as_a_waiting_node_so_survivors_restart(waiting, change, expected):
     adapter = TorchrunRendezvousHandler(StubHandler(waiting, change), "127.0.0.1")  # type: ignore[arg-type]
     assert adapter.num_nodes_waiting() == expected
+
+
+def test_a_member_that_rejoined_is_hidden_from_torch_for_the_grace_so_our_own_failure_counts_first():
+    stub = StubHandler(waiting=1, change=MembershipChange.NODES_WAITING)
+    stub.rejoining = 1
+    adapter = TorchrunRendezvousHandler(stub, "127.0.0.1")  # type: ignore[arg-type]
+    now = [100.0]
+    adapter._clock = lambda: now[0]
+    assert adapter.num_nodes_waiting() == 0  # our workers are about to fail on the collective it broke
+    now[0] += REJOIN_GRACE_S - 0.1
+    assert adapter.num_nodes_waiting() == 0
+    now[0] += 0.2
+    assert adapter.num_nodes_waiting() == 1  # they did not: restart for the rejoin anyway
+    stub.rejoining = 0  # a newcomer (scale-up) is reported at once
+    fresh = TorchrunRendezvousHandler(stub, "127.0.0.1")  # type: ignore[arg-type]
+    assert fresh.num_nodes_waiting() == 1
 
 
 @pytest.mark.parametrize("rank, verb", [(0, "host"), (1, "reach")])
