@@ -546,3 +546,24 @@ def test_failures_of_later_snapshots_extend_earlier_ones(harness):
         seen = list(state.failures)
         time.sleep(0.01)  # wait() returns at once once the group has failed
     assert sorted(f.exitcode for f in seen) == [10, 11, 12, 13]
+
+
+def test_each_node_logs_under_its_own_directory_so_agents_can_share_a_log_dir(tmp_path):
+    a = attempt_log_dir(str(tmp_path), "job", 3, "host-1-1234-abcdef")
+    b = attempt_log_dir(str(tmp_path), "job", 3, "host-2-99-012345")
+    assert a != b
+    assert a == os.path.join(str(tmp_path), "job", "host-1-1234-abcdef", "attempt_3")
+
+
+@pytest.mark.parametrize("run_id, node_id", [("..", None), (".", "n"), ("job", ".."), ("../x", None)])
+def test_a_log_directory_outside_the_log_root_is_refused_before_anything_is_deleted(tmp_path, run_id, node_id):
+    root = tmp_path / "logs"
+    root.mkdir()
+    sibling = tmp_path / "precious"
+    sibling.mkdir()
+    if run_id == "../x":  # a '/' in an id becomes '_': the result stays inside the root
+        assert attempt_log_dir(str(root), run_id, 0, node_id).startswith(str(root))
+        return
+    with pytest.raises(ValueError, match="plain name"):
+        attempt_log_dir(str(root), run_id, 0, node_id)
+    assert sibling.exists()

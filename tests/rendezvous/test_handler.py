@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 import uuid
@@ -39,10 +40,11 @@ def make_node(harness):
     namespace = f"/rdzv-test-{uuid.uuid4().hex[:10]}"
     opened: list[RendezvousHandler] = []
 
-    def make(min_nodes, max_nodes, node_id=None, **options):
+    def make(min_nodes, max_nodes, node_id=None, local_world_size=1, **options):
         settings = RendezvousSettings("job", min_nodes, max_nodes, namespace=namespace,
                                       **{"lease_ttl": TTL, "last_call_timeout": 1.0, **options})
-        handler = RendezvousHandler(settings, harness.connect(), "127.0.0.1", node_id=node_id, owns_backend=True)
+        handler = RendezvousHandler(settings, harness.connect(), "127.0.0.1", node_id=node_id, owns_backend=True,
+                                    local_world_size=local_world_size)
         opened.append(handler)
         return handler
 
@@ -65,6 +67,23 @@ def test_concurrent_nodes_get_unique_ranks_and_agree_on_the_round(make_node, nod
         (infos[0].round, nodes, infos[0].master_addr, infos[0].master_port)
     }
     assert all(handler.backend_writes <= 4 for handler in handlers)
+
+
+def test_every_member_sees_one_world_of_the_summed_local_sizes_and_rank_0_holds_a_listening_master_port(
+        make_node):
+    handlers = [make_node(3, 3, node_id=f"n{index}", local_world_size=size) for index, size in enumerate((2, 1, 3))]
+    infos = rendezvous_all(handlers)
+    layouts = sorted((info.layout.base_rank, info.layout.local_world_size) for info in infos)
+    assert [base for base, _ in layouts] == [0, layouts[0][1], layouts[0][1] + layouts[1][1]]
+    assert {(info.layout.world_size, info.restart_count, info.master_port) for info in infos} == {
+        (6, 0, infos[0].master_port)}
+    master = next(info for info in infos if info.group_rank == 0)
+    try:
+        assert [info.master_listener is not None for info in infos] == [info.group_rank == 0 for info in infos]
+        assert master.master_listener.getsockname()[1] == master.master_port
+        socket.create_connection(("127.0.0.1", master.master_port), timeout=2).close()  # it listens already
+    finally:
+        master.master_listener.close()
 
 
 def test_with_min_below_max_the_round_closes_when_the_last_call_passes(make_node):

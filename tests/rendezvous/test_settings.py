@@ -35,6 +35,8 @@ def test_unknown_options_are_named_with_the_valid_ones():
     [
         ({"run_id": ""}, "run id"),
         ({"run_id": "a/b"}, "run id"),
+        ({"run_id": "."}, "plain name"),
+        ({"run_id": ".."}, "plain name"),
         ({"min_nodes": 0}, "minimum number of nodes"),
         ({"max_nodes": 1, "min_nodes": 2}, "maximum number of nodes"),
         ({"join_timeout": -1}, "join timeout"),

@@ -1,0 +1,80 @@
+"""The master port listens from the join on, and the store helper serves a TCPStore on it.
+
+Real sockets, a real helper process (it imports torch) and real torch TCPStore clients.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import sys
+import threading
+import time
+
+import pytest
+
+from elastic.agent.store_host import StoreHost, StoreHostError
+from elastic.rendezvous.ports import reserve_port
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_reserved_port_accepts_connections_before_anyone_serves_it():
+    reservation = reserve_port("127.0.0.1")
+    try:
+        with socket.create_connection(("127.0.0.1", reservation.port), timeout=2):
+            pass  # queued by the kernel, not refused
+    finally:
+        reservation.close()
+    assert reservation.take() is None  # closed: nothing left to hand over
+
+
+def test_workers_that_connect_before_the_helper_serves_are_served_once_it_does():
+    import torch.distributed as dist
+
+    host = StoreHost(sys.executable, os.environ)
+    reservation = reserve_port("127.0.0.1")
+    port = reservation.port
+    results: list[float] = []
+
+    def client() -> None:
+        started = time.monotonic()
+        store = dist.TCPStore("127.0.0.1", port, None, False, datetime.timedelta(seconds=30), wait_for_workers=False)
+        store.set(f"k{threading.get_ident()}", "v")
+        results.append(time.monotonic() - started)
+
+    threads = [threading.Thread(target=client) for _ in range(4)]
+    try:
+        for thread in threads:
+            thread.start()  # before the helper even exists
+        time.sleep(0.3)
+        host.serve(reservation.take(), "127.0.0.1")  # the helper imports torch first: about a second or two
+        for thread in threads:
+            thread.join(timeout=60)
+        assert len(results) == 4, "a client was refused or timed out"
+        host.poll()
+        deadline = time.monotonic() + 10
+        while host.serving != port and time.monotonic() < deadline:
+            time.sleep(0.05)
+            host.poll()
+        assert host.serving == port
+        # A released store closes its port; the warm helper serves the next attempt's at once.
+        host.release()
+        nxt = reserve_port("127.0.0.1")
+        next_port = nxt.port
+        host.serve(nxt.take(), "127.0.0.1")
+        dist.TCPStore("127.0.0.1", next_port, None, False, datetime.timedelta(seconds=10), wait_for_workers=False)
+    finally:
+        proc = host._proc
+        host.close()
+    assert proc is not None and proc.poll() is not None  # the helper exits when its pair closes
+
+
+def test_a_helper_that_cannot_start_is_a_store_host_error_and_the_socket_is_closed(tmp_path):
+    host = StoreHost(str(tmp_path / "no-such-python"), os.environ)
+    reservation = reserve_port("127.0.0.1")
+    listener = reservation.take()
+    with pytest.raises(StoreHostError, match="could not take port"):
+        host.serve(listener, "127.0.0.1")
+    assert listener.fileno() == -1  # closed: rank 0's worker may bind the port itself
