@@ -251,7 +251,7 @@ def script(name: str) -> str:
 # -- rendezvous backends -----------------------------------------------------------------------
 
 
-@pytest.fixture(params=["etcd", "tcp", "c10d"])
+@pytest.fixture(params=[pytest.param("etcd", marks=pytest.mark.etcd), "tcp", "c10d"])
 def rdzv_flags(request, tmp_path, procs) -> list[str]:
     """``--rdzv-*`` flags for a multi-node run on etcd, a separately run built-in store, or c10d."""
     if request.param == "etcd":
