@@ -25,6 +25,7 @@ from elastic.agent.metrics import AgentMetrics, MetricsServer, MetricsServerErro
 from elastic.agent.worker_env import omp_threads_notice
 from elastic.launch.config import LaunchConfig
 from elastic.rendezvous.errors import RendezvousError
+from elastic.rendezvous.progress import WaitSnapshot
 from elastic.rendezvous.registry import create_handler
 from elastic.rendezvous.settings import settings_from_conf
 
@@ -46,15 +47,17 @@ def run(config: LaunchConfig) -> int:
             handler = create_handler(config.rdzv_backend, config.rdzv_endpoint, settings, node_addr,
                                      node_rank=config.node_rank)
             events = cleanup.enter_context(EventLog(config.event_log, run_id=config.run_id, node=socket.gethostname()))
-            metrics = AgentMetrics(run_id=config.run_id, node=socket.gethostname())
+            # The node id, not the host name: two agents on one host are two nodes.
+            metrics = AgentMetrics(run_id=config.run_id, node=getattr(handler, "node_id", socket.gethostname()))
+            if hasattr(handler, "on_progress"):
+                handler.on_progress = lambda progress: metrics.set_rendezvous_joined(progress and progress.joined)
             agent = ElasticAgent(config, handler, host=socket.gethostname(), events=events, metrics=metrics,
                                  lease_ttl=settings.lease_ttl)
             if config.metrics_port is not None:
                 server = MetricsServer(config.metrics_port, registry=metrics.registry,
-                                       health=lambda: (agent.healthy, "running" if agent.healthy else "stopped"))
+                                       health=lambda: health(agent.healthy, getattr(handler, "progress", None)))
                 cleanup.callback(server.stop)
-                server.start()
-                log.info("Serving /metrics and /healthz on port %d", server.port)
+                server.start()  # it logs where it serves
         except (RendezvousError, ValueError, MetricsServerError) as error:
             print(f"elasticrun: {error}", file=sys.stderr)
             return 1
@@ -77,6 +80,15 @@ def _with_standalone_store(config: LaunchConfig, cleanup: ExitStack) -> LaunchCo
     run_id = config.run_id if config.run_id not in ("", "none") else str(uuid.uuid4())
     return dataclasses.replace(config, rdzv_backend="tcp", rdzv_endpoint=server.endpoint, run_id=run_id,
                                rdzv_conf={**config.rdzv_conf, "token": token})
+
+
+def health(healthy: bool, progress: WaitSnapshot | None) -> tuple[bool, str]:
+    """``/healthz``'s answer: stopped, waiting for a rendezvous (with its counts), or running."""
+    if not healthy:
+        return False, "stopped"
+    if progress is not None:
+        return True, f"waiting for rendezvous ({progress.counts_text()})"
+    return True, "running"
 
 
 def _install_signal_handlers(names: tuple[str, ...]) -> None:

@@ -63,6 +63,7 @@ ROUNDS_TOTAL = "elastic_rendezvous_rounds_total"
 ROUND_DURATION_SECONDS = "elastic_rendezvous_round_duration_seconds"
 MEMBERS = "elastic_members"
 NODES_WAITING = "elastic_nodes_waiting"
+RENDEZVOUS_JOINED_NODES = "elastic_rendezvous_joined_nodes"
 RESTARTS_TOTAL = "elastic_restarts_total"
 WORKERS = "elastic_workers"
 WORKER_EXITS_TOTAL = "elastic_worker_exits_total"
@@ -298,6 +299,10 @@ class AgentMetrics:
         )
         self.members = r.gauge(MEMBERS, "Nodes in the current round (0 before the first).")
         self.nodes_waiting = r.gauge(NODES_WAITING, "Nodes waiting to join the next round.")
+        self.rendezvous_joined = r.gauge(
+            RENDEZVOUS_JOINED_NODES,
+            "While this node waits in a rendezvous: nodes joined to the round so far (0 when not waiting).",
+        )
         self.restarts = r.counter(
             RESTARTS_TOTAL, "Restarts of the worker group, by cause.", ("cause",)
         )
@@ -320,6 +325,10 @@ class AgentMetrics:
 
     def set_nodes_waiting(self, count: int) -> None:
         self.nodes_waiting.set(count)
+
+    def set_rendezvous_joined(self, joined: int | None) -> None:
+        """Nodes joined so far to the round this node waits for; None: not waiting (0)."""
+        self.rendezvous_joined.set(joined or 0)
 
     def restart(self, cause: RestartCause | str) -> None:
         """The worker group is being restarted. Raises ValueError for an unknown cause."""

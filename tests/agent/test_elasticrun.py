@@ -451,6 +451,35 @@ def test_metrics_and_event_log_during_a_run(procs, reports, tmp_path):
     assert events[-1]["status"] == "succeeded"
 
 
+def test_one_of_two_nodes_says_what_it_waits_for_until_its_join_timeout(procs, reports, etcd_server):
+    """Progress while waiting: a line after 2 s and every 10 s, /healthz and a gauge with the
+    counts, and a timeout error that names them."""
+    port, join_timeout = free_port(), 13
+    flags = etcd_flags(etcd_server)
+    conf = flags.index("--rdzv-conf") + 1
+    flags[conf] += f",join_timeout={join_timeout}"
+    agent = procs.elasticrun("--nnodes=2", "--nproc-per-node=1", f"--metrics-port={port}", *flags,
+                             script("allreduce.py"), str(reports.path))
+    deadline = time.monotonic() + RUN_TIMEOUT
+    while "waiting for nodes" not in agent.stderr:
+        assert agent.proc.poll() is None and time.monotonic() < deadline, agent.stderr
+        time.sleep(0.2)
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as health:
+        assert json.loads(health.read()) == {"status": "ok", "reason": "waiting for rendezvous (1 of 2)"}
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as metrics:
+        text = metrics.read().decode()
+    assert re.search(r"^elastic_rendezvous_joined_nodes 1\.0$", text, re.M), text
+
+    assert agent.wait() == 1, agent.stderr
+    lines = [line for line in agent.stderr.splitlines() if "waiting for nodes" in line]
+    assert len(lines) == 2, agent.stderr  # after the 2 s grace, then 10 s later
+    assert re.search(r"round 0: waiting for nodes: 1 of 2 nodes joined; 1[01] s left before the join timeout$",
+                     lines[0]), lines
+    assert (f"within the join timeout ({join_timeout}s); need at least 2 nodes (last seen: 1 of 2 joined)"
+            in agent.stderr.splitlines()[-1])
+    assert reports.all() == []
+
+
 # -- 9: the worker environment against torchrun's ---------------------------------------------
 
 
