@@ -91,6 +91,8 @@ class ElasticAgent:
         try:
             return self._run()
         except SignalReceived as received:
+            log.warning("Run %s node %s: received %s; stopping the workers", self.handler.get_run_id(), self.host,
+                        signal.Signals(received.signum).name)
             self._stop_group(forward=received.signum)
             self.handler.shutdown()
             name = signal.Signals(received.signum).name

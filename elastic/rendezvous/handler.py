@@ -545,8 +545,8 @@ class RendezvousHandler:
         self.backend_writes += 1
         if result.applied:
             self._claimed_key = None
-            log.info("Rendezvous %s: node %s closed round %d with %d members (%d spares)",
-                     self.settings.run_id, self.node_id, forming, len(members), len(spares))
+            log.info("Rendezvous %s: node %s closed round %d with %d member%s (%d spares)", self.settings.run_id,
+                     self.node_id, forming, len(members), "" if len(members) == 1 else "s", len(spares))
             return record, result.revision
         if result.current is None:
             raise RendezvousError(f"The round record {self.keys.round} vanished while closing round {forming}.")

@@ -425,6 +425,8 @@ def test_sigterm_stops_the_agent_with_143_and_leaves_no_worker(procs, reports, t
     agent.proc.send_signal(signal.SIGTERM)
     assert agent.wait(timeout=30) == 143, agent.stderr
     assert [pid for pid in worker_pids if worker_alive(pid)] == []
+    assert re.search(r"node \S+: received SIGTERM; stopping the workers$", agent.stderr, re.M), agent.stderr
+    assert '"event":"job_finished"' in agent.stderr and '"status":"signalled:SIGTERM"' in agent.stderr
 
 
 def test_metrics_and_event_log_during_a_run(procs, reports, tmp_path):
