@@ -214,7 +214,9 @@ class ElasticAgent:
         self.handler.set_closed(f"node {self.host} gave up after {self.restarts_used} restarts")
         self.handler.shutdown()
         self.events.emit(Event.JOB_FINISHED, status="failed")
-        return AgentResult(1, summary.splitlines()[0] if summary else "workers failed")
+        # The reason is the report's title, not its top rule (printed last as "elasticrun: ====...").
+        title = next((line for line in summary.splitlines() if line.strip("=-")), "")
+        return AgentResult(1, title or "workers failed")
 
     # -- helpers --------------------------------------------------------------------------------
     def _settle_failure(self, info: RendezvousInfo) -> None:

@@ -339,6 +339,7 @@ def test_exhausted_restarts_exit_non_zero_with_the_root_cause(procs, reports):
     assert "exit       : exit code 1" in summary
     assert "Traceback (most recent call last)" in summary and "deliberately_failing_step" in summary
     assert "ValueError" in summary
+    assert re.search(r"^elasticrun: default FAILED on \S+: [12] worker\(s\) failed$", err.splitlines()[-1]), err
 
 
 # -- 5, 6: membership changes ------------------------------------------------------------------
