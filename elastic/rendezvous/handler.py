@@ -675,7 +675,7 @@ class RendezvousHandler:
         expected = None
         if self._last_round is not None and isinstance(joined, dict):
             expected = tuple(m.node_id for m in self._last_round.members if m.node_id not in joined)
-        snapshot = WaitSnapshot(self.settings.run_id, forming, count, self.settings.min_nodes,
+        snapshot = WaitSnapshot(self.settings.run_id, self.node_id, forming, count, self.settings.min_nodes,
                                 self.settings.max_nodes, expected, deadline - self._clock())
         self._set_progress(snapshot)
         self._reporter.update(snapshot)

@@ -29,6 +29,7 @@ class WaitSnapshot:
 
     Attributes:
         run_id: the run.
+        node_id: the waiting node.
         round: the round being formed.
         joined: nodes joined so far (None: not known to this node right now).
         min_nodes, max_nodes: the round closes at ``min_nodes`` (after the last call) to ``max_nodes``.
@@ -38,6 +39,7 @@ class WaitSnapshot:
     """
 
     run_id: str
+    node_id: str
     round: int
     joined: int | None
     min_nodes: int
@@ -56,8 +58,8 @@ class WaitSnapshot:
 
 
 def format_progress(snapshot: WaitSnapshot) -> str:
-    """The progress line, e.g. ``Rendezvous job-1 round 0: waiting for nodes: 1 of at least 2
-    nodes joined (at most 4); still expected: b; 587 s left before the join timeout``."""
+    """The progress line, e.g. ``Rendezvous job-1 round 0 (node a): waiting for nodes: 1 of at
+    least 2 nodes joined (at most 4); still expected: b; 587 s left before the join timeout``."""
     s = snapshot
     size = f"{s.min_nodes}" if s.min_nodes == s.max_nodes else f"at least {s.min_nodes}"
     most = "" if s.min_nodes == s.max_nodes else f" (at most {s.max_nodes})"
@@ -67,7 +69,7 @@ def format_progress(snapshot: WaitSnapshot) -> str:
         counts = f"{s.joined} of {size} nodes joined{most}; the round closes after the last call"
     else:
         counts = f"waiting for nodes: {s.joined} of {size} nodes joined{most}"
-    parts = [f"Rendezvous {s.run_id} round {s.round}: {counts}"]
+    parts = [f"Rendezvous {s.run_id} round {s.round} (node {s.node_id}): {counts}"]
     if s.expected:
         named = ", ".join(s.expected[:MAX_LISTED])
         more = f" and {len(s.expected) - MAX_LISTED} more" if len(s.expected) > MAX_LISTED else ""

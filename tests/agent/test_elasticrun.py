@@ -476,7 +476,7 @@ def test_one_of_two_nodes_says_what_it_waits_for_until_its_join_timeout(procs, r
     assert agent.wait() == 1, agent.stderr
     lines = [line for line in agent.stderr.splitlines() if "waiting for nodes" in line]
     assert len(lines) == 2, agent.stderr  # after the 2 s grace, then 10 s later
-    assert re.search(r"round 0: waiting for nodes: 1 of 2 nodes joined; 1[01] s left before the join timeout$",
+    assert re.search(r"round 0 \(node \S+\): waiting for nodes: 1 of 2 nodes joined; 1[01] s left before the join timeout$",
                      lines[0]), lines
     assert (f"within the join timeout ({join_timeout}s); need at least 2 nodes (last seen: 1 of 2 joined)"
             in agent.stderr.splitlines()[-1])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -15,23 +16,23 @@ from elastic.testing.fake_store import FakeHarness
 
 
 def snap(joined=1, min_nodes=2, max_nodes=4, expected=None, left=587.4, round_=0):
-    return WaitSnapshot("job-1", round_, joined, min_nodes, max_nodes, expected, left)
+    return WaitSnapshot("job-1", "a", round_, joined, min_nodes, max_nodes, expected, left)
 
 
 @pytest.mark.parametrize("snapshot, line", [
-    (snap(), "Rendezvous job-1 round 0: waiting for nodes: 1 of at least 2 nodes joined (at most 4); "
+    (snap(), "Rendezvous job-1 round 0 (node a): waiting for nodes: 1 of at least 2 nodes joined (at most 4); "
              "587 s left before the join timeout"),
-    (snap(min_nodes=2, max_nodes=2), "Rendezvous job-1 round 0: waiting for nodes: 1 of 2 nodes joined; "
+    (snap(min_nodes=2, max_nodes=2), "Rendezvous job-1 round 0 (node a): waiting for nodes: 1 of 2 nodes joined; "
                                      "587 s left before the join timeout"),
-    (snap(joined=None), "Rendezvous job-1 round 0: waiting for at least 2 nodes (at most 4) to join; "
+    (snap(joined=None), "Rendezvous job-1 round 0 (node a): waiting for at least 2 nodes (at most 4) to join; "
                         "587 s left before the join timeout"),
     (snap(joined=3, expected=("b",), round_=2),
-     "Rendezvous job-1 round 2: 3 of at least 2 nodes joined (at most 4); the round closes after the last call; "
+     "Rendezvous job-1 round 2 (node a): 3 of at least 2 nodes joined (at most 4); the round closes after the last call; "
      "still expected: b; 587 s left before the join timeout"),
     (snap(expected=tuple("abcdefghij")),
-     "Rendezvous job-1 round 0: waiting for nodes: 1 of at least 2 nodes joined (at most 4); "
+     "Rendezvous job-1 round 0 (node a): waiting for nodes: 1 of at least 2 nodes joined (at most 4); "
      "still expected: a, b, c, d, e, f, g, h and 2 more; 587 s left before the join timeout"),
-    (snap(expected=(), left=-3.0), "Rendezvous job-1 round 0: waiting for nodes: 1 of at least 2 nodes joined "
+    (snap(expected=(), left=-3.0), "Rendezvous job-1 round 0 (node a): waiting for nodes: 1 of at least 2 nodes joined "
                                    "(at most 4); 0 s left before the join timeout"),
 ])
 def test_the_progress_line(snapshot, line):
@@ -67,7 +68,7 @@ def test_the_reporter_speaks_after_the_grace_on_changes_and_every_interval():
     assert reporter.due() and reporter.update(snap(joined=3))  # ... and said once the gap passed
     clock[0] = 116.0
     assert reporter.update(snap(joined=3, left=500))
-    assert [line.split(": ", 1)[1].split(";")[0] for line in lines] == [
+    assert [line.split("): ", 1)[1].split(";")[0] for line in lines] == [
         "waiting for nodes: 1 of at least 2 nodes joined (at most 4)",
         "2 of at least 2 nodes joined (at most 4)",
         "3 of at least 2 nodes joined (at most 4)",
@@ -92,6 +93,28 @@ def test_a_lone_node_says_what_it_waits_for_and_its_timeout_names_the_last_count
         handler.shutdown()
         harness.close()
     lines = [r.getMessage() for r in caplog.records if "waiting for nodes" in r.getMessage()]
-    assert lines and lines[0].startswith("Rendezvous job round 0: waiting for nodes: 1 of at least 2 nodes joined "
+    assert lines and lines[0].startswith("Rendezvous job round 0 (node a): waiting for nodes: 1 of at least 2 nodes joined "
                                          "(at most 3); ")
     assert seen[0].joined == 1 and seen[-1] is None and handler.progress is None
+
+
+def test_a_survivor_names_the_members_of_the_last_round_it_still_expects(caplog):
+    harness = FakeHarness()
+    settings = RendezvousSettings("job", 2, 2, namespace=f"/progress-{uuid.uuid4().hex[:8]}",
+                                  lease_ttl=2.0, join_timeout=3.5, last_call_timeout=1.0)
+    a, b = (RendezvousHandler(settings, harness.connect(), "127.0.0.1", node_id=name, owns_backend=True)
+            for name in ("a", "b"))
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            assert {info.round for info in pool.map(lambda h: h.next_rendezvous(), (a, b))} == {0}
+        b.shutdown()
+        with caplog.at_level(logging.INFO, logger="elastic.rendezvous.handler"):
+            with pytest.raises(RendezvousTimeoutError, match=r"\(last seen: 1 of 2 joined\)"):
+                a.next_rendezvous()
+    finally:
+        a.shutdown()
+        b.shutdown()
+        harness.close()
+    lines = [r.getMessage() for r in caplog.records if "waiting for nodes" in r.getMessage()]
+    assert lines and "Rendezvous job round 1 (node a): waiting for nodes: 1 of 2 nodes joined; still expected: b; " \
+        in lines[0], lines
