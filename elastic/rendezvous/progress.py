@@ -9,6 +9,7 @@ emits :func:`format_progress` of it. Pure functions and an injectable clock; no 
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -35,7 +36,7 @@ class WaitSnapshot:
         min_nodes, max_nodes: the round closes at ``min_nodes`` (after the last call) to ``max_nodes``.
         expected: members of the previous round that have not joined yet (None: unknown, e.g.
             the first round, or a node that does not see the joiners).
-        seconds_left: until the join timeout.
+        seconds_left: until the join timeout (``math.inf``: none, e.g. a spare).
     """
 
     run_id: str
@@ -74,7 +75,10 @@ def format_progress(snapshot: WaitSnapshot) -> str:
         named = ", ".join(s.expected[:MAX_LISTED])
         more = f" and {len(s.expected) - MAX_LISTED} more" if len(s.expected) > MAX_LISTED else ""
         parts.append(f"still expected: {named}{more}")
-    parts.append(f"{max(s.seconds_left, 0.0):.0f} s left before the join timeout")
+    if math.isinf(s.seconds_left):
+        parts.append("no join timeout (a spare waits for room)")
+    else:
+        parts.append(f"{max(s.seconds_left, 0.0):.0f} s left before the join timeout")
     return "; ".join(parts)
 
 

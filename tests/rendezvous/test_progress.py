@@ -34,6 +34,8 @@ def snap(joined=1, min_nodes=2, max_nodes=4, expected=None, left=587.4, round_=0
      "still expected: a, b, c, d, e, f, g, h and 2 more; 587 s left before the join timeout"),
     (snap(expected=(), left=-3.0), "Rendezvous job-1 round 0 (node a): waiting for nodes: 1 of at least 2 nodes joined "
                                    "(at most 4); 0 s left before the join timeout"),
+    (snap(left=float("inf")), "Rendezvous job-1 round 0 (node a): waiting for nodes: 1 of at least 2 nodes joined "
+                              "(at most 4); no join timeout (a spare waits for room)"),
 ])
 def test_the_progress_line(snapshot, line):
     assert format_progress(snapshot) == line
