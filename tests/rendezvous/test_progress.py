@@ -120,3 +120,28 @@ def test_a_survivor_names_the_members_of_the_last_round_it_still_expects(caplog)
     lines = [r.getMessage() for r in caplog.records if "waiting for nodes" in r.getMessage()]
     assert lines and "Rendezvous job round 1 (node a): waiting for nodes: 1 of 2 nodes joined; still expected: b; " \
         in lines[0], lines
+
+
+def test_the_closer_and_a_waiting_node_both_report_the_joins(caplog):
+    """The closer counts the joins it watches; the other node starts from its own join's count."""
+    harness = FakeHarness()
+    settings = RendezvousSettings("job", 3, 3, namespace=f"/progress-{uuid.uuid4().hex[:8]}",
+                                  lease_ttl=2.0, join_timeout=5.0, last_call_timeout=1.0)
+    handlers = [RendezvousHandler(settings, harness.connect(), "127.0.0.1", node_id=name, owns_backend=True)
+                for name in ("a", "b")]
+
+    def join(handler):
+        with pytest.raises(RendezvousTimeoutError, match=r"\(last seen: 2 of 3 joined\)"):
+            handler.next_rendezvous()
+
+    try:
+        with caplog.at_level(logging.INFO, logger="elastic.rendezvous.handler"):
+            with ThreadPoolExecutor(2) as pool:
+                list(pool.map(join, handlers))
+    finally:
+        for handler in handlers:
+            handler.shutdown()
+        harness.close()
+    lines = [r.getMessage() for r in caplog.records if "waiting for nodes" in r.getMessage()]
+    for node in ("a", "b"):
+        assert any(f"(node {node}): waiting for nodes: 2 of 3 nodes joined; " in line for line in lines), lines
