@@ -13,6 +13,10 @@ It fits a linear model to synthetic data (gloo on CPU, NCCL when CUDA is present
 checkpoint every ``--checkpoint-every`` steps (rank 0 writes, atomically), and after a restart
 — a crashed worker, a lost or added node — resumes from the last checkpoint with whatever world
 size the new round has. It prints the loss as it goes and ``done: ...`` at the end.
+
+The checkpoint is per run (``/tmp/elastic-train-ddp-<run id>.pt``): a new ``--standalone`` run
+(a new run id) starts from scratch, and every node of one ``--rdzv-id`` shares the same one.
+When it resumes it says from which step and file.
 """
 
 from __future__ import annotations
@@ -31,8 +35,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=200, help="total optimizer steps (default 200)")
     parser.add_argument("--batch-size", type=int, default=64, help="samples per worker per step")
     parser.add_argument("--checkpoint-every", type=int, default=20, help="steps between checkpoints")
-    parser.add_argument("--checkpoint", default=os.environ.get("CHECKPOINT_PATH", "/tmp/elastic-train-ddp.pt"),
-                        help="checkpoint file shared by the workers (default /tmp/elastic-train-ddp.pt)")
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID", "none").replace("/", "_")
+    parser.add_argument("--checkpoint", default=os.environ.get("CHECKPOINT_PATH", f"/tmp/elastic-train-ddp-{run_id}.pt"),
+                        help="checkpoint file shared by the workers (default /tmp/elastic-train-ddp-<run id>.pt)")
     parser.add_argument("--step-delay", type=float, default=0.0, help="seconds to sleep per step (for demos)")
     return parser.parse_args()
 
@@ -77,8 +82,9 @@ def main() -> None:
     ddp = DistributedDataParallel(model, device_ids=[local_rank] if use_cuda else None)
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     if rank == 0:
-        print(f"rank 0 of {world}: starting at step {start} (restart count {restart})", flush=True)
-    loss = torch.tensor(0.0)
+        resumed = f", resumed from {args.checkpoint}" if start else ""
+        print(f"rank 0 of {world}: starting at step {start} (restart count {restart}{resumed})", flush=True)
+    loss = None
     for step in range(start, args.steps):
         x, y = synthetic_batch(step, rank, args.batch_size, device)
         loss = torch.nn.functional.mse_loss(ddp(x), y)
@@ -93,7 +99,9 @@ def main() -> None:
                 save_checkpoint(args.checkpoint, model, optimizer, done)
                 print(f"step {done}/{args.steps} loss {loss.item():.5f} (world {world})", flush=True)
             dist.barrier()
-    if rank == 0:
+    if rank == 0 and loss is None:
+        print(f"done: nothing to train, {args.checkpoint} is already at step {start} of {args.steps}", flush=True)
+    elif rank == 0:
         print(f"done: {args.steps} steps, final loss {loss.item():.5f}, world size {world}", flush=True)
     dist.destroy_process_group()
 

@@ -4,18 +4,67 @@ from __future__ import annotations
 
 import pytest
 
-
 # -- etcd --------------------------------------------------------------------------------------
 # One real etcd for the whole session, with auth on (the contract's wrong-credential test needs
 # it). ETCD_TEST_BACKEND picks how it is provided (see elastic.testing.etcd_server); when none
-# can start, the tests using it fail with EtcdServerError, never skip.
+# can start, the tests using it fail, never skip: each with one line, and the full reason is
+# printed once at the end of the session.
+_etcd_failures: list[str] = []
+
+
+def _etcd_failure_line(error: BaseException) -> str:
+    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return f"etcd could not start for the tests: {first}"
+
+
 @pytest.fixture(scope="session")
 def etcd_server():
-    """The session's etcd server; stopped (by PID, for the binary) at the end of the session."""
-    from elastic.testing.etcd_server import EtcdServerOptions, start_etcd_server
+    """The session's etcd server; stopped (by PID, for the binary) at the end of the session.
 
-    server = start_etcd_server(EtcdServerOptions(auth=True))
+    When it cannot start, pytest keeps the failure of this session fixture and fails every
+    test that uses it with the same one-line message (no traceback).
+    """
+    from elastic.testing.etcd_server import EtcdServerError, EtcdServerOptions, start_etcd_server
+
+    failure = None
+    try:
+        server = start_etcd_server(EtcdServerOptions(auth=True))
+    except EtcdServerError as error:
+        _etcd_failures.append(str(error))
+        failure = _etcd_failure_line(error)
+    if failure is not None:  # outside the except block: no chained traceback
+        pytest.fail(failure, pytrace=False)
     try:
         yield server
     finally:
         server.close()
+
+
+def pytest_collection_modifyitems(items):
+    """Mark every test that takes the etcd fixture ``etcd`` (parametrized ones mark their param)."""
+    for item in items:
+        if "etcd_server" in getattr(item, "fixturenames", ()) and item.get_closest_marker("etcd") is None:
+            item.add_marker(pytest.mark.etcd)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A test that starts its own etcd and cannot gets the same one line, not a traceback."""
+    outcome = yield
+    report = outcome.get_result()
+    if call.excinfo is None or report.passed:
+        return
+    from elastic.testing.etcd_server import EtcdServerError
+
+    if isinstance(call.excinfo.value, EtcdServerError):
+        if str(call.excinfo.value) not in _etcd_failures:
+            _etcd_failures.append(str(call.excinfo.value))
+        report.longrepr = _etcd_failure_line(call.excinfo.value)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The full reason etcd could not start, once per session (each test showed one line)."""
+    if _etcd_failures:
+        terminalreporter.section("etcd could not start")
+        for failure in _etcd_failures:
+            terminalreporter.write_line(failure)

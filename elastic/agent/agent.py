@@ -118,6 +118,8 @@ class ElasticAgent:
         try:
             return self._run()
         except SignalReceived as received:
+            log.warning("Run %s node %s: received %s; stopping the workers", self.handler.get_run_id(), self.host,
+                        signal.Signals(received.signum).name)
             self._stop_group(forward=received.signum)
             self.handler.shutdown()
             name = signal.Signals(received.signum).name
@@ -324,7 +326,9 @@ class ElasticAgent:
         self.handler.set_closed(f"node {self.host} gave up after {self.restarts_used} restarts")
         self.handler.shutdown()
         self.events.emit(Event.JOB_FINISHED, status="failed")
-        return AgentResult(1, summary.splitlines()[0] if summary else "workers failed")
+        # The reason is the report's title, not its top rule (printed last as "elasticrun: ====...").
+        title = next((line for line in summary.splitlines() if line.strip("=-")), "")
+        return AgentResult(1, title or "workers failed")
 
     # -- helpers --------------------------------------------------------------------------------
     def _report_failure(self, state: GroupState) -> None:

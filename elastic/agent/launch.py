@@ -27,6 +27,7 @@ from elastic.agent.store_host import StoreHost
 from elastic.agent.worker_env import omp_threads_notice, python_executable
 from elastic.launch.config import LaunchConfig
 from elastic.rendezvous.errors import RendezvousError
+from elastic.rendezvous.progress import WaitSnapshot
 from elastic.rendezvous.registry import create_handler
 from elastic.rendezvous.settings import settings_from_conf
 
@@ -49,7 +50,10 @@ def run(config: LaunchConfig) -> int:
                                      node_rank=config.node_rank, local_world_size=config.nproc_per_node,
                                      role=config.role)
             events = cleanup.enter_context(EventLog(config.event_log, run_id=config.run_id, node=socket.gethostname()))
-            metrics = AgentMetrics(run_id=config.run_id, node=socket.gethostname())
+            # The node id, not the host name: two agents on one host are two nodes.
+            metrics = AgentMetrics(run_id=config.run_id, node=getattr(handler, "node_id", socket.gethostname()))
+            if hasattr(handler, "on_progress"):
+                handler.on_progress = lambda progress: metrics.set_rendezvous_joined(progress and progress.joined)
             store_host = StoreHost(python_executable(os.environ), os.environ) if config.rdzv_backend != "static" else None
             lifeline = _open_lifeline(config, cleanup)
             exclusion = (ExclusionPolicy(settings.max_node_failures, settings.exclusion_cooldown, settings.min_nodes)
@@ -59,10 +63,10 @@ def run(config: LaunchConfig) -> int:
                                  exclusion=exclusion)
             if config.metrics_port is not None:
                 server = MetricsServer(config.metrics_port, config.metrics_addr, registry=metrics.registry,
-                                       health=lambda: (agent.healthy, _health_text(agent)))
+                                       health=lambda: health(agent.healthy, getattr(handler, "progress", None),
+                                                             agent.spares()))
                 cleanup.callback(server.stop)
-                server.start()
-                log.info("Serving /metrics and /healthz on port %d", server.port)
+                server.start()  # it logs where it serves
         except (RendezvousError, ValueError, MetricsServerError) as error:
             print(f"elasticrun: {error}", file=sys.stderr)
             return 1
@@ -71,14 +75,6 @@ def run(config: LaunchConfig) -> int:
     if result.exit_code != 0:
         print(f"elasticrun: {result.reason}", file=sys.stderr)
     return result.exit_code
-
-
-def _health_text(agent: ElasticAgent) -> str:
-    """``/healthz``'s text: the agent's state and the spares waiting beyond a full round."""
-    if not agent.healthy:
-        return "stopped"
-    spares = agent.spares()
-    return f"running; spares: {spares}" if spares else "running"
 
 
 def _with_standalone_store(config: LaunchConfig, cleanup: ExitStack) -> LaunchConfig:
@@ -106,6 +102,16 @@ def _open_lifeline(config: LaunchConfig, cleanup: ExitStack) -> Lifeline | None:
         return None
     cleanup.callback(lifeline.close)
     return lifeline
+
+
+def health(healthy: bool, progress: WaitSnapshot | None, spares: int = 0) -> tuple[bool, str]:
+    """``/healthz``'s answer: stopped, waiting for a rendezvous (with its counts), or running
+    (with the spares waiting beyond a full round, if any)."""
+    if not healthy:
+        return False, "stopped"
+    if progress is not None:
+        return True, f"waiting for rendezvous ({progress.counts_text()})"
+    return True, f"running; spares: {spares}" if spares else "running"
 
 
 def _install_signal_handlers(names: tuple[str, ...]) -> None:

@@ -70,6 +70,7 @@ MEMBERS = "elastic_members"
 NODES_WAITING = "elastic_nodes_waiting"
 SPARES = "elastic_spares"
 EXCLUDED = "elastic_node_excluded"
+RENDEZVOUS_JOINED_NODES = "elastic_rendezvous_joined_nodes"
 RESTARTS_TOTAL = "elastic_restarts_total"
 WORKERS = "elastic_workers"
 WORKER_EXITS_TOTAL = "elastic_worker_exits_total"
@@ -307,6 +308,10 @@ class AgentMetrics:
         self.nodes_waiting = r.gauge(NODES_WAITING, "Nodes waiting to join the next round.")
         self.spares = r.gauge(SPARES, "Nodes waiting as spares beyond a full round (no restart for them).")
         self.excluded = r.gauge(EXCLUDED, "1 while this node is excluded after failures in a row (max_node_failures).")
+        self.rendezvous_joined = r.gauge(
+            RENDEZVOUS_JOINED_NODES,
+            "While this node waits in a rendezvous: nodes joined to the round so far (0 when not waiting).",
+        )
         self.restarts = r.counter(
             RESTARTS_TOTAL, "Restarts of the worker group, by cause.", ("cause",)
         )
@@ -330,6 +335,10 @@ class AgentMetrics:
     def set_nodes_waiting(self, count: int, spares: int = 0) -> None:
         self.nodes_waiting.set(count)
         self.spares.set(spares)
+
+    def set_rendezvous_joined(self, joined: int | None) -> None:
+        """Nodes joined so far to the round this node waits for; None: not waiting (0)."""
+        self.rendezvous_joined.set(joined or 0)
 
     def restart(self, cause: RestartCause | str) -> None:
         """The worker group is being restarted. Raises ValueError for an unknown cause."""

@@ -30,11 +30,12 @@ from typing import Any, Callable, Mapping, Sequence, TextIO
 
 from backends.endpoints import Endpoint, parse_endpoint, parse_endpoints
 from backends.errors import EndpointError
+from elastic import __version__
 from elastic.launch.config import Entrypoint, LaunchConfig, Std, StdMask
 from elastic.launch.devices import DeviceProbe, HostDevices
 from elastic.launch.flags import (
     COMPAT, HELP_FLAGS, NUMA_MODES, OPTIONS, OPTIONS_BY_DEST, OPTIONS_BY_FLAG, PROG, SHUTDOWN_TIMEOUT_ENV,
-    START_METHODS, STATIC_DEFAULT_ADDR, STATIC_DEFAULT_PORT, Option, format_help,
+    START_METHODS, STATIC_DEFAULT_ADDR, STATIC_DEFAULT_PORT, VERSION_FLAGS, Option, format_help,
 )
 from elastic.rendezvous.errors import RendezvousConfigError
 from elastic.rendezvous.registry import BACKEND_NAMES, ETCD_DEFAULT_PORT, STORE_DEFAULT_PORT
@@ -69,7 +70,7 @@ def split_command_line(argv: Sequence[str]) -> tuple[dict[str, list[str]], list[
 
     Raises:
         ConfigError: an unknown flag, a missing value, or a value given to a switch.
-        HelpRequested: ``-h``/``--help`` appeared before the script.
+        HelpRequested: ``-h``/``--help`` (or ``--version``) appeared before the script.
     """
     given: dict[str, list[str]] = {}
     index = 0
@@ -81,6 +82,8 @@ def split_command_line(argv: Sequence[str]) -> tuple[dict[str, list[str]], list[
             return given, list(argv[index:])
         if word in HELP_FLAGS:
             raise HelpRequested(format_help())
+        if word in VERSION_FLAGS:
+            raise HelpRequested(f"{PROG} {__version__}\n")
         flag, value = _split_flag(word)
         option = OPTIONS_BY_FLAG.get(flag)
         if option is None:

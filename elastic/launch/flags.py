@@ -161,6 +161,7 @@ OPTIONS: tuple[Option, ...] = (
 OPTIONS_BY_DEST: dict[str, Option] = {option.dest: option for option in OPTIONS}
 OPTIONS_BY_FLAG: dict[str, Option] = {flag: option for option in OPTIONS for flag in option.flags}
 HELP_FLAGS = ("-h", "--help")
+VERSION_FLAGS = ("--version",)
 
 
 class _HelpFormatter(argparse.HelpFormatter):
@@ -182,6 +183,7 @@ def format_help() -> str:
         epilog="The manual with examples: python -m pydoc elastic.run",
     )
     parser.add_argument("-h", "--help", action="store_true", help="Show this help and exit.")
+    parser.add_argument("--version", action="store_true", help="Show the version and exit.")
     groups = {name: parser.add_argument_group(name) for name in _GROUPS}
     for option in OPTIONS:
         notes = []

@@ -76,6 +76,7 @@ from elastic.rendezvous.errors import (
 )
 from elastic.rendezvous.monitor import MembershipMonitor
 from elastic.rendezvous.ports import PortReservation, reserve_port
+from elastic.rendezvous.progress import ProgressReporter, WaitSnapshot
 from elastic.rendezvous.records import DEFAULT_ROLE, JoinRecord, Member, NodeLayout, RendezvousKeys, RoundRecord
 from elastic.rendezvous.settings import RendezvousSettings
 
@@ -191,6 +192,11 @@ class RendezvousHandler:
         self._state_watch: Watch | None = None  # on state/, kept across rounds (see _open_state_watch)
         self._state_backlog: list[WatchEvent] = []  # state/ events taken but not handled by the join
         self.backend_writes = 0
+        self._reporter = ProgressReporter(log.info, clock=clock)  # a new one per next_rendezvous
+        self.progress: WaitSnapshot | None = None
+        """While :meth:`next_rendezvous` waits: what this node knows of the round (else None)."""
+        self.on_progress: Callable[[WaitSnapshot | None], None] | None = None
+        """Called with each new :attr:`progress` (e.g. to update a gauge); must not raise."""
 
     # -- public API -----------------------------------------------------------------------------
     def get_run_id(self) -> str:
@@ -208,6 +214,7 @@ class RendezvousHandler:
         with self._lock:
             self._stop_monitor()
             deadline = self._clock() + self.settings.join_timeout
+            self._reporter = ProgressReporter(log.info, clock=self._clock)
             try:
                 info = self._join_until_included(deadline)
             except BackendError as error:
@@ -219,6 +226,8 @@ class RendezvousHandler:
             except RendezvousTimeoutError:
                 self._leave_quietly()
                 raise
+            finally:
+                self._set_progress(None)
             log.info("Rendezvous %s: node %s is rank %d of %d in round %d (master %s:%d)",
                      info.run_id, self.node_id, info.group_rank, info.group_world_size, info.round,
                      info.master_addr, info.master_port)
@@ -390,6 +399,7 @@ class RendezvousHandler:
             closer = joined.holder
             # A spare has no join timeout: it waits for a member to be lost (or the job to end).
             wait_deadline = math.inf if self._is_spare(state) else deadline
+            self._note_wait(forming, joined.count, wait_deadline)
             try:
                 closed = None
                 if join_fills_round(joined.count, self.settings.max_nodes):
@@ -525,7 +535,10 @@ class RendezvousHandler:
             now = self._clock()
             if now >= deadline:
                 raise self._timeout(forming)
-            batch = state_watch.get(timeout=min(deadline - now, self.settings.lease_ttl))
+            if self._reporter.due():  # only the closer watches the joins: read them when a line is due
+                self._note_wait(forming, self._read_joiners(forming)[0], deadline)
+            wake = min(deadline, self._reporter.next_due())
+            batch = state_watch.get(timeout=max(min(wake - now, self.settings.lease_ttl), 0.0))
             for index, event in enumerate(batch):
                 if event.revision <= read_revision:
                     continue
@@ -587,7 +600,9 @@ class RendezvousHandler:
                     continue
                 if now >= deadline:
                     raise self._timeout(forming)
-                wait_until = min(deadline, decision.wait_until or deadline, now + self.settings.lease_ttl)
+                self._note_wait(forming, joined, deadline)
+                wait_until = min(deadline, decision.wait_until or deadline, now + self.settings.lease_ttl,
+                                 self._reporter.next_due())
                 for event in watch.get(timeout=max(wait_until - now, 0.0)):
                     if event.revision <= seen_revision:
                         continue  # reflected in the read
@@ -645,8 +660,8 @@ class RendezvousHandler:
         self.backend_writes += 1
         if result.applied:
             self._claimed_key = None
-            log.info("Rendezvous %s: node %s closed round %d with %d members (%d spares)",
-                     self.settings.run_id, self.node_id, forming, len(members), len(spares))
+            log.info("Rendezvous %s: node %s closed round %d with %d member%s (%d spares)", self.settings.run_id,
+                     self.node_id, forming, len(members), "" if len(members) == 1 else "s", len(spares))
             return record, result.revision
         if result.current is None:
             raise RendezvousError(f"The round record {self.keys.round} vanished while closing round {forming}.")
@@ -781,10 +796,28 @@ class RendezvousHandler:
             log.warning("Rendezvous %s: could not delete %s on leave: %s", self.settings.run_id, self._joined_key, error)
         self._joined_key = None
 
+    def _note_wait(self, forming: int, joined: int | dict[str, Joiner] | None, deadline: float) -> None:
+        """Hand what this node knows of round ``forming`` (a count, or the joiners) to the progress reporter."""
+        count = joined if joined is None or isinstance(joined, int) else len(joined)
+        expected = None
+        if self._last_round is not None and isinstance(joined, dict):
+            expected = tuple(m.node_id for m in self._last_round.members if m.node_id not in joined)
+        snapshot = WaitSnapshot(self.settings.run_id, self.node_id, forming, count, self.settings.min_nodes,
+                                self.settings.max_nodes, expected, deadline - self._clock())
+        self._set_progress(snapshot)
+        self._reporter.update(snapshot)
+
+    def _set_progress(self, snapshot: WaitSnapshot | None) -> None:
+        self.progress = snapshot
+        if self.on_progress is not None:
+            self.on_progress(snapshot)
+
     def _timeout(self, forming: int) -> RendezvousTimeoutError:
+        last = self._reporter.last
+        seen = f" (last seen: {last.counts_text()} joined)" if last is not None and last.round == forming else ""
         return RendezvousTimeoutError(
             f"Rendezvous {self.settings.run_id}: round {forming} did not include node {self.node_id} within the "
-            f"join timeout ({self.settings.join_timeout:g}s); need at least {self.settings.min_nodes} nodes. "
+            f"join timeout ({self.settings.join_timeout:g}s); need at least {self.settings.min_nodes} nodes{seen}. "
             f"Start more nodes or raise --rdzv-conf join_timeout."
         )
 

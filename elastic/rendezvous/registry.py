@@ -71,7 +71,8 @@ def _open_etcd(endpoint: str, options: Mapping[str, str]) -> OpenedBackend:
         from backends.etcd import EtcdBackend, EtcdConfig
     except ImportError as error:
         raise RendezvousConfigError(
-            "The etcd backend needs the etcd client: pip install 'etcd-elastic[etcd]'."
+            f"The etcd backend's client is missing ({error}); reinstall etcd-elastic: it depends on "
+            "python3-etcd3, grpcio, protobuf and hpack."
         ) from error
     endpoints = endpoint
     if options.get("protocol", "").lower() == "https" and "://" not in endpoint:

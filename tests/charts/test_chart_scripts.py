@@ -3,7 +3,7 @@
 * run-elasticrun.sh (the worker container's entry) under /bin/sh with a stand-in elasticrun;
 * wait_for_etcd.py (the workers' init container) and etcd_auth_setup.py (the auth hook Job)
   against a real etcd (the local binary, on free loopback ports; these tests fail, never skip,
-  without one — Debian: apt-get install etcd-server).
+  without one; see elastic.testing.etcd_server.find_etcd_binary).
 """
 
 from __future__ import annotations
@@ -180,6 +180,7 @@ def join_one_node_round(endpoint: str, conf: str) -> int:
         handler.shutdown()
 
 
+@pytest.mark.etcd
 def test_wait_for_etcd_returns_once_etcd_accepts_the_connection(etcd):
     result = run_script("wait_for_etcd.py", f"--endpoint={etcd.endpoints}", "--timeout=20")
     assert result.returncode == 0, result.stderr
@@ -207,6 +208,7 @@ def test_wait_for_etcd_stops_at_once_when_the_settings_are_wrong(conf, message):
     assert message in result.stderr
 
 
+@pytest.mark.etcd
 def test_auth_setup_lets_only_the_jobs_user_in_and_is_idempotent(etcd, passwords, tmp_path):
     from elastic.rendezvous.errors import RendezvousConnectionError
     from elastic.rendezvous.registry import open_backend
@@ -236,6 +238,7 @@ def test_auth_setup_lets_only_the_jobs_user_in_and_is_idempotent(etcd, passwords
         open_backend("etcd", etcd.endpoints, {"user": USER, "password_file": str(old)}).release()
 
 
+@pytest.mark.etcd
 def test_auth_setup_refuses_when_the_root_password_no_longer_matches(etcd, passwords):
     root, _ = passwords
     assert setup_auth(etcd.endpoints, passwords).returncode == 0
@@ -245,6 +248,7 @@ def test_auth_setup_refuses_when_the_root_password_no_longer_matches(etcd, passw
     assert "the root password in the Secret no longer matches" in result.stderr
 
 
+@pytest.mark.etcd
 def test_auth_setup_and_the_workers_connection_work_over_tls_with_client_certificates(passwords):
     server = start_etcd(tls=True, client_cert_auth=True)
     try:

@@ -608,6 +608,17 @@ def test_the_entry_point_prints_help_and_exits_0():
     assert "--nproc-per-node, --nproc_per_node N|auto|cpu|gpu" in result.stdout
 
 
+def test_the_entry_point_prints_the_installed_version_and_exits_0():
+    from importlib import metadata
+
+    import elastic
+
+    result = run_cli("--version")
+    assert result.returncode == 0 and result.stderr == ""
+    assert result.stdout == f"elasticrun {metadata.version('etcd-elastic')}\n"
+    assert elastic.__version__ == metadata.version("etcd-elastic")
+
+
 def test_describe_prints_every_setting_once_in_a_fixed_order_with_secrets_masked():
     config = parse("--nnodes=2:4", "--nproc-per-node=auto", "--rdzv-backend=etcd", "--rdzv-endpoint=e:2379",
                    "--rdzv-id=job-1", "--rdzv-conf=user=u,password=hunter2", "-t", "0:3,1:1",

@@ -158,7 +158,7 @@ class ChurnCluster:
                 node.process.wait(timeout=5)
 
 
-@pytest.fixture(params=["tcp", "etcd"])
+@pytest.fixture(params=["tcp", pytest.param("etcd", marks=pytest.mark.etcd)])
 def backend_spec(request):
     if request.param == "tcp":
         harness = TcpStoreHarness()

@@ -20,7 +20,7 @@ from elastic.testing.tcp_store import TcpStoreHarness
 TTL = 2.0
 
 
-@pytest.fixture(params=["fake", "tcp", "etcd"])
+@pytest.fixture(params=["fake", "tcp", pytest.param("etcd", marks=pytest.mark.etcd)])
 def harness(request):
     if request.param == "fake":
         harness = FakeHarness()

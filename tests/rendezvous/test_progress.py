@@ -1,0 +1,147 @@
+"""Progress while waiting in a rendezvous: the line, when it is due, and the handler's use of it."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from elastic.rendezvous.errors import RendezvousTimeoutError
+from elastic.rendezvous.handler import RendezvousHandler
+from elastic.rendezvous.progress import ProgressReporter, WaitSnapshot, format_progress, line_due
+from elastic.rendezvous.settings import RendezvousSettings
+from elastic.testing.fake_store import FakeHarness
+
+
+def snap(joined=1, min_nodes=2, max_nodes=4, expected=None, left=587.4, round_=0):
+    return WaitSnapshot("job-1", "a", round_, joined, min_nodes, max_nodes, expected, left)
+
+
+@pytest.mark.parametrize("snapshot, line", [
+    (snap(), "Rendezvous job-1 round 0 (node a): waiting for nodes: 1 of at least 2 nodes joined (at most 4); "
+             "587 s left before the join timeout"),
+    (snap(min_nodes=2, max_nodes=2), "Rendezvous job-1 round 0 (node a): waiting for nodes: 1 of 2 nodes joined; "
+                                     "587 s left before the join timeout"),
+    (snap(joined=None), "Rendezvous job-1 round 0 (node a): waiting for at least 2 nodes (at most 4) to join; "
+                        "587 s left before the join timeout"),
+    (snap(joined=3, expected=("b",), round_=2),
+     "Rendezvous job-1 round 2 (node a): 3 of at least 2 nodes joined (at most 4); the round closes after the last call; "
+     "still expected: b; 587 s left before the join timeout"),
+    (snap(expected=tuple("abcdefghij")),
+     "Rendezvous job-1 round 0 (node a): waiting for nodes: 1 of at least 2 nodes joined (at most 4); "
+     "still expected: a, b, c, d, e, f, g, h and 2 more; 587 s left before the join timeout"),
+    (snap(expected=(), left=-3.0), "Rendezvous job-1 round 0 (node a): waiting for nodes: 1 of at least 2 nodes joined "
+                                   "(at most 4); 0 s left before the join timeout"),
+    (snap(left=float("inf")), "Rendezvous job-1 round 0 (node a): waiting for nodes: 1 of at least 2 nodes joined "
+                              "(at most 4); no join timeout (a spare waits for room)"),
+])
+def test_the_progress_line(snapshot, line):
+    assert format_progress(snapshot) == line
+
+
+@pytest.mark.parametrize("now, last_line_at, changed, due", [
+    (1.9, None, True, False),   # within the grace: most rounds close sooner
+    (2.0, None, True, True),    # the first line after the grace
+    (5.0, 2.0, False, False),   # nothing changed, interval not over
+    (12.0, 2.0, False, True),   # every interval
+    (2.5, 2.0, True, False),    # a change, but within the gap after the last line
+    (3.0, 2.0, True, True),     # a change after the gap
+])
+def test_when_a_line_is_due(now, last_line_at, changed, due):
+    assert line_due(now, 0.0, last_line_at, changed, interval=10.0, grace=2.0, gap=1.0) is due
+
+
+def test_the_reporter_speaks_after_the_grace_on_changes_and_every_interval():
+    clock = [100.0]
+    lines: list[str] = []
+    reporter = ProgressReporter(lines.append, clock=lambda: clock[0])
+    assert not reporter.update(snap(joined=1)) and reporter.next_due() == 102.0
+    clock[0] = 102.0
+    assert reporter.update(snap(joined=1)) and reporter.next_due() == 112.0
+    clock[0] = 105.0
+    assert not reporter.update(snap(joined=1))  # unchanged: wait for the interval
+    assert reporter.update(snap(joined=2))  # a change, past the gap
+    clock[0] = 105.5
+    assert not reporter.update(snap(joined=3))  # within the gap: held back ...
+    assert reporter.next_due() == 106.0 and not reporter.due()
+    clock[0] = 106.0
+    assert reporter.due() and reporter.update(snap(joined=3))  # ... and said once the gap passed
+    clock[0] = 116.0
+    assert reporter.update(snap(joined=3, left=500))
+    assert [line.split("): ", 1)[1].split(";")[0] for line in lines] == [
+        "waiting for nodes: 1 of at least 2 nodes joined (at most 4)",
+        "2 of at least 2 nodes joined (at most 4)",
+        "3 of at least 2 nodes joined (at most 4)",
+        "3 of at least 2 nodes joined (at most 4)",
+    ]
+    assert reporter.last == snap(joined=3, left=500)
+
+
+def test_a_lone_node_says_what_it_waits_for_and_its_timeout_names_the_last_counts(caplog):
+    """A real handler on the in-process store: one of two nodes waits, prints, and times out."""
+    harness = FakeHarness()
+    settings = RendezvousSettings("job", 2, 3, namespace=f"/progress-{uuid.uuid4().hex[:8]}",
+                                  lease_ttl=2.0, join_timeout=3.5, last_call_timeout=1.0)
+    handler = RendezvousHandler(settings, harness.connect(), "127.0.0.1", node_id="a", owns_backend=True)
+    seen: list = []
+    handler.on_progress = seen.append
+    try:
+        with caplog.at_level(logging.INFO, logger="elastic.rendezvous.handler"):
+            with pytest.raises(RendezvousTimeoutError, match=r"need at least 2 nodes \(last seen: 1 of 2 joined\)"):
+                handler.next_rendezvous()
+    finally:
+        handler.shutdown()
+        harness.close()
+    lines = [r.getMessage() for r in caplog.records if "waiting for nodes" in r.getMessage()]
+    assert lines and lines[0].startswith("Rendezvous job round 0 (node a): waiting for nodes: 1 of at least 2 nodes joined "
+                                         "(at most 3); ")
+    assert seen[0].joined == 1 and seen[-1] is None and handler.progress is None
+
+
+def test_a_survivor_names_the_members_of_the_last_round_it_still_expects(caplog):
+    harness = FakeHarness()
+    settings = RendezvousSettings("job", 2, 2, namespace=f"/progress-{uuid.uuid4().hex[:8]}",
+                                  lease_ttl=2.0, join_timeout=3.5, last_call_timeout=1.0)
+    a, b = (RendezvousHandler(settings, harness.connect(), "127.0.0.1", node_id=name, owns_backend=True)
+            for name in ("a", "b"))
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            assert {info.round for info in pool.map(lambda h: h.next_rendezvous(), (a, b))} == {0}
+        b.shutdown()
+        with caplog.at_level(logging.INFO, logger="elastic.rendezvous.handler"):
+            with pytest.raises(RendezvousTimeoutError, match=r"\(last seen: 1 of 2 joined\)"):
+                a.next_rendezvous()
+    finally:
+        a.shutdown()
+        b.shutdown()
+        harness.close()
+    lines = [r.getMessage() for r in caplog.records if "waiting for nodes" in r.getMessage()]
+    assert lines and "Rendezvous job round 1 (node a): waiting for nodes: 1 of 2 nodes joined; still expected: b; " \
+        in lines[0], lines
+
+
+def test_the_closer_and_a_waiting_node_both_report_the_joins(caplog):
+    """The closer counts the joins it watches; the other node starts from its own join's count."""
+    harness = FakeHarness()
+    settings = RendezvousSettings("job", 3, 3, namespace=f"/progress-{uuid.uuid4().hex[:8]}",
+                                  lease_ttl=2.0, join_timeout=5.0, last_call_timeout=1.0)
+    handlers = [RendezvousHandler(settings, harness.connect(), "127.0.0.1", node_id=name, owns_backend=True)
+                for name in ("a", "b")]
+
+    def join(handler):
+        with pytest.raises(RendezvousTimeoutError, match=r"\(last seen: 2 of 3 joined\)"):
+            handler.next_rendezvous()
+
+    try:
+        with caplog.at_level(logging.INFO, logger="elastic.rendezvous.handler"):
+            with ThreadPoolExecutor(2) as pool:
+                list(pool.map(join, handlers))
+    finally:
+        for handler in handlers:
+            handler.shutdown()
+        harness.close()
+    lines = [r.getMessage() for r in caplog.records if "waiting for nodes" in r.getMessage()]
+    for node in ("a", "b"):
+        assert any(f"(node {node}): waiting for nodes: 2 of 3 nodes joined; " in line for line in lines), lines
