@@ -55,6 +55,9 @@ def run(config: LaunchConfig) -> int:
             if hasattr(handler, "on_progress"):
                 handler.on_progress = lambda progress: metrics.set_rendezvous_joined(progress and progress.joined)
             store_host = StoreHost(python_executable(os.environ), os.environ) if config.rdzv_backend != "static" else None
+            if store_host is not None:
+                cleanup.callback(store_host.close)
+                store_host.warm()  # imports torch while the rendezvous runs: warm if this node becomes master
             lifeline = _open_lifeline(config, cleanup)
             exclusion = (ExclusionPolicy(settings.max_node_failures, settings.exclusion_cooldown, settings.min_nodes)
                          if settings.max_node_failures else None)

@@ -83,6 +83,18 @@ class StoreHost:
         self.serving: int | None = None
         """The port whose store the helper last confirmed serving (for tests and logs)."""
 
+    def warm(self) -> None:
+        """Start the helper now, in the background, so it has imported torch by the time this
+        node first hosts a store (the master moves to a survivor after a node loss).
+
+        Raises nothing: a helper that cannot start is retried by :meth:`serve`.
+        """
+        try:
+            self._ensure_started()
+        except OSError as error:
+            log.warning("Store helper: cannot start %s: %s", self._python, error)
+            self.close()
+
     def serve(self, listener: socket.socket, host: str) -> None:
         """Hand ``listener`` (a listening socket, closed here whatever happens) to the helper.
 
