@@ -33,6 +33,7 @@ from backends.api import (
 )
 from backends.errors import BackendAuthError, BackendClosedError, BackendConnectionError
 from backends.kvstate import DEFAULT_HISTORY_LIMIT, DEFAULT_MAX_VALUE_BYTES, KVState, Outcome
+from backends.txn import Txn, TxnResult
 
 
 class InMemoryStore:
@@ -185,8 +186,8 @@ class FakeBackend(KVBackend):
     def put(self, key: str, value: bytes, *, lease: int = NO_LEASE) -> int:
         return self._call(lambda state: state.put(key, value, lease)).revision
 
-    def put_if(self, key: str, value: bytes, expected: int | Absent, *, lease: int = NO_LEASE) -> WriteResult:
-        return self._call(lambda state: state.put_if(key, value, expected, lease))
+    def txn(self, txn: Txn) -> TxnResult:
+        return self._call(lambda state: state.txn(txn))
 
     def put_and_claim(
         self, key: str, value: bytes, claim_key: str, claim_value: bytes, *, lease: int = NO_LEASE,
@@ -209,8 +210,6 @@ class FakeBackend(KVBackend):
     def delete(self, key: str) -> WriteResult:
         return self._call(lambda state: state.delete(key))
 
-    def delete_if(self, key: str, expected: int) -> WriteResult:
-        return self._call(lambda state: state.delete_if(key, expected))
 
     def delete_prefix(self, prefix: str) -> int:
         return self._call(lambda state: state.delete_prefix(prefix))

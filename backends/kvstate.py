@@ -18,6 +18,7 @@ carry it. Requests that change nothing leave the revision alone.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import heapq
 import math
 import random
@@ -43,6 +44,7 @@ from backends.api import (
     revision_matches,
 )
 from backends.errors import CompactedError, LeaseNotFoundError, ValueTooLargeError
+from backends.txn import Delete, DeleteResult, Put, PutResult, Range, Txn, TxnResult, check_txn
 from backends.untrusted import quote
 
 __all__ = [
@@ -245,6 +247,76 @@ class KVState:
                 return Outcome(GuardedClaimResult(False, None, self.get_prefix(read_prefix)))
         outcome = self.put_and_claim(key, value, claim_key, claim_value, lease, count_prefix)
         return Outcome(GuardedClaimResult(True, outcome.result, self.get_prefix(read_prefix)), outcome.events)
+
+    def txn(self, txn: Txn) -> Outcome[TxnResult]:
+        """Run a transaction atomically (see :mod:`backends.txn`): compares on the state before it,
+        one branch's operations in order, every write at one new revision.
+
+        Raises:
+            ValueTooLargeError, TypeError, ValueError: see :func:`~backends.txn.check_txn`
+                (checked on the whole request before anything runs).
+            LeaseNotFoundError: a put on the branch path names a lease that is not live
+                (checked before anything runs, so nothing is written).
+        """
+        check_txn(txn, self.max_value_bytes)
+        for op in _puts(txn):
+            self._check_value(op.key, op.value)
+        path = self._path(txn)
+        self._check_path_leases(txn, path)
+        events: list[WatchEvent] = []
+        result = self._run(txn, iter(path), self._revision + 1, events)
+        if events:
+            self._commit(events)
+        else:
+            result = dataclasses.replace(result, revision=self._revision)
+        return Outcome(_at_revision(result, self._revision), tuple(events))
+
+    def _path(self, txn: Txn) -> list[bool]:
+        """Which branch each transaction takes, outer first, depth first, judged before any write."""
+        succeeded = all(compare.holds(self._kvs.get(compare.key)) for compare in txn.compares)
+        path = [succeeded]
+        for op in txn.on_success if succeeded else txn.on_failure:
+            if isinstance(op, Txn):
+                path.extend(self._path(op))
+        return path
+
+    def _check_path_leases(self, txn: Txn, path: list[bool]) -> None:
+        steps = iter(path)
+
+        def walk(current: Txn) -> None:
+            for op in current.on_success if next(steps) else current.on_failure:
+                if isinstance(op, Put):
+                    self._check_lease(op.lease)
+                elif isinstance(op, Txn):
+                    walk(op)
+
+        walk(txn)
+
+    def _run(self, txn: Txn, steps, revision: int, events: list[WatchEvent]) -> TxnResult:
+        succeeded = next(steps)
+        responses: list = []
+        for op in txn.on_success if succeeded else txn.on_failure:
+            if isinstance(op, Put):
+                events.append(self._store(op.key, op.value, op.lease, revision))
+                responses.append(PutResult(events[-1].kv))
+            elif isinstance(op, Delete):
+                keys = list(self._keys_under(op.key)) if op.prefix else [op.key] if op.key in self._kvs else []
+                events.extend(self._remove(key, revision) for key in keys)
+                responses.append(DeleteResult(len(keys)))
+            elif isinstance(op, Range):
+                responses.append(self._range(op, revision))
+            else:
+                responses.append(self._run(op, steps, revision, events))
+        return TxnResult(succeeded, revision, tuple(responses))
+
+    def _range(self, op: Range, revision: int) -> RangeResult:
+        if op.prefix:
+            if op.count_only:
+                return RangeResult(revision, (), self._count_under(op.key))
+            return RangeResult(revision, tuple(self._kvs[key] for key in self._keys_under(op.key)))
+        kv = self._kvs.get(op.key)
+        kvs = () if kv is None else (kv,)
+        return RangeResult(revision, () if op.count_only else kvs, len(kvs))
 
     def delete(self, key: str) -> Outcome[WriteResult]:
         """Delete ``key``; not applied (and no new revision) when it does not exist."""
@@ -451,6 +523,25 @@ class KVState:
         history = self._history
         while history and history[0].revision < self._compact_revision:
             self._history_bytes -= _event_bytes(history.popleft())
+
+
+def _puts(txn: Txn) -> Iterable[Put]:
+    """Every put of ``txn``, nested ones included."""
+    for op in txn.on_success + txn.on_failure:
+        if isinstance(op, Put):
+            yield op
+        elif isinstance(op, Txn):
+            yield from _puts(op)
+
+
+def _at_revision(result: TxnResult, revision: int) -> TxnResult:
+    """``result`` with the store revision after the transaction in it and every nested result."""
+    responses = tuple(
+        _at_revision(item, revision) if isinstance(item, TxnResult)
+        else dataclasses.replace(item, revision=revision) if isinstance(item, RangeResult) else item
+        for item in result.responses
+    )
+    return TxnResult(result.succeeded, revision, responses)
 
 
 def _event_bytes(event: WatchEvent) -> int:
