@@ -47,6 +47,8 @@ from backends.errors import (
 from backends.retry import RetryPolicy
 from backends.tcp.connection import Connection
 from backends.tcp.protocol import DEFAULT_MAX_FRAME_BYTES, DEFAULT_PORT, Frame, PayloadReader, error_from_wire
+from backends.tcp.txnwire import decode_result, encode_txn
+from backends.txn import Txn, TxnResult, check_txn
 
 __all__ = ["TcpStoreBackend", "TcpStoreConfig"]
 
@@ -159,11 +161,12 @@ class TcpStoreBackend(KVBackend):
         frame = self._request({"op": "put", "k": key, "l": lease}, (value,))
         return _decode(frame, lambda h, r: int(h["r"]))
 
-    def put_if(self, key: str, value: bytes, expected: int | Absent, *, lease: int = NO_LEASE) -> WriteResult:
-        self._check_value(key, value)
-        compare = None if isinstance(expected, Absent) else expected
-        frame = self._request({"op": "put_if", "k": key, "l": lease, "e": compare}, (value,))
-        return _decode(frame, _write_result)
+    def txn(self, txn: Txn) -> TxnResult:
+        """One ``txn`` request, run by the store under its lock (see :mod:`backends.tcp.txnwire`)."""
+        check_txn(txn, self.max_value_bytes)
+        parts: list[bytes] = []
+        frame = self._request({"op": "txn", "t": encode_txn(txn, parts)}, tuple(parts))
+        return decode_result(frame.header, frame.payload)
 
     def put_and_claim(
         self, key: str, value: bytes, claim_key: str, claim_value: bytes, *, lease: int = NO_LEASE,
@@ -206,9 +209,6 @@ class TcpStoreBackend(KVBackend):
 
     def delete(self, key: str) -> WriteResult:
         return _decode(self._request({"op": "del", "k": key}), _write_result)
-
-    def delete_if(self, key: str, expected: int) -> WriteResult:
-        return _decode(self._request({"op": "del_if", "k": key, "e": expected}), _write_result)
 
     def delete_prefix(self, prefix: str) -> int:
         return _decode(self._request({"op": "del_prefix", "p": prefix}), lambda h, r: int(h["n"]))

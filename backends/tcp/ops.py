@@ -11,9 +11,10 @@ from __future__ import annotations
 from typing import Any, Callable, NamedTuple, Sequence
 
 from backends.api import ABSENT, ClaimResult, WatchEvent, WriteResult
-from backends.errors import ProtocolError
+from backends.errors import LimitExceededError, ProtocolError
 from backends.kvstate import KVState
-from backends.tcp.protocol import kv_to_wire
+from backends.tcp.protocol import DEFAULT_MAX_FRAME_BYTES, error_to_wire, kv_to_wire
+from backends.tcp.txnwire import decode_txn, encode_result
 
 __all__ = ["LEASE_OPS", "Reply", "apply_request"]
 
@@ -28,6 +29,9 @@ class Reply(NamedTuple):
 
 LEASE_OPS = frozenset({"grant", "keepalive", "revoke"})
 """Ops after which the server must reschedule its lease-expiry timer."""
+
+TXN_REPLY_BYTES = DEFAULT_MAX_FRAME_BYTES // 2
+"""Most bytes of keys and values one txn reply carries (many reads of the same keys add up)."""
 
 
 def apply_request(state: KVState, op: str, header: dict[str, Any], payload: bytes) -> Reply:
@@ -81,6 +85,16 @@ def _range(state: KVState, header: dict[str, Any], payload: bytes) -> Reply:
 def _put(state: KVState, header: dict[str, Any], payload: bytes) -> Reply:
     outcome = state.put(field(header, "k", str), payload, field(header, "l", int, 0))
     return Reply({"r": outcome.result.revision}, (), outcome.events)
+
+
+def _txn(state: KVState, header: dict[str, Any], payload: bytes) -> Reply:
+    outcome = state.txn(decode_txn(header.get("t"), payload))
+    parts: list[bytes] = []
+    try:
+        return Reply(encode_result(outcome.result, parts, TXN_REPLY_BYTES), parts, outcome.events)
+    except LimitExceededError as error:  # the writes applied: say so, and still tell the watchers
+        applied = f" Its writes applied at revision {outcome.result.revision}." if outcome.events else ""
+        return Reply(error_to_wire(LimitExceededError(f"{error}{applied}")), (), outcome.events)
 
 
 def _put_if(state: KVState, header: dict[str, Any], payload: bytes) -> Reply:
@@ -145,11 +159,6 @@ def _delete(state: KVState, header: dict[str, Any], payload: bytes) -> Reply:
     return _write_reply(outcome.result, outcome.events)
 
 
-def _delete_if(state: KVState, header: dict[str, Any], payload: bytes) -> Reply:
-    outcome = state.delete_if(field(header, "k", str), field(header, "e", int))
-    return _write_reply(outcome.result, outcome.events)
-
-
 def _delete_prefix(state: KVState, header: dict[str, Any], payload: bytes) -> Reply:
     outcome = state.delete_prefix(field(header, "p", str))
     return Reply({"n": outcome.result, "r": state.revision}, (), outcome.events)
@@ -178,10 +187,10 @@ _HANDLERS: dict[str, Callable[[KVState, dict[str, Any], bytes], Reply]] = {
     "get": _get,
     "range": _range,
     "put": _put,
+    "txn": _txn,
     "put_if": _put_if,
     "put_claim": _put_claim,
     "del": _delete,
-    "del_if": _delete_if,
     "del_prefix": _delete_prefix,
     "grant": _grant,
     "keepalive": _keepalive,
