@@ -38,7 +38,9 @@ from backends.etcd.config import EtcdConfig
 from backends.etcd.connection import EtcdConnection
 from backends.etcd.convert import encode_key, first_key_value, key_value, prefix_range_end
 from backends.etcd.keepalive import KeepAliveStreams
+from backends.etcd.txnconvert import txn_request, txn_result
 from backends.etcd.watch import WatchHub
+from backends.txn import Txn, TxnResult, check_txn
 
 log = logging.getLogger(__name__)
 
@@ -93,17 +95,22 @@ class EtcdBackend(KVBackend):
         response = self._call(f"put {key!r}", lambda c, o: c.kv.Put(request, **o.kwargs))
         return response.header.revision
 
-    def put_if(self, key: str, value: bytes, expected: int | Absent, *, lease: int = NO_LEASE) -> WriteResult:
-        """One transaction: compare, put on success (with the previous key), read the key on failure.
+    def txn(self, txn: Txn) -> TxnResult:
+        """One etcd ``Txn`` call, mapped one to one (see :mod:`backends.etcd.txnconvert`).
 
-        Never resent after an unknown outcome: a lost answer raises BackendTimeoutError or
-        BackendConnectionError, and the caller re-reads.
+        A transaction that cannot write is resent after an unknown outcome; one that may write
+        is not: a lost answer raises BackendTimeoutError or BackendConnectionError, and the
+        caller re-reads.
 
         Raises:
-            ValueTooLargeError: ``value`` exceeds :attr:`max_value_bytes` (or etcd's request limit).
-            LeaseNotFoundError: ``lease`` does not exist.
+            ValueTooLargeError, TypeError, ValueError: refused before sending (:func:`check_txn`).
+            LeaseNotFoundError: a put on the branch that ran names a lease that does not exist.
         """
-        return self._put_if(key, value, expected, lease, None)
+        check_txn(txn, self.max_value_bytes)
+        request = txn_request(txn)
+        response = self._call(f"txn of {len(txn.compares)} comparisons",
+                              lambda c, o: c.kv.Txn(request, **o.kwargs), resend_safe=not txn.writes)
+        return txn_result(txn, response, response.header.revision)
 
     def _put_if(self, key: str, value: bytes, expected: int | Absent, lease: int, also_delete: str | None) -> WriteResult:
         raw = encode_key(key)
@@ -215,20 +222,6 @@ class EtcdBackend(KVBackend):
         request = etcdrpc.DeleteRangeRequest(key=encode_key(key))
         response = self._call(f"delete {key!r}", lambda c, o: c.kv.DeleteRange(request, **o.kwargs), resend_safe=False)
         return WriteResult(response.deleted > 0, response.header.revision, None)
-
-    def delete_if(self, key: str, expected: int) -> WriteResult:
-        """One transaction: compare the mod revision, delete on success, read the key on failure."""
-        raw = encode_key(key)
-        request = etcdrpc.TxnRequest(
-            compare=[_revision_compare(raw, expected)],
-            success=[etcdrpc.RequestOp(request_delete_range=etcdrpc.DeleteRangeRequest(key=raw))],
-            failure=[etcdrpc.RequestOp(request_range=etcdrpc.RangeRequest(key=raw))],
-        )
-        response = self._call(f"delete_if {key!r}", lambda c, o: c.kv.Txn(request, **o.kwargs), resend_safe=False)
-        revision = response.header.revision
-        if not response.succeeded:
-            return WriteResult(False, revision, first_key_value(response.responses[0].response_range.kvs))
-        return WriteResult(response.responses[0].response_delete_range.deleted > 0, revision, None)
 
     def delete_prefix(self, prefix: str) -> int:
         raw = encode_key(prefix)
