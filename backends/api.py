@@ -4,9 +4,9 @@ The contract is etcd-shaped and deliberately small:
 
 * reads (:meth:`KVBackend.get`, :meth:`KVBackend.get_prefix`) return values with their
   create and mod revisions, their lease, and the store revision the read was taken at;
-* writes are conditional (:meth:`KVBackend.put_if`, :meth:`KVBackend.delete_if`) and return a
-  :class:`WriteResult` saying whether they applied, so callers never infer success by
-  re-reading or comparing bytes;
+* writes are transactions (:meth:`KVBackend.txn`, etcd's, typed in :mod:`backends.txn`) and
+  their recipes :meth:`KVBackend.put_if` and :meth:`KVBackend.delete_if`; results say whether
+  they applied, so callers never infer success by re-reading or comparing bytes;
 * liveness is a lease (:meth:`KVBackend.grant`, ``keepalive``, ``revoke``): keys written with
   a lease vanish when it expires, judged by the server's clock alone;
 * progress is a watch (:meth:`KVBackend.watch_prefix`): ordered PUT/DELETE events, resumable
@@ -29,6 +29,7 @@ from backends.errors import BackendClosedError, BackendError
 
 if TYPE_CHECKING:
     from backends.session import Session
+    from backends.txn import Txn, TxnResult
 
 __all__ = [
     "ABSENT",
@@ -93,10 +94,18 @@ class ReadResult:
 
 @dataclass(frozen=True)
 class RangeResult:
-    """Result of :meth:`KVBackend.get_prefix`: keys in key order, read at one store revision."""
+    """Keys in key order, read at one store revision (:meth:`KVBackend.get_prefix`, a txn's Range).
+
+    ``count`` is how many keys matched: ``len(kvs)``, or the number alone for a count-only range.
+    """
 
     revision: int
     kvs: tuple[KeyValue, ...]
+    count: int = -1
+
+    def __post_init__(self) -> None:
+        if self.count < 0:
+            object.__setattr__(self, "count", len(self.kvs))
 
 
 @dataclass(frozen=True)
@@ -113,53 +122,6 @@ class WriteResult:
     applied: bool
     revision: int
     current: KeyValue | None
-
-
-@dataclass(frozen=True)
-class ClaimResult:
-    """Result of :meth:`KVBackend.put_and_claim`.
-
-    Attributes:
-        revision: the revision of the write (the put always applies).
-        claimed: whether this call created the claim key.
-        holder: the claim key after the operation: ours if ``claimed``, else the holder's.
-        count: how many keys were under the call's ``count_prefix`` right after the write
-            (None when it gave none). A rendezvous joiner learns from it that its join filled
-            the round.
-    """
-
-    revision: int
-    claimed: bool
-    holder: KeyValue
-    count: int | None = None
-
-
-@dataclass(frozen=True)
-class GuardedClaimResult:
-    """Result of :meth:`KVBackend.put_and_claim_if`.
-
-    Attributes:
-        applied: whether every guard held, so the put and the claim ran.
-        claim: what the put and the claim did (None when not applied).
-        read: the keys under the requested prefix, read in the same step (after the writes
-            when applied).
-    """
-
-    applied: bool
-    claim: ClaimResult | None
-    read: RangeResult
-
-
-Guard = tuple[str, int | Absent]
-"""``(key, expected)``: holds when ``key``'s mod revision is ``expected``, or ``key`` is absent for ABSENT."""
-
-
-def revision_matches(current: KeyValue | None, expected: int | Absent) -> bool:
-    """Whether a key now ``current`` (None: absent) has mod revision ``expected``, as etcd compares:
-    ABSENT matches only an absent key, and an absent key has mod revision 0."""
-    if isinstance(expected, Absent):
-        return current is None
-    return (current.mod_revision if current is not None else 0) == expected
 
 
 @dataclass(frozen=True)
@@ -380,6 +342,20 @@ class KVBackend(abc.ABC):
         """
 
     @abc.abstractmethod
+    def txn(self, txn: "Txn") -> "TxnResult":
+        """Run ``txn`` atomically: its comparisons, then one branch (see :mod:`backends.txn`).
+
+        Backends map it one-to-one onto their transaction (etcd's ``Txn``; the built-in store
+        and the fake run it on :class:`~backends.kvstate.KVState` under their lock). A
+        transaction that may write is not resent after an unknown outcome: the caller re-reads.
+
+        Raises:
+            ValueTooLargeError, TypeError, ValueError: refused before sending
+                (:func:`~backends.txn.check_txn`).
+            LeaseNotFoundError: a put on the branch that ran names a lease that does not
+                exist; nothing was written.
+        """
+
     def put_if(
         self, key: str, value: bytes, expected: int | Absent, *, lease: int = NO_LEASE
     ) -> WriteResult:
@@ -387,91 +363,30 @@ class KVBackend(abc.ABC):
 
         Raises:
             ValueTooLargeError: ``value`` exceeds :attr:`max_value_bytes`.
-            LeaseNotFoundError: ``lease`` does not exist.
+            LeaseNotFoundError: the comparison held but ``lease`` does not exist.
         """
+        from backends.txn import Compare, Put, Range, Txn
 
-    def put_and_claim(
-        self, key: str, value: bytes, claim_key: str, claim_value: bytes, *, lease: int = NO_LEASE,
-        count_prefix: str | None = None,
-    ) -> ClaimResult:
-        """Write ``key`` and, in the same step, create ``claim_key`` if it is absent; both on ``lease``.
-
-        One round trip tells a joining node both that it joined and who holds the claim (the
-        rendezvous closer), without a contended retry: the put applies whatever the claim's
-        state; with ``count_prefix`` it also tells how many keys are under that prefix after
-        the put. Backends with transactions (etcd, the built-in store) do it atomically at one
-        revision; this default uses two writes and a read, which is still correct for a claim
-        whose holder only has to exist (a crash between them leaves the claim to the next node).
-
-        Raises:
-            ValueTooLargeError: a value exceeds :attr:`max_value_bytes`.
-            LeaseNotFoundError: ``lease`` does not exist.
-        """
-        revision = self.put(key, value, lease=lease)
-        claim = self.put_if(claim_key, claim_value, ABSENT, lease=lease)
-        if claim.current is None:  # the holder vanished between the two writes: claim again
-            return self.put_and_claim(key, value, claim_key, claim_value, lease=lease, count_prefix=count_prefix)
-        count = len(self.get_prefix(count_prefix).kvs) if count_prefix is not None else None
-        return ClaimResult(claim.revision if claim.applied else revision, claim.applied, claim.current, count)
-
-    def put_if_and_delete(
-        self, key: str, value: bytes, expected: int | Absent, delete_key: str, *, lease: int = NO_LEASE
-    ) -> WriteResult:
-        """:meth:`put_if`, and if it applied, delete ``delete_key`` in the same step.
-
-        Why: the rendezvous closer writes the round record and drops its closer claim at one
-        revision, so every watcher of both keys gets one message, not two. Backends with
-        transactions do it atomically; this default deletes after the put (a crash between
-        them leaves the key to its lease).
-
-        Raises:
-            ValueTooLargeError: ``value`` exceeds :attr:`max_value_bytes`.
-            LeaseNotFoundError: ``lease`` does not exist.
-        """
-        result = self.put_if(key, value, expected, lease=lease)
-        if result.applied:
-            self.delete(delete_key)
-        return result
-
-    def put_and_claim_if(
-        self,
-        guards: Sequence[Guard],
-        key: str,
-        value: bytes,
-        claim_key: str,
-        claim_value: bytes,
-        *,
-        lease: int = NO_LEASE,
-        read_prefix: str,
-        count_prefix: str | None = None,
-    ) -> GuardedClaimResult:
-        """:meth:`put_and_claim` (with its ``count_prefix``) if every guard holds, and in any
-        case read ``read_prefix``.
-
-        Why: a node that knows (or guesses) the current round joins it and reads the round's
-        state in one round trip instead of two; a wrong guess writes nothing and returns the
-        state to join from. Backends with transactions do it atomically at one revision. This
-        default checks the guards, writes and reads in separate steps: a guard may change
-        between the check and the write, which is as safe as reading the state and then
-        joining (the caller sees the change on its watch).
-
-        Raises:
-            ValueTooLargeError: a value exceeds :attr:`max_value_bytes`.
-            LeaseNotFoundError: ``lease`` does not exist.
-        """
-        for guard_key, expected in guards:
-            if not revision_matches(self.get(guard_key).kv, expected):
-                return GuardedClaimResult(False, None, self.get_prefix(read_prefix))
-        claim = self.put_and_claim(key, value, claim_key, claim_value, lease=lease, count_prefix=count_prefix)
-        return GuardedClaimResult(True, claim, self.get_prefix(read_prefix))
+        condition = Compare.absent(key) if isinstance(expected, Absent) else Compare.mod_revision(key, expected)
+        read = Range(key)
+        result = self.txn(Txn((condition,), (Put(key, value, lease), read), (read,)))
+        kvs = result.responses[-1].kvs  # type: ignore[union-attr]
+        return WriteResult(result.succeeded, result.revision, kvs[0] if kvs else None)
 
     @abc.abstractmethod
     def delete(self, key: str) -> WriteResult:
         """Delete ``key``; ``applied`` says whether it existed."""
 
-    @abc.abstractmethod
     def delete_if(self, key: str, expected: int) -> WriteResult:
-        """Delete ``key`` only if its mod revision equals ``expected``."""
+        """Delete ``key`` only if it exists and its mod revision equals ``expected``."""
+        from backends.txn import Compare, Delete, Range, Txn
+
+        read = Range(key)
+        result = self.txn(Txn((Compare.exists(key), Compare.mod_revision(key, expected)), (Delete(key),), (read,)))
+        if result.succeeded:
+            return WriteResult(True, result.revision, None)
+        kvs = result.responses[0].kvs  # type: ignore[union-attr]
+        return WriteResult(False, result.revision, kvs[0] if kvs else None)
 
     @abc.abstractmethod
     def delete_prefix(self, prefix: str) -> int:

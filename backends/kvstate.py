@@ -18,6 +18,7 @@ carry it. Requests that change nothing leave the revision alone.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import heapq
 import math
 import random
@@ -25,24 +26,20 @@ import time
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Generic, Iterable, Sequence, TypeVar
+from typing import Callable, Generic, Iterable, TypeVar
 
 from backends.api import (
     NO_LEASE,
-    Absent,
-    ClaimResult,
     EventType,
-    Guard,
-    GuardedClaimResult,
     KeyValue,
     Lease,
     RangeResult,
     ReadResult,
     WatchEvent,
     WriteResult,
-    revision_matches,
 )
 from backends.errors import CompactedError, LeaseNotFoundError, ValueTooLargeError
+from backends.txn import Delete, DeleteResult, Put, PutResult, Range, Txn, TxnResult, check_txn
 from backends.untrusted import quote
 
 __all__ = [
@@ -173,78 +170,75 @@ class KVState:
         event = self._store(key, value, lease, self._revision + 1)
         return Outcome(WriteResult(True, event.revision, event.kv), self._commit([event]))
 
-    def put_if(
-        self, key: str, value: bytes, expected: int | Absent, lease: int = NO_LEASE
-    ) -> Outcome[WriteResult]:
-        """Write ``key`` only if its mod revision is ``expected`` (ABSENT or 0: the key is absent).
-
-        As in etcd, the lease is only checked when the comparison succeeds.
+    def txn(self, txn: Txn) -> Outcome[TxnResult]:
+        """Run a transaction atomically (see :mod:`backends.txn`): compares on the state before it,
+        one branch's operations in order, every write at one new revision.
 
         Raises:
-            ValueTooLargeError: ``value`` exceeds :attr:`max_value_bytes` (checked always).
-            LeaseNotFoundError: the comparison succeeded but ``lease`` is not live.
+            ValueTooLargeError, TypeError, ValueError: see :func:`~backends.txn.check_txn`
+                (checked on the whole request before anything runs).
+            LeaseNotFoundError: a put on the branch path names a lease that is not live
+                (checked before anything runs, so nothing is written).
         """
-        return self.put_if_and_delete(key, value, expected, None, lease)
+        check_txn(txn, self.max_value_bytes)
+        for op in _puts(txn):
+            self._check_value(op.key, op.value)
+        path = self._path(txn)
+        self._check_path_leases(txn, path)
+        events: list[WatchEvent] = []
+        result = self._run(txn, iter(path), self._revision + 1, events)
+        if events:
+            self._commit(events)
+        else:
+            result = dataclasses.replace(result, revision=self._revision)
+        return Outcome(_at_revision(result, self._revision), tuple(events))
 
-    def put_if_and_delete(
-        self, key: str, value: bytes, expected: int | Absent, delete_key: str | None, lease: int = NO_LEASE
-    ) -> Outcome[WriteResult]:
-        """:meth:`put_if`, and if it applied, delete ``delete_key`` (if given) at the same revision.
+    def _path(self, txn: Txn) -> list[bool]:
+        """Which branch each transaction takes, outer first, depth first, judged before any write."""
+        succeeded = all(compare.holds(self._kvs.get(compare.key)) for compare in txn.compares)
+        path = [succeeded]
+        for op in txn.on_success if succeeded else txn.on_failure:
+            if isinstance(op, Txn):
+                path.extend(self._path(op))
+        return path
 
-        Raises:
-            ValueTooLargeError: ``value`` exceeds :attr:`max_value_bytes` (checked always).
-            LeaseNotFoundError: the comparison succeeded but ``lease`` is not live.
-        """
-        self._check_value(key, value)
-        if not self._matches(key, expected):
-            return Outcome(WriteResult(False, self._revision, self._kvs.get(key)))
-        self._check_lease(lease)
-        revision = self._revision + 1
-        events = [self._store(key, value, lease, revision)]
-        if delete_key is not None and delete_key in self._kvs and delete_key != key:
-            events.append(self._remove(delete_key, revision))
-        current = events[0].kv
-        return Outcome(WriteResult(True, revision, current), self._commit(events))
+    def _check_path_leases(self, txn: Txn, path: list[bool]) -> None:
+        steps = iter(path)
 
-    def put_and_claim(
-        self, key: str, value: bytes, claim_key: str, claim_value: bytes, lease: int = NO_LEASE,
-        count_prefix: str | None = None,
-    ) -> Outcome[ClaimResult]:
-        """Write ``key`` and create ``claim_key`` if absent, at one revision (one etcd transaction);
-        with ``count_prefix``, count the keys under it after the writes.
+        def walk(current: Txn) -> None:
+            for op in current.on_success if next(steps) else current.on_failure:
+                if isinstance(op, Put):
+                    self._check_lease(op.lease)
+                elif isinstance(op, Txn):
+                    walk(op)
 
-        Raises:
-            ValueTooLargeError: a value exceeds :attr:`max_value_bytes`.
-            LeaseNotFoundError: ``lease`` is not live.
-        """
-        self._check_value(key, value)
-        self._check_value(claim_key, claim_value)
-        self._check_lease(lease)
-        revision = self._revision + 1
-        events = [self._store(key, value, lease, revision)]
-        holder = self._kvs.get(claim_key)
-        claimed = holder is None
-        if claimed:
-            events.append(self._store(claim_key, claim_value, lease, revision))
-            holder = events[-1].kv
-        count = self._count_under(count_prefix) if count_prefix is not None else None
-        return Outcome(ClaimResult(revision, claimed, holder, count), self._commit(events))  # type: ignore[arg-type]
+        walk(txn)
 
-    def put_and_claim_if(
-        self, guards: Sequence[Guard], key: str, value: bytes, claim_key: str, claim_value: bytes,
-        lease: int = NO_LEASE, read_prefix: str = "", count_prefix: str | None = None,
-    ) -> Outcome[GuardedClaimResult]:
-        """:meth:`put_and_claim` if every guard holds; read ``read_prefix`` after, in the same step.
+    def _run(self, txn: Txn, steps, revision: int, events: list[WatchEvent]) -> TxnResult:
+        succeeded = next(steps)
+        responses: list = []
+        for op in txn.on_success if succeeded else txn.on_failure:
+            if isinstance(op, Put):
+                events.append(self._store(op.key, op.value, op.lease, revision))
+                responses.append(PutResult(events[-1].kv))
+            elif isinstance(op, Delete):
+                keys = list(self._keys_under(op.key)) if op.prefix else [op.key] if op.key in self._kvs else []
+                events.extend(self._remove(key, revision) for key in keys)
+                responses.append(DeleteResult(len(keys)))
+            elif isinstance(op, Range):
+                responses.append(self._range(op, revision))
+            else:
+                responses.append(self._run(op, steps, revision, events))
+        return TxnResult(succeeded, revision, tuple(responses))
 
-        Raises:
-            ValueTooLargeError: a value exceeds :attr:`max_value_bytes`.
-            LeaseNotFoundError: ``lease`` is not live (checked only when the guards hold).
-        """
-        for guard_key, expected in guards:
-            if not self._matches(guard_key, expected):
-                return Outcome(GuardedClaimResult(False, None, self.get_prefix(read_prefix)))
-        outcome = self.put_and_claim(key, value, claim_key, claim_value, lease, count_prefix)
-        return Outcome(GuardedClaimResult(True, outcome.result, self.get_prefix(read_prefix)), outcome.events)
+    def _range(self, op: Range, revision: int) -> RangeResult:
+        if op.prefix:
+            if op.count_only:
+                return RangeResult(revision, (), self.count_prefix(op.key))
+            return RangeResult(revision, tuple(self._kvs[key] for key in self._keys_under(op.key)))
+        kv = self._kvs.get(op.key)
+        kvs = () if kv is None else (kv,)
+        return RangeResult(revision, () if op.count_only else kvs, len(kvs))
 
     def delete(self, key: str) -> Outcome[WriteResult]:
         """Delete ``key``; not applied (and no new revision) when it does not exist."""
@@ -252,13 +246,6 @@ class KVState:
             return Outcome(WriteResult(False, self._revision, None))
         event = self._remove(key, self._revision + 1)
         return Outcome(WriteResult(True, event.revision, None), self._commit([event]))
-
-    def delete_if(self, key: str, expected: int) -> Outcome[WriteResult]:
-        """Delete ``key`` only if it exists and its mod revision is ``expected``."""
-        current = self._kvs.get(key)
-        if current is None or current.mod_revision != expected:
-            return Outcome(WriteResult(False, self._revision, current))
-        return self.delete(key)
 
     def delete_prefix(self, prefix: str) -> Outcome[int]:
         """Delete every key under ``prefix`` in one revision; the result is how many."""
@@ -364,7 +351,7 @@ class KVState:
         self._trim_history()
 
     # -- internals ----------------------------------------------------------------------------
-    def _count_under(self, prefix: str) -> int:
+    def count_prefix(self, prefix: str) -> int:
         """How many keys start with ``prefix`` (two bisections of the sorted keys)."""
         keys = self._sorted_keys
         start = bisect.bisect_left(keys, prefix)
@@ -398,9 +385,6 @@ class KVState:
         if record is None or record.deadline <= self.clock():
             raise LeaseNotFoundError(f"Lease {lease_id:x} does not exist: it expired or was revoked.")
         return record
-
-    def _matches(self, key: str, expected: int | Absent) -> bool:
-        return revision_matches(self._kvs.get(key), expected)
 
     def _store(self, key: str, value: bytes, lease: int, revision: int) -> WatchEvent:
         old = self._kvs.get(key)
@@ -451,6 +435,25 @@ class KVState:
         history = self._history
         while history and history[0].revision < self._compact_revision:
             self._history_bytes -= _event_bytes(history.popleft())
+
+
+def _puts(txn: Txn) -> Iterable[Put]:
+    """Every put of ``txn``, nested ones included."""
+    for op in txn.on_success + txn.on_failure:
+        if isinstance(op, Put):
+            yield op
+        elif isinstance(op, Txn):
+            yield from _puts(op)
+
+
+def _at_revision(result: TxnResult, revision: int) -> TxnResult:
+    """``result`` with the store revision after the transaction in it and every nested result."""
+    responses = tuple(
+        _at_revision(item, revision) if isinstance(item, TxnResult)
+        else dataclasses.replace(item, revision=revision) if isinstance(item, RangeResult) else item
+        for item in result.responses
+    )
+    return TxnResult(result.succeeded, revision, responses)
 
 
 def _event_bytes(event: WatchEvent) -> int:
