@@ -36,7 +36,7 @@ class Joiner:
 
 # -- who closes the round --------------------------------------------------------------------
 # The first node to join a round claims ``state/closer/<r>`` in the same transaction as its join
-# key (``put_and_claim``), so every joiner learns who closes from its own join write, with no
+# key (:func:`elastic.rendezvous.transactions.join_txn`), so every joiner learns who closes from its own join write, with no
 # extra read and no contended retry. Only the closer watches every join, so a round costs O(N)
 # watch events, not O(N^2). The claim is bound to the closer's lease: if the closer dies, the
 # others see the claim's DELETE on the ``state/`` watch they wait on, and claim it again with
