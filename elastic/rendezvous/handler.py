@@ -50,7 +50,8 @@ from backends.api import (
     WatchEvent,
 )
 from backends.errors import BackendError, LeaseNotFoundError
-from backends.session import Session
+from backends.retry import RETRYABLE_ERRORS, RetryPolicy
+from backends.session import OUTAGE_LOG_INTERVAL, Session
 from elastic.rendezvous import records
 from elastic.rendezvous.decisions import (
     BarrierOutcome,
@@ -84,6 +85,9 @@ from elastic.rendezvous.settings import RendezvousSettings
 from elastic.rendezvous.transactions import JoinOutcome, close_txn, join_txn, read_close, read_join
 
 log = logging.getLogger(__name__)
+
+JOIN_RETRY = RetryPolicy(max_attempts=2**31, initial_backoff=0.2, max_backoff=2.0)
+"""Backoff between tries of a join the store interrupted; the join timeout bounds them."""
 
 
 @dataclass(frozen=True)
@@ -144,7 +148,8 @@ class RendezvousHandler:
         local_world_size, role: this node's workers (``--nproc-per-node``, ``--role``), published
             with every join so the round record can place every worker of every node.
         clock: monotonic clock (injectable); port_reserver: listens on this node's master port
-            for a join (see :mod:`elastic.rendezvous.ports`).
+            for a join (see :mod:`elastic.rendezvous.ports`); retry: the backoff between tries of
+            a join the store interrupted (the join timeout bounds them).
 
     Every public method raises only :class:`~elastic.rendezvous.errors.RendezvousError` subclasses.
     """
@@ -162,6 +167,7 @@ class RendezvousHandler:
         role: str = DEFAULT_ROLE,
         clock: Callable[[], float] = time.monotonic,
         port_reserver: Callable[[str], PortReservation] = reserve_port,
+        retry: RetryPolicy = JOIN_RETRY,
     ) -> None:
         if local_world_size < 1:
             raise ValueError(f"The local world size ({local_world_size}) must be at least 1.")
@@ -176,6 +182,7 @@ class RendezvousHandler:
         self._release = release
         self._clock = clock
         self._port_reserver = port_reserver
+        self._retry = retry
         self.local_world_size = local_world_size
         self.role = role
         self._reservation: PortReservation | None = None  # the master port our current join publishes
@@ -204,10 +211,16 @@ class RendezvousHandler:
     def next_rendezvous(self) -> RendezvousInfo:
         """Join the next round and block until it closes with this node in it.
 
+        A store that fails or cannot be reached meanwhile does not end the join: each step is
+        safe to repeat (the join transaction re-puts the same key; a close that may have applied
+        shows in the state read that follows), so the join starts over from a fresh read, with
+        backoff, until the join timeout.
+
         Raises:
             RendezvousClosedError: the rendezvous was closed for good.
             RendezvousTimeoutError: no round included this node within the join timeout.
-            RendezvousConnectionError: the backend could not be reached.
+            RendezvousConnectionError: the backend failed for the whole join timeout, or refused
+                (auth) in a way a retry cannot fix.
             RendezvousStateError: the state in the store is corrupt.
         """
         with self._lock:
@@ -215,7 +228,7 @@ class RendezvousHandler:
             deadline = self._clock() + self.settings.join_timeout
             self._reporter = ProgressReporter(log.info, clock=self._clock)
             try:
-                info = self._join_until_included(deadline)
+                info = self._join_with_retries(deadline)
             except BackendError as error:
                 if self._shutting_down.is_set():
                     raise RendezvousClosedError(f"Node {self.node_id} was shut down while joining.") from error
@@ -380,13 +393,41 @@ class RendezvousHandler:
             return True
 
     # -- joining --------------------------------------------------------------------------------
-    def _join_until_included(self, deadline: float) -> RendezvousInfo:
+    def _join_with_retries(self, deadline: float) -> RendezvousInfo:
+        """:meth:`_join_until_included`, started over after each transient store failure until ``deadline``."""
+        failures, logged = 0, -math.inf
+        while True:
+            try:
+                return self._join_until_included(deadline, resumed=failures > 0)
+            except RETRYABLE_ERRORS as error:
+                failures += 1
+                pause = self._retry.backoff(failures)
+                now = self._clock()
+                if self._shutting_down.is_set() or now + pause >= deadline:
+                    raise
+                if now - logged >= OUTAGE_LOG_INTERVAL:
+                    logged = now
+                    log.warning("Rendezvous %s: node %s: the store failed during the join (%s); starting over until "
+                                "it answers (%.0fs of the join timeout left)", self.settings.run_id, self.node_id,
+                                error, deadline - now)
+                if self._shutting_down.wait(pause):
+                    raise
+
+    def _join_until_included(self, deadline: float, resumed: bool = False) -> RendezvousInfo:
+        """Join until a round includes this node. ``resumed``: an earlier try failed midway, so
+        read the state first: a close it sent may have applied (then this node is in)."""
         # Watch first, then read: the watch (from now) is live at once, and the read is taken at
         # its start revision or later, so nothing falls between them (see KVBackend.watch_prefix).
         # The first join is optimistic: the round we expect to form next, guarded by the round
         # record we expect, in the same step as the state read (one round trip instead of two).
         state_watch = self._open_state_watch()
-        state, attempt = self._join_expected_round()
+        if resumed:
+            state, attempt = self._read_state(), None
+            closed = self._closed_with_us(state)
+            if closed is not None:
+                return self._included(closed, closed.record.rank_of(self.node_id))  # type: ignore[arg-type]
+        else:
+            state, attempt = self._join_expected_round()
         while True:
             if state.closed:
                 raise RendezvousClosedError(
@@ -427,6 +468,17 @@ class RendezvousHandler:
                      self.settings.run_id, self.node_id, state.round.round, state.round.group_world_size,  # type: ignore[union-attr]
                      self.settings.max_nodes)
         return True
+
+    def _closed_with_us(self, state: _StateView) -> ClosedRound | None:
+        """The round in ``state`` if it is the one this node's pending join was for and it includes us."""
+        attempt, record = self._attempt, state.round
+        if attempt is None or record is None or state.round_kv is None or record.round != attempt.forming:
+            return None
+        if self._last_round is not None and record.round <= self._last_round.round:
+            return None
+        if record.rank_of(self.node_id) is None or self._session is None or not self._session.alive:
+            return None
+        return ClosedRound(record, state.round_kv.mod_revision)
 
     def _join_expected_round(self) -> tuple[_StateView, JoinAttempt | None]:
         """Join the round expected to form next if the round record is the one we expect, and read ``state/``.
@@ -666,7 +718,7 @@ class RendezvousHandler:
         if self._attempt is not None:
             backlog, self._attempt.backlog = self._attempt.backlog, []
         self._monitor = MembershipMonitor(self._backend, view, record.members_revision + 1, self._state_watch,  # type: ignore[arg-type]
-                                          backlog)
+                                          backlog, on_state_watch=self._adopt_state_watch)
         session = self._session
         if session is not None:
             monitor = self._monitor
@@ -719,6 +771,14 @@ class RendezvousHandler:
         if self._shutting_down.is_set():
             watch.cancel()
         return watch
+
+    def _adopt_state_watch(self, watch: Watch) -> None:
+        """The monitor replaced the lost ``state/`` watch: keep the new one (it stays ours across rounds)."""
+        old, self._state_watch = self._state_watch, watch
+        self._active_watches.discard(old)
+        self._active_watches.add(watch)
+        if self._shutting_down.is_set():
+            watch.cancel()
 
     def _check_still_joined(self) -> None:
         """Raise _JoinKeyLost when our session (so our join key) is gone, or we are shutting down."""
