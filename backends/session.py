@@ -111,6 +111,9 @@ class Session:
     :attr:`lost` is set and every callback registered with :meth:`on_lost` runs on the
     keepalive thread.
 
+    ``outage_limit``: after an outage this long, the callbacks of :meth:`on_outage_limit` run
+    once (the owner stops training blind); the session itself stays alive.
+
     Raises (from the constructor):
         ValueError: ``ttl`` or ``keepalive_interval`` is not positive.
         BackendError: the lease could not be granted.
@@ -125,6 +128,7 @@ class Session:
         clock: Callable[[], float] = time.monotonic,
         name: str = "",
         scheduler: KeepAliveScheduler | None = None,
+        outage_limit: float = math.inf,
     ) -> None:
         if ttl <= 0:
             raise ValueError(f"The session TTL ({ttl}) must be positive.")
@@ -146,6 +150,9 @@ class Session:
         self._renewing = threading.RLock()  # held while a renewal runs, so close() can wait it out
         self._last_renewal = clock()
         self._failing_since: float | None = None  # last success before the current run of failures
+        self.outage_limit = outage_limit
+        self._outage_callbacks: list[Callable[[float], None]] = []
+        self._outage_reported = False
         self._outage_logged = 0.0  # when the outage was last logged
         self._scheduler = scheduler if scheduler is not None else scheduler_for(backend)
         self._scheduler.add(self)
@@ -160,6 +167,11 @@ class Session:
         """Seconds since the last successful keepalive while renewals fail; 0.0 when the server answers."""
         since = self._failing_since
         return 0.0 if since is None or not self.alive else max(self._clock() - since, 0.0)
+
+    def on_outage_limit(self, callback: Callable[[float], None]) -> None:
+        """Call ``callback(seconds)`` once per outage that reaches :attr:`outage_limit` (on the keepalive thread)."""
+        with self._callbacks_lock:
+            self._outage_callbacks.append(callback)
 
     def on_lost(self, callback: Callable[[str], None]) -> None:
         """Call ``callback(reason)`` once when the session is lost (at once if it already is)."""
@@ -213,6 +225,7 @@ class Session:
                 log.warning("Session %s: the store answers again after %.1fs; lease %x is still held",
                             self._name, now - self._failing_since, self.lease_id)
                 self._failing_since = None
+                self._outage_reported = False
             self._last_renewal = now
             return True
 
@@ -227,6 +240,16 @@ class Session:
             log.warning("Session %s: the store has not answered a keepalive of lease %x for %.1fs (%s); the lease "
                         "holds until the server says otherwise, retrying", self._name, self.lease_id,
                         now - self._failing_since, error)
+        age = now - self._failing_since
+        if age >= self.outage_limit and not self._outage_reported:
+            self._outage_reported = True
+            with self._callbacks_lock:
+                callbacks = list(self._outage_callbacks)
+            for callback in callbacks:
+                try:
+                    callback(age)
+                except Exception:  # a callback's bug must not kill the keepalive thread silently
+                    log.exception("Session %s: outage callback failed", self._name)
 
     def _mark_lost(self, reason: str) -> None:
         if self._closed.is_set():

@@ -193,12 +193,15 @@ class MembershipChange(enum.Enum):
     NODES_WAITING: a node joined the next round and the world can grow, or a member rejoined.
     ROUND_SUPERSEDED: a newer round was closed without this node.
     CLOSED: the rendezvous was closed for good.
+    STORE_UNREACHABLE: the store has not answered for ``store_outage_timeout``: the node stops
+        training blind (not a restart: it cannot rejoin without the store).
     """
 
     MEMBER_LOST = "member_lost"
     NODES_WAITING = "nodes_waiting"
     ROUND_SUPERSEDED = "round_superseded"
     CLOSED = "closed"
+    STORE_UNREACHABLE = "store_unreachable"
 
 
 @dataclass(frozen=True)

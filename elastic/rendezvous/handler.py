@@ -720,9 +720,8 @@ class RendezvousHandler:
         self._monitor = MembershipMonitor(self._backend, view, record.members_revision + 1, self._state_watch,  # type: ignore[arg-type]
                                           backlog, on_state_watch=self._adopt_state_watch)
         session = self._session
-        if session is not None:
-            monitor = self._monitor
-            session.on_lost(lambda reason: monitor.signal(MembershipChange.MEMBER_LOST, f"this node's lease was lost: {reason}"))
+        if session is not None and session.lost.is_set():  # lost before the monitor existed
+            self._monitor.signal(MembershipChange.MEMBER_LOST, f"this node's lease was lost: {session.lost_reason}")
         self._failed_round = None
         reservation, self._reservation = self._reservation, None
         listener = reservation.take() if reservation is not None and rank == 0 else None
@@ -772,6 +771,12 @@ class RendezvousHandler:
             watch.cancel()
         return watch
 
+    def _signal(self, change: MembershipChange, reason: str) -> None:
+        """Tell the monitor of the round this node is in (if any) about a change seen by the session."""
+        monitor = self._monitor
+        if monitor is not None:
+            monitor.signal(change, reason)
+
     def _adopt_state_watch(self, watch: Watch) -> None:
         """The monitor replaced the lost ``state/`` watch: keep the new one (it stays ours across rounds)."""
         old, self._state_watch = self._state_watch, watch
@@ -807,7 +812,15 @@ class RendezvousHandler:
         if self._session is None or not self._session.alive:
             if self._session is not None:
                 self._session.close(revoke=False)
-            self._session = self._backend.session(self.settings.lease_ttl, name=f"{self.settings.run_id}/{self.node_id}")
+            session = self._backend.session(self.settings.lease_ttl, name=f"{self.settings.run_id}/{self.node_id}",
+                                            outage_limit=self.settings.store_outage_timeout)
+            session.on_lost(lambda reason: self._signal(MembershipChange.MEMBER_LOST,
+                                                        f"this node's lease was lost: {reason}"))
+            session.on_outage_limit(lambda age: self._signal(
+                MembershipChange.STORE_UNREACHABLE,
+                f"the store has not answered for {age:.0f}s (store_outage_timeout="
+                f"{self.settings.store_outage_timeout:g}s); stopping the workers rather than train blind"))
+            self._session = session
             self._attempt = None  # its keys went with the old lease
         return self._session
 

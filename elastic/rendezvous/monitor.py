@@ -254,4 +254,5 @@ def _describe(change: MembershipChange, key: str) -> str:
         MembershipChange.NODES_WAITING: f"a node is waiting to join ({key})",
         MembershipChange.ROUND_SUPERSEDED: "a newer round was closed",
         MembershipChange.CLOSED: "the rendezvous was closed",
+        MembershipChange.STORE_UNREACHABLE: "the store does not answer",
     }[change]

@@ -153,3 +153,17 @@ def test_every_session_of_a_client_is_renewed_by_one_thread_that_ends_with_the_l
         time.sleep(0.05)
     assert threading.active_count() == threads_before
     assert not any(session.lost.is_set() for session in sessions)
+
+
+def test_an_outage_that_reaches_the_limit_is_reported_once_and_the_session_stays_alive():
+    store = InMemoryStore()
+    client = store.client()
+    reported = []
+    with Session(client, ttl=2.0, keepalive_interval=0.1, outage_limit=0.5) as session:
+        session.on_outage_limit(reported.append)
+        store.stop()
+        time.sleep(1.2)
+        assert len(reported) == 1 and reported[0] >= 0.5
+        assert session.alive
+        store.start(renew_leases=True)
+    store.close()

@@ -129,3 +129,14 @@ def test_corrupt_state_seen_on_a_watch_is_reported_once_and_keeps_the_round(stor
     assert handlers[0].membership_change() == (None, "")
     errors = [record for record in caplog.records if record.levelno >= logging.ERROR and record.exc_info is None]
     assert len([r for r in errors if handlers[0].keys.round in r.getMessage()]) == 2  # one line per member
+
+
+def test_a_member_stops_training_blind_once_the_outage_reaches_store_outage_timeout(store, make_node):
+    handlers = [make_node(store_outage_timeout=1.0), make_node(store_outage_timeout=1.0)]
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(lambda handler: handler.next_rendezvous(), handlers))
+    store.stop()
+    assert handlers[0].membership_changed.wait(5)
+    change, reason = handlers[0].membership_change()
+    assert change is MembershipChange.STORE_UNREACHABLE and "store_outage_timeout=1s" in reason
+    store.start(renew_leases=True)
