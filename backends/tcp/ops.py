@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, NamedTuple, Sequence
 
-from backends.api import ABSENT, ClaimResult, WatchEvent, WriteResult
+from backends.api import WatchEvent, WriteResult
 from backends.errors import LimitExceededError, ProtocolError
 from backends.kvstate import KVState
 from backends.tcp.protocol import DEFAULT_MAX_FRAME_BYTES, error_to_wire, kv_to_wire
@@ -97,63 +97,6 @@ def _txn(state: KVState, header: dict[str, Any], payload: bytes) -> Reply:
         return Reply(error_to_wire(LimitExceededError(f"{error}{applied}")), (), outcome.events)
 
 
-def _put_if(state: KVState, header: dict[str, Any], payload: bytes) -> Reply:
-    expected = header.get("e")
-    expected = ABSENT if expected is None else field(header, "e", int)
-    if "d" in header:
-        outcome = state.put_if_and_delete(field(header, "k", str), payload, expected, field(header, "d", str),
-                                          field(header, "l", int, 0))
-        return _write_reply(outcome.result, outcome.events)
-    outcome = state.put_if(field(header, "k", str), payload, expected, field(header, "l", int, 0))
-    return _write_reply(outcome.result, outcome.events)
-
-
-def _put_claim(state: KVState, header: dict[str, Any], payload: bytes) -> Reply:
-    split = field(header, "n", int)
-    if not 0 <= split <= len(payload):
-        raise ProtocolError(f"The request's value length ({split}) exceeds its payload ({len(payload)} bytes).")
-    if "g" in header:
-        return _put_claim_if(state, header, payload, split)
-    outcome = state.put_and_claim(
-        field(header, "k", str), payload[:split], field(header, "ck", str), payload[split:], field(header, "l", int, 0),
-        _count_prefix(header),
-    )
-    parts: list[bytes] = []
-    return Reply(_claim_fields(outcome.result, parts), parts, outcome.events)
-
-
-def _count_prefix(header: dict[str, Any]) -> str | None:
-    return field(header, "cp", str) if "cp" in header else None
-
-
-def _claim_fields(claim: ClaimResult, parts: list[bytes]) -> dict[str, Any]:
-    """The reply fields of a put-and-claim: revision, claimed, holder and (if asked) the count."""
-    fields: dict[str, Any] = {"r": claim.revision, "c": claim.claimed, "kv": kv_to_wire(claim.holder, parts)}
-    if claim.count is not None:
-        fields["cnt"] = claim.count
-    return fields
-
-
-def _put_claim_if(state: KVState, header: dict[str, Any], payload: bytes, split: int) -> Reply:
-    guards = []
-    for item in field(header, "g", list):
-        if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str)
-                and (item[1] is None or (type(item[1]) is int))):
-            raise ProtocolError(f"A guard must be [key, mod revision or null], not {item!r}.")
-        guards.append((item[0], ABSENT if item[1] is None else item[1]))
-    outcome = state.put_and_claim_if(
-        guards, field(header, "k", str), payload[:split], field(header, "ck", str), payload[split:],
-        field(header, "l", int, 0), field(header, "rp", str), _count_prefix(header),
-    )
-    result = outcome.result
-    parts: list[bytes] = []
-    reply: dict[str, Any] = {"a": result.applied}
-    if result.claim is not None:
-        reply.update(_claim_fields(result.claim, parts))
-    reply.update(rr=result.read.revision, kvs=[kv_to_wire(kv, parts) for kv in result.read.kvs])
-    return Reply(reply, parts, outcome.events)
-
-
 def _delete(state: KVState, header: dict[str, Any], payload: bytes) -> Reply:
     outcome = state.delete(field(header, "k", str))
     return _write_reply(outcome.result, outcome.events)
@@ -188,8 +131,6 @@ _HANDLERS: dict[str, Callable[[KVState, dict[str, Any], bytes], Reply]] = {
     "range": _range,
     "put": _put,
     "txn": _txn,
-    "put_if": _put_if,
-    "put_claim": _put_claim,
     "del": _delete,
     "del_prefix": _delete_prefix,
     "grant": _grant,

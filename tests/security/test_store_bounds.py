@@ -18,7 +18,7 @@ import pytest
 
 from backends.errors import BackendConnectionError, LimitExceededError, ValueTooLargeError
 from backends.tcp.client import TcpStoreBackend, TcpStoreConfig
-from backends.tcp.protocol import FrameDecoder, encode_frame
+from backends.tcp.protocol import PROTOCOL_VERSION, FrameDecoder, encode_frame
 from hostile import StoreProcess, closed_by_peer, handshake, raw_socket, wait_until
 
 MiB = 1024 * 1024
@@ -201,7 +201,7 @@ def test_a_watcher_that_never_reads_is_dropped_before_its_queue_grows_large(toke
         slow = socket.socket()
         slow.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
         slow.connect(("127.0.0.1", store.port))
-        slow.sendall(b"ESTORE1\n" + encode_frame({"v": 1, "token": token_file.read_text()}))
+        slow.sendall(b"ESTORE1\n" + encode_frame({"v": PROTOCOL_VERSION, "token": token_file.read_text()}))
         slow.sendall(encode_frame({"i": 1, "op": "watch", "p": "/flood/"}))
         with client(store, token_file) as writer:
             before = store.rss_bytes()
