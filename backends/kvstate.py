@@ -234,7 +234,7 @@ class KVState:
     def _range(self, op: Range, revision: int) -> RangeResult:
         if op.prefix:
             if op.count_only:
-                return RangeResult(revision, (), self._count_under(op.key))
+                return RangeResult(revision, (), self.count_prefix(op.key))
             return RangeResult(revision, tuple(self._kvs[key] for key in self._keys_under(op.key)))
         kv = self._kvs.get(op.key)
         kvs = () if kv is None else (kv,)
@@ -351,7 +351,7 @@ class KVState:
         self._trim_history()
 
     # -- internals ----------------------------------------------------------------------------
-    def _count_under(self, prefix: str) -> int:
+    def count_prefix(self, prefix: str) -> int:
         """How many keys start with ``prefix`` (two bisections of the sorted keys)."""
         keys = self._sorted_keys
         start = bisect.bisect_left(keys, prefix)

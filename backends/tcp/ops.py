@@ -15,6 +15,7 @@ from backends.errors import LimitExceededError, ProtocolError
 from backends.kvstate import KVState
 from backends.tcp.protocol import DEFAULT_MAX_FRAME_BYTES, error_to_wire, kv_to_wire
 from backends.tcp.txnwire import decode_txn, encode_result
+from backends.txn import Put, Range, Txn
 
 __all__ = ["LEASE_OPS", "Reply", "apply_request"]
 
@@ -32,6 +33,10 @@ LEASE_OPS = frozenset({"grant", "keepalive", "revoke"})
 
 TXN_REPLY_BYTES = DEFAULT_MAX_FRAME_BYTES // 2
 """Most bytes of keys and values one txn reply carries (many reads of the same keys add up)."""
+
+TXN_REPLY_KEYS = TXN_REPLY_BYTES // 64
+"""Most keys one txn's ranges may return (each costs the reply at least 64 bytes): a request
+whose ranges could return more is refused before it runs."""
 
 
 def apply_request(state: KVState, op: str, header: dict[str, Any], payload: bytes) -> Reply:
@@ -88,13 +93,36 @@ def _put(state: KVState, header: dict[str, Any], payload: bytes) -> Reply:
 
 
 def _txn(state: KVState, header: dict[str, Any], payload: bytes) -> Reply:
-    outcome = state.txn(decode_txn(header.get("t"), payload))
+    txn = decode_txn(header.get("t"), payload)
+    if _most_keys_read(state, txn) > TXN_REPLY_KEYS:
+        raise LimitExceededError(f"The transaction's ranges could return more than {TXN_REPLY_KEYS} keys, more "
+                                 "than one reply carries; nothing was run. Read less in one transaction "
+                                 "(split it, or use count_only ranges).")
+    outcome = state.txn(txn)
     parts: list[bytes] = []
     try:
         return Reply(encode_result(outcome.result, parts, TXN_REPLY_BYTES), parts, outcome.events)
     except LimitExceededError as error:  # the writes applied: say so, and still tell the watchers
         applied = f" Its writes applied at revision {outcome.result.revision}." if outcome.events else ""
         return Reply(error_to_wire(LimitExceededError(f"{error}{applied}")), (), outcome.events)
+
+
+def _most_keys_read(state: KVState, txn: Txn) -> int:
+    """An upper bound on the keys ``txn``'s ranges return, whichever branches run: what each
+    range matches now, plus every put of the transaction (a range sees earlier writes)."""
+    ranges: list[Range] = []
+    puts = 0
+    pending = [txn]
+    while pending:
+        current = pending.pop()
+        for op in current.on_success + current.on_failure:
+            if isinstance(op, Range) and not op.count_only:
+                ranges.append(op)
+            elif isinstance(op, Put):
+                puts += 1
+            elif isinstance(op, Txn):
+                pending.append(op)
+    return sum((state.count_prefix(op.key) if op.prefix else 1) + puts for op in ranges)
 
 
 def _delete(state: KVState, header: dict[str, Any], payload: bytes) -> Reply:

@@ -115,3 +115,24 @@ def test_the_store_runs_a_decoded_transaction_and_refuses_duplicate_writes_as_in
     with pytest.raises(ValueError, match="twice"):
         apply_request(state, "txn", {"op": "txn", "t": twice}, b"".join(parts))
     assert state.revision == 2
+
+
+def test_a_txn_whose_ranges_could_outgrow_a_reply_is_refused_before_it_runs(monkeypatch):
+    import backends.tcp.ops as ops
+
+    monkeypatch.setattr(ops, "TXN_REPLY_KEYS", 20)
+    state = KVState()
+    for index in range(8):
+        state.put(f"/n/{index}", b"v")
+    revision = state.revision
+
+    def run(txn: Txn):
+        parts: list[bytes] = []
+        return apply_request(state, "txn", {"op": "txn", "t": encode_txn(txn, parts)}, b"".join(parts))
+
+    # 2 ranges of 8 keys, plus the put each may see: 18 keys at most, so it runs.
+    assert run(Txn((), (Put("/n/new", b"v"), Range("/n/", prefix=True)), (Range("/n/", prefix=True),))).header["ok"]
+    with pytest.raises(LimitExceededError, match="nothing was run"):  # 3 x (9 + 1) keys could come back
+        run(Txn((), (Put("/other", b"v"), Range("/n/", prefix=True)), (Range("/n/", prefix=True),) * 2))
+    assert state.revision == revision + 1 and state.get("/other").kv is None
+    assert run(Txn((), (Range("/n/", prefix=True, count_only=True),) * 100)).header["ok"]  # counts cost nothing
