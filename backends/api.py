@@ -4,9 +4,9 @@ The contract is etcd-shaped and deliberately small:
 
 * reads (:meth:`KVBackend.get`, :meth:`KVBackend.get_prefix`) return values with their
   create and mod revisions, their lease, and the store revision the read was taken at;
-* writes are conditional (:meth:`KVBackend.put_if`, :meth:`KVBackend.delete_if`) and return a
-  :class:`WriteResult` saying whether they applied, so callers never infer success by
-  re-reading or comparing bytes;
+* writes are transactions (:meth:`KVBackend.txn`, etcd's, typed in :mod:`backends.txn`) and
+  their recipes :meth:`KVBackend.put_if` and :meth:`KVBackend.delete_if`; results say whether
+  they applied, so callers never infer success by re-reading or comparing bytes;
 * liveness is a lease (:meth:`KVBackend.grant`, ``keepalive``, ``revoke``): keys written with
   a lease vanish when it expires, judged by the server's clock alone;
 * progress is a watch (:meth:`KVBackend.watch_prefix`): ordered PUT/DELETE events, resumable
@@ -122,53 +122,6 @@ class WriteResult:
     applied: bool
     revision: int
     current: KeyValue | None
-
-
-@dataclass(frozen=True)
-class ClaimResult:
-    """Result of :meth:`KVBackend.put_and_claim`.
-
-    Attributes:
-        revision: the revision of the write (the put always applies).
-        claimed: whether this call created the claim key.
-        holder: the claim key after the operation: ours if ``claimed``, else the holder's.
-        count: how many keys were under the call's ``count_prefix`` right after the write
-            (None when it gave none). A rendezvous joiner learns from it that its join filled
-            the round.
-    """
-
-    revision: int
-    claimed: bool
-    holder: KeyValue
-    count: int | None = None
-
-
-@dataclass(frozen=True)
-class GuardedClaimResult:
-    """Result of :meth:`KVBackend.put_and_claim_if`.
-
-    Attributes:
-        applied: whether every guard held, so the put and the claim ran.
-        claim: what the put and the claim did (None when not applied).
-        read: the keys under the requested prefix, read in the same step (after the writes
-            when applied).
-    """
-
-    applied: bool
-    claim: ClaimResult | None
-    read: RangeResult
-
-
-Guard = tuple[str, int | Absent]
-"""``(key, expected)``: holds when ``key``'s mod revision is ``expected``, or ``key`` is absent for ABSENT."""
-
-
-def revision_matches(current: KeyValue | None, expected: int | Absent) -> bool:
-    """Whether a key now ``current`` (None: absent) has mod revision ``expected``, as etcd compares:
-    ABSENT matches only an absent key, and an absent key has mod revision 0."""
-    if isinstance(expected, Absent):
-        return current is None
-    return (current.mod_revision if current is not None else 0) == expected
 
 
 @dataclass(frozen=True)

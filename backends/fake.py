@@ -14,14 +14,10 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable, Sequence
+from typing import Callable
 
 from backends.api import (
     NO_LEASE,
-    Absent,
-    ClaimResult,
-    Guard,
-    GuardedClaimResult,
     KVBackend,
     Lease,
     QueueWatch,
@@ -197,27 +193,8 @@ class FakeBackend(KVBackend):
     def txn(self, txn: Txn) -> TxnResult:
         return self._call(lambda state: state.txn(txn))
 
-    def put_and_claim(
-        self, key: str, value: bytes, claim_key: str, claim_value: bytes, *, lease: int = NO_LEASE,
-        count_prefix: str | None = None,
-    ) -> ClaimResult:
-        return self._call(lambda state: state.put_and_claim(key, value, claim_key, claim_value, lease, count_prefix))
-
-    def put_if_and_delete(
-        self, key: str, value: bytes, expected: int | Absent, delete_key: str, *, lease: int = NO_LEASE
-    ) -> WriteResult:
-        return self._call(lambda state: state.put_if_and_delete(key, value, expected, delete_key, lease))
-
-    def put_and_claim_if(
-        self, guards: Sequence[Guard], key: str, value: bytes, claim_key: str, claim_value: bytes, *,
-        lease: int = NO_LEASE, read_prefix: str, count_prefix: str | None = None,
-    ) -> GuardedClaimResult:
-        return self._call(lambda state: state.put_and_claim_if(guards, key, value, claim_key, claim_value, lease,
-                                                               read_prefix, count_prefix))
-
     def delete(self, key: str) -> WriteResult:
         return self._call(lambda state: state.delete(key))
-
 
     def delete_prefix(self, prefix: str) -> int:
         return self._call(lambda state: state.delete_prefix(prefix))

@@ -26,22 +26,17 @@ import time
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Generic, Iterable, Sequence, TypeVar
+from typing import Callable, Generic, Iterable, TypeVar
 
 from backends.api import (
     NO_LEASE,
-    Absent,
-    ClaimResult,
     EventType,
-    Guard,
-    GuardedClaimResult,
     KeyValue,
     Lease,
     RangeResult,
     ReadResult,
     WatchEvent,
     WriteResult,
-    revision_matches,
 )
 from backends.errors import CompactedError, LeaseNotFoundError, ValueTooLargeError
 from backends.txn import Delete, DeleteResult, Put, PutResult, Range, Txn, TxnResult, check_txn
@@ -175,79 +170,6 @@ class KVState:
         event = self._store(key, value, lease, self._revision + 1)
         return Outcome(WriteResult(True, event.revision, event.kv), self._commit([event]))
 
-    def put_if(
-        self, key: str, value: bytes, expected: int | Absent, lease: int = NO_LEASE
-    ) -> Outcome[WriteResult]:
-        """Write ``key`` only if its mod revision is ``expected`` (ABSENT or 0: the key is absent).
-
-        As in etcd, the lease is only checked when the comparison succeeds.
-
-        Raises:
-            ValueTooLargeError: ``value`` exceeds :attr:`max_value_bytes` (checked always).
-            LeaseNotFoundError: the comparison succeeded but ``lease`` is not live.
-        """
-        return self.put_if_and_delete(key, value, expected, None, lease)
-
-    def put_if_and_delete(
-        self, key: str, value: bytes, expected: int | Absent, delete_key: str | None, lease: int = NO_LEASE
-    ) -> Outcome[WriteResult]:
-        """:meth:`put_if`, and if it applied, delete ``delete_key`` (if given) at the same revision.
-
-        Raises:
-            ValueTooLargeError: ``value`` exceeds :attr:`max_value_bytes` (checked always).
-            LeaseNotFoundError: the comparison succeeded but ``lease`` is not live.
-        """
-        self._check_value(key, value)
-        if not self._matches(key, expected):
-            return Outcome(WriteResult(False, self._revision, self._kvs.get(key)))
-        self._check_lease(lease)
-        revision = self._revision + 1
-        events = [self._store(key, value, lease, revision)]
-        if delete_key is not None and delete_key in self._kvs and delete_key != key:
-            events.append(self._remove(delete_key, revision))
-        current = events[0].kv
-        return Outcome(WriteResult(True, revision, current), self._commit(events))
-
-    def put_and_claim(
-        self, key: str, value: bytes, claim_key: str, claim_value: bytes, lease: int = NO_LEASE,
-        count_prefix: str | None = None,
-    ) -> Outcome[ClaimResult]:
-        """Write ``key`` and create ``claim_key`` if absent, at one revision (one etcd transaction);
-        with ``count_prefix``, count the keys under it after the writes.
-
-        Raises:
-            ValueTooLargeError: a value exceeds :attr:`max_value_bytes`.
-            LeaseNotFoundError: ``lease`` is not live.
-        """
-        self._check_value(key, value)
-        self._check_value(claim_key, claim_value)
-        self._check_lease(lease)
-        revision = self._revision + 1
-        events = [self._store(key, value, lease, revision)]
-        holder = self._kvs.get(claim_key)
-        claimed = holder is None
-        if claimed:
-            events.append(self._store(claim_key, claim_value, lease, revision))
-            holder = events[-1].kv
-        count = self._count_under(count_prefix) if count_prefix is not None else None
-        return Outcome(ClaimResult(revision, claimed, holder, count), self._commit(events))  # type: ignore[arg-type]
-
-    def put_and_claim_if(
-        self, guards: Sequence[Guard], key: str, value: bytes, claim_key: str, claim_value: bytes,
-        lease: int = NO_LEASE, read_prefix: str = "", count_prefix: str | None = None,
-    ) -> Outcome[GuardedClaimResult]:
-        """:meth:`put_and_claim` if every guard holds; read ``read_prefix`` after, in the same step.
-
-        Raises:
-            ValueTooLargeError: a value exceeds :attr:`max_value_bytes`.
-            LeaseNotFoundError: ``lease`` is not live (checked only when the guards hold).
-        """
-        for guard_key, expected in guards:
-            if not self._matches(guard_key, expected):
-                return Outcome(GuardedClaimResult(False, None, self.get_prefix(read_prefix)))
-        outcome = self.put_and_claim(key, value, claim_key, claim_value, lease, count_prefix)
-        return Outcome(GuardedClaimResult(True, outcome.result, self.get_prefix(read_prefix)), outcome.events)
-
     def txn(self, txn: Txn) -> Outcome[TxnResult]:
         """Run a transaction atomically (see :mod:`backends.txn`): compares on the state before it,
         one branch's operations in order, every write at one new revision.
@@ -312,7 +234,7 @@ class KVState:
     def _range(self, op: Range, revision: int) -> RangeResult:
         if op.prefix:
             if op.count_only:
-                return RangeResult(revision, (), self._count_under(op.key))
+                return RangeResult(revision, (), self.count_prefix(op.key))
             return RangeResult(revision, tuple(self._kvs[key] for key in self._keys_under(op.key)))
         kv = self._kvs.get(op.key)
         kvs = () if kv is None else (kv,)
@@ -324,13 +246,6 @@ class KVState:
             return Outcome(WriteResult(False, self._revision, None))
         event = self._remove(key, self._revision + 1)
         return Outcome(WriteResult(True, event.revision, None), self._commit([event]))
-
-    def delete_if(self, key: str, expected: int) -> Outcome[WriteResult]:
-        """Delete ``key`` only if it exists and its mod revision is ``expected``."""
-        current = self._kvs.get(key)
-        if current is None or current.mod_revision != expected:
-            return Outcome(WriteResult(False, self._revision, current))
-        return self.delete(key)
 
     def delete_prefix(self, prefix: str) -> Outcome[int]:
         """Delete every key under ``prefix`` in one revision; the result is how many."""
@@ -443,7 +358,7 @@ class KVState:
         self._trim_history()
 
     # -- internals ----------------------------------------------------------------------------
-    def _count_under(self, prefix: str) -> int:
+    def count_prefix(self, prefix: str) -> int:
         """How many keys start with ``prefix`` (two bisections of the sorted keys)."""
         keys = self._sorted_keys
         start = bisect.bisect_left(keys, prefix)
@@ -477,9 +392,6 @@ class KVState:
         if record is None or record.deadline <= self.clock():
             raise LeaseNotFoundError(f"Lease {lease_id:x} does not exist: it expired or was revoked.")
         return record
-
-    def _matches(self, key: str, expected: int | Absent) -> bool:
-        return revision_matches(self._kvs.get(key), expected)
 
     def _store(self, key: str, value: bytes, lease: int, revision: int) -> WatchEvent:
         old = self._kvs.get(key)

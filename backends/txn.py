@@ -24,7 +24,9 @@ from backends.api import NO_LEASE, KeyValue, RangeResult
 from backends.untrusted import quote
 
 __all__ = [
+    "MAX_TXN_DEPTH",
     "MAX_TXN_OPS",
+    "MAX_TXN_TOTAL_OPS",
     "Compare",
     "CompareOp",
     "Delete",
@@ -41,7 +43,18 @@ __all__ = [
 ]
 
 MAX_TXN_OPS = 128
-"""Most operations in one branch (etcd's default ``--max-txn-ops``); more is refused before sending."""
+"""Most operations in one branch, and most comparisons (etcd's default ``--max-txn-ops``);
+more is refused before sending."""
+
+MAX_TXN_DEPTH = 8
+"""Deepest nesting of transactions (the outer one is depth 1); deeper is refused before sending.
+
+etcd sets no such bound; ours keeps every backend's decoding of a peer's request bounded, and
+no recipe needs more than two levels."""
+
+MAX_TXN_TOTAL_OPS = 1024
+"""Most operations and comparisons in one transaction, nested ones included; more is refused
+before sending (etcd bounds the request's bytes instead; no recipe comes near this)."""
 
 
 class Target(enum.Enum):
@@ -220,17 +233,41 @@ Response = Union[PutResult, DeleteResult, RangeResult, TxnResult]
 def check_txn(txn: Txn, max_value_bytes: int) -> None:
     """Refuse, before sending, what etcd would refuse or what cannot be meant.
 
+    Every check is polynomial in the request's size, so a peer's request cannot make a
+    backend work exponentially (a branch of 128 nested transactions has 2**128 paths).
+
     Raises:
         ValueTooLargeError: a put's value exceeds ``max_value_bytes`` (checked in both branches).
-        TypeError: an operation or value of the wrong type.
-        ValueError: more than :data:`MAX_TXN_OPS` operations in a branch, or a branch that
-            writes one key twice (etcd's "duplicate key given in txn request").
+        TypeError: an operation, condition or value of the wrong type.
+        ValueError: more than :data:`MAX_TXN_OPS` operations in a branch or comparisons, more
+            than :data:`MAX_TXN_TOTAL_OPS` in all, nesting deeper than :data:`MAX_TXN_DEPTH`,
+            or a branch that may write one key twice (etcd's "duplicate key given in txn
+            request", judged as etcd does).
     """
+    total = _check_shape(txn, max_value_bytes, 1)
+    if total > MAX_TXN_TOTAL_OPS:
+        raise ValueError(f"A transaction has {total} operations and comparisons in all; at most "
+                         f"{MAX_TXN_TOTAL_OPS} are accepted.")
+    _branch_writes(txn.on_success)
+    _branch_writes(txn.on_failure)
+
+
+def _check_shape(txn: Txn, max_value_bytes: int, depth: int) -> int:
+    """Check types, sizes, counts and depth; return how many operations and comparisons in all."""
     from backends.errors import ValueTooLargeError
 
+    if depth > MAX_TXN_DEPTH:
+        raise ValueError(f"Transactions are nested {depth} deep; at most {MAX_TXN_DEPTH} levels are accepted.")
+    if len(txn.compares) > MAX_TXN_OPS:
+        raise ValueError(f"A transaction has {len(txn.compares)} comparisons; etcd accepts at most {MAX_TXN_OPS}.")
+    for compare in txn.compares:
+        if not isinstance(compare, Compare):
+            raise TypeError(f"A transaction condition must be a Compare, not {type(compare).__name__}.")
+    total = len(txn.compares)
     for branch in (txn.on_success, txn.on_failure):
         if len(branch) > MAX_TXN_OPS:
             raise ValueError(f"A transaction branch has {len(branch)} operations; etcd accepts at most {MAX_TXN_OPS}.")
+        total += len(branch)
         for op in branch:
             if isinstance(op, Put):
                 if not isinstance(op.value, (bytes, bytearray)):
@@ -239,36 +276,45 @@ def check_txn(txn: Txn, max_value_bytes: int) -> None:
                     raise ValueTooLargeError(f"The value for {quote(op.key)} has {len(op.value)} bytes; the backend "
                                              f"accepts at most {max_value_bytes}.")
             elif isinstance(op, Txn):
-                check_txn(op, max_value_bytes)
+                total += _check_shape(op, max_value_bytes, depth + 1)
+                if total > MAX_TXN_TOTAL_OPS:
+                    return total
             elif not isinstance(op, (Delete, Range)):
                 raise TypeError(f"A transaction operation must be Put, Delete, Range or Txn, not {type(op).__name__}.")
-        for paths in _write_paths(branch):
-            _refuse_duplicates(paths)
-    for compare in txn.compares:
-        if not isinstance(compare, Compare):
-            raise TypeError(f"A transaction condition must be a Compare, not {type(compare).__name__}.")
+    return total
 
 
-def _write_paths(branch: tuple[Operation, ...]) -> list[list[Put | Delete]]:
-    """Every sequence of writes one run of ``branch`` can make (one per choice of nested branches)."""
-    paths: list[list[Put | Delete]] = [[]]
+def _branch_writes(branch: tuple[Operation, ...]) -> tuple[set[str], list[Delete]]:
+    """The keys ``branch`` may put and the deletes it may run, refusing overlaps as etcd does.
+
+    etcd's ``checkIntervals``: the two branches of a nested transaction exclude each other, so
+    both may put one key; anything else that may run in one pass must not put a key twice, nor
+    put a key that a delete covers.
+    """
+    deletes = [op for op in branch if isinstance(op, Delete)]
+    puts: set[str] = set()
     for op in branch:
-        if isinstance(op, (Put, Delete)):
-            for path in paths:
-                path.append(op)
-        elif isinstance(op, Txn):
-            choices = _write_paths(op.on_success) + _write_paths(op.on_failure)
-            paths = [path + choice for path in paths for choice in choices]
-    return paths
+        if not isinstance(op, Txn):
+            continue
+        then_puts, then_deletes = _branch_writes(op.on_success)
+        else_puts, else_deletes = _branch_writes(op.on_failure)
+        for key in then_puts:
+            _refuse_put(key, key in puts, deletes)
+            puts.add(key)
+        for key in else_puts:
+            _refuse_put(key, key in puts and key not in then_puts, deletes)
+            puts.add(key)
+        deletes += then_deletes + else_deletes
+    for op in branch:
+        if isinstance(op, Put):
+            _refuse_put(op.key, op.key in puts, deletes)
+            puts.add(op.key)
+    return puts, deletes
 
 
-def _refuse_duplicates(writes: list[Put | Delete]) -> None:
-    puts = [op.key for op in writes if isinstance(op, Put)]
-    seen: set[str] = set()
-    for key in puts:
-        if key in seen:
-            raise ValueError(f"A transaction branch writes {quote(key)} twice; etcd refuses that.")
-        seen.add(key)
-    for op in writes:
-        if isinstance(op, Delete) and any(key == op.key or (op.prefix and key.startswith(op.key)) for key in puts):
-            raise ValueError(f"A transaction branch both puts and deletes {quote(op.key)}; etcd refuses that.")
+def _refuse_put(key: str, twice: bool, deletes: list[Delete]) -> None:
+    if twice:
+        raise ValueError(f"A transaction branch writes {quote(key)} twice; etcd refuses that.")
+    for op in deletes:
+        if key == op.key or (op.prefix and key.startswith(op.key)):
+            raise ValueError(f"A transaction branch both puts and deletes {quote(key)}; etcd refuses that.")

@@ -9,6 +9,10 @@ Measures, in one run and on loopback:
   cas16        16 threads racing conditional writes on one key: per-attempt latency and
                successful writes per second
   watch        put → watch event delivered to another client (torch has no watch: n/a)
+  join         the rendezvous join as one nested txn (guarded by the round's mod revision and
+               the closed key's absence: put my key, claim the closer if absent, count the
+               round's keys, read the state prefix); torch has no transaction: n/a
+  join16       16 threads joining at once with that txn: per-join latency, joins per second
 and prints p50 / p99 in milliseconds, ops/s, and the ratio of each p50 to TCPStore's.
 etcd is started from the local binary on free ports (or ETCD_ENDPOINTS when set).
 """
@@ -28,6 +32,7 @@ from typing import Callable
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from backends.api import ABSENT, KVBackend  # noqa: E402
+from backends.txn import Compare, Put, Range, Txn  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -82,7 +87,7 @@ def contended(attempt: Callable[[], bool], threads: int, per_thread: int) -> Mea
 
 # -- our backends ------------------------------------------------------------------------------
 def measure_kv(open_client: Callable[[], KVBackend], count: int) -> dict[str, Measurement]:
-    """All five measurements against a KVBackend; ``open_client`` opens a fresh client."""
+    """All seven measurements against a KVBackend; ``open_client`` opens a fresh client."""
     prefix = f"/bench/{uuid.uuid4().hex[:8]}/"
     results: dict[str, Measurement] = {}
     with open_client() as client:
@@ -104,8 +109,32 @@ def measure_kv(open_client: Callable[[], KVBackend], count: int) -> dict[str, Me
 
         results["cas16"] = contended(attempt, 16, max(count // 16, 10))
         results["watch"] = measure_watch(client, open_client, prefix + "watched/", max(count // 4, 50))
+        join = join_recipe(client, prefix)
+        results["join"] = timed(lambda i: join(i % 64), count)
+        slots = iter(range(1 << 30))
+        results["join16"] = contended(lambda: join(64 + next(slots) % 64), 16, max(count // 16, 10))
         client.delete_prefix(prefix)
     return results
+
+
+def join_recipe(client: KVBackend, prefix: str) -> Callable[[int], bool]:
+    """``join(slot)``: the rendezvous join txn for node ``slot`` of an open round under ``prefix``."""
+    state, nodes = prefix + "state/", prefix + "nodes/"
+    round_revision = client.put(state + "round", b"r" * 64)
+    lease = client.grant(60).id
+
+    def join(slot: int) -> bool:
+        claim = state + "closer"
+        return client.txn(Txn(
+            (Compare.mod_revision(state + "round", round_revision), Compare.absent(state + "closed")),
+            (Put(nodes + f"{slot:03d}", b"n" * 64, lease),
+             Txn((Compare.absent(claim),), (Put(claim, b"c", lease),), (Range(claim),)),
+             Range(nodes, prefix=True, count_only=True),
+             Range(state, prefix=True)),
+            (Range(state, prefix=True),),
+        )).succeeded
+
+    return join
 
 
 def measure_watch(writer: KVBackend, open_client: Callable[[], KVBackend], prefix: str, count: int) -> Measurement:
@@ -161,7 +190,7 @@ def measure_torch_store(count: int) -> dict[str, Measurement] | None:
 
 
 # -- report -------------------------------------------------------------------------------------
-OPERATIONS = ("get", "put", "cas", "cas16", "watch")
+OPERATIONS = ("get", "put", "cas", "cas16", "watch", "join", "join16")
 
 
 def report(columns: dict[str, dict[str, Measurement] | None]) -> None:

@@ -1,8 +1,7 @@
 """The etcd v3 backend: the :class:`~backends.api.KVBackend` contract over etcd's gRPC API.
 
-Conditional writes are single etcd transactions (compare the key's mod or create revision,
-put or delete on success, read the key on failure), so a :class:`~backends.api.WriteResult`
-always comes from one round trip and one revision. Reads report the header revision they were
+Transactions map one to one onto etcd's ``Txn`` (see :mod:`backends.etcd.txnconvert`), so a
+conditional write and its result come from one round trip and one revision. Reads report the header revision they were
 served at. Leases map to etcd leases (whole seconds), renewed on one persistent stream per endpoint (see
 :mod:`backends.etcd.keepalive`). Every watch of a client shares one Watch stream and resumes
 across restarts (see :mod:`backends.etcd.watch`). Errors are translated at this boundary (see
@@ -14,18 +13,12 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from typing import Any, Sequence
+from typing import Any
 
 from etcd3 import etcdrpc
 
 from backends.api import (
-    ABSENT,
     NO_LEASE,
-    Absent,
-    ClaimResult,
-    Guard,
-    GuardedClaimResult,
-    KeyValue,
     KVBackend,
     Lease,
     RangeResult,
@@ -38,11 +31,11 @@ from backends.etcd.config import EtcdConfig
 from backends.etcd.connection import EtcdConnection
 from backends.etcd.convert import encode_key, first_key_value, key_value, prefix_range_end
 from backends.etcd.keepalive import KeepAliveStreams
+from backends.etcd.txnconvert import txn_request, txn_result
 from backends.etcd.watch import WatchHub
+from backends.txn import Txn, TxnResult, check_txn
 
 log = logging.getLogger(__name__)
-
-_EQUAL = etcdrpc.Compare.EQUAL
 
 
 class EtcdBackend(KVBackend):
@@ -93,142 +86,27 @@ class EtcdBackend(KVBackend):
         response = self._call(f"put {key!r}", lambda c, o: c.kv.Put(request, **o.kwargs))
         return response.header.revision
 
-    def put_if(self, key: str, value: bytes, expected: int | Absent, *, lease: int = NO_LEASE) -> WriteResult:
-        """One transaction: compare, put on success (with the previous key), read the key on failure.
+    def txn(self, txn: Txn) -> TxnResult:
+        """One etcd ``Txn`` call, mapped one to one (see :mod:`backends.etcd.txnconvert`).
 
-        Never resent after an unknown outcome: a lost answer raises BackendTimeoutError or
-        BackendConnectionError, and the caller re-reads.
-
-        Raises:
-            ValueTooLargeError: ``value`` exceeds :attr:`max_value_bytes` (or etcd's request limit).
-            LeaseNotFoundError: ``lease`` does not exist.
-        """
-        return self._put_if(key, value, expected, lease, None)
-
-    def _put_if(self, key: str, value: bytes, expected: int | Absent, lease: int, also_delete: str | None) -> WriteResult:
-        raw = encode_key(key)
-        put = etcdrpc.PutRequest(key=raw, value=self._checked(key, value), lease=lease, prev_kv=True)
-        success = [etcdrpc.RequestOp(request_put=put)]
-        if also_delete is not None and also_delete != key:
-            success.append(etcdrpc.RequestOp(request_delete_range=etcdrpc.DeleteRangeRequest(key=encode_key(also_delete))))
-        request = etcdrpc.TxnRequest(
-            compare=[_revision_compare(raw, expected)],
-            success=success,
-            failure=[etcdrpc.RequestOp(request_range=etcdrpc.RangeRequest(key=raw))],
-        )
-        response = self._call(f"put_if {key!r}", lambda c, o: c.kv.Txn(request, **o.kwargs), resend_safe=False)
-        revision = response.header.revision
-        if not response.succeeded:
-            return WriteResult(False, revision, first_key_value(response.responses[0].response_range.kvs))
-        previous = response.responses[0].response_put.prev_kv
-        existed = previous.create_revision > 0
-        current = KeyValue(
-            key=key,
-            value=bytes(value),
-            create_revision=previous.create_revision if existed else revision,
-            mod_revision=revision,
-            version=previous.version + 1 if existed else 1,
-            lease=lease,
-        )
-        return WriteResult(True, revision, current)
-
-    def put_if_and_delete(
-        self, key: str, value: bytes, expected: int | Absent, delete_key: str, *, lease: int = NO_LEASE
-    ) -> WriteResult:
-        """:meth:`put_if` with a delete of ``delete_key`` in the success branch of the same transaction."""
-        return self._put_if(key, value, expected, lease, delete_key)
-
-    def put_and_claim(
-        self, key: str, value: bytes, claim_key: str, claim_value: bytes, *, lease: int = NO_LEASE,
-        count_prefix: str | None = None,
-    ) -> ClaimResult:
-        """One transaction: put ``key``; create ``claim_key`` if its create revision is 0, else read
-        it; with ``count_prefix``, count the keys under it (a count-only range, O(1) to send).
-
-        Never resent after an unknown outcome (as put_if).
+        A transaction that cannot write is resent after an unknown outcome; one that may write
+        is not: a lost answer raises BackendTimeoutError or BackendConnectionError, and the
+        caller re-reads.
 
         Raises:
-            ValueTooLargeError: a value exceeds :attr:`max_value_bytes`.
-            LeaseNotFoundError: ``lease`` does not exist.
+            ValueTooLargeError, TypeError, ValueError: refused before sending (:func:`check_txn`).
+            LeaseNotFoundError: a put on the branch that ran names a lease that does not exist.
         """
-        request = self._claim_txn(key, value, claim_key, claim_value, lease, count_prefix)
-        response = self._call(
-            f"put {key!r} and claim {claim_key!r}", lambda c, o: c.kv.Txn(request, **o.kwargs), resend_safe=False
-        )
-        return _claim_result(response, response.header.revision, claim_key, claim_value, lease, count_prefix)
-
-    def put_and_claim_if(
-        self, guards: Sequence[Guard], key: str, value: bytes, claim_key: str, claim_value: bytes, *,
-        lease: int = NO_LEASE, read_prefix: str, count_prefix: str | None = None,
-    ) -> GuardedClaimResult:
-        """One transaction: if the guards hold, the put-and-claim transaction (nested); then read ``read_prefix``.
-
-        Never resent after an unknown outcome (as put_if).
-
-        Raises:
-            ValueTooLargeError: a value exceeds :attr:`max_value_bytes`.
-            LeaseNotFoundError: ``lease`` does not exist.
-        """
-        raw_read = encode_key(read_prefix)
-        read = etcdrpc.RequestOp(request_range=etcdrpc.RangeRequest(key=raw_read, range_end=prefix_range_end(raw_read)))
-        claim = etcdrpc.RequestOp(request_txn=self._claim_txn(key, value, claim_key, claim_value, lease, count_prefix))
-        request = etcdrpc.TxnRequest(
-            compare=[_revision_compare(encode_key(guard_key), expected) for guard_key, expected in guards],
-            success=[claim, read],
-            failure=[read],
-        )
-        response = self._call(
-            f"put {key!r} and claim {claim_key!r} if {len(guards)} guards hold",
-            lambda c, o: c.kv.Txn(request, **o.kwargs), resend_safe=False,
-        )
-        revision = response.header.revision
-        ranged = response.responses[-1].response_range
-        read_result = RangeResult(revision=revision, kvs=tuple(key_value(kv) for kv in ranged.kvs))
-        if not response.succeeded:
-            return GuardedClaimResult(False, None, read_result)
-        claimed = _claim_result(response.responses[0].response_txn, revision, claim_key, claim_value, lease,
-                                count_prefix)
-        return GuardedClaimResult(True, claimed, read_result)
-
-    def _claim_txn(
-        self, key: str, value: bytes, claim_key: str, claim_value: bytes, lease: int, count_prefix: str | None
-    ) -> Any:
-        """Put ``key``; create ``claim_key`` if its create revision is 0, else read it; then count
-        the keys under ``count_prefix`` if given (the last response of either branch)."""
-        raw_claim = encode_key(claim_key)
-        put = etcdrpc.RequestOp(
-            request_put=etcdrpc.PutRequest(key=encode_key(key), value=self._checked(key, value), lease=lease)
-        )
-        claim = etcdrpc.PutRequest(key=raw_claim, value=self._checked(claim_key, claim_value), lease=lease)
-        counting = []
-        if count_prefix is not None:
-            raw_count = encode_key(count_prefix)
-            counting.append(etcdrpc.RequestOp(request_range=etcdrpc.RangeRequest(
-                key=raw_count, range_end=prefix_range_end(raw_count), count_only=True)))
-        return etcdrpc.TxnRequest(
-            compare=[_revision_compare(raw_claim, ABSENT)],
-            success=[put, etcdrpc.RequestOp(request_put=claim), *counting],
-            failure=[put, etcdrpc.RequestOp(request_range=etcdrpc.RangeRequest(key=raw_claim)), *counting],
-        )
+        check_txn(txn, self.max_value_bytes)
+        request = txn_request(txn)
+        response = self._call(f"txn of {len(txn.compares)} comparisons",
+                              lambda c, o: c.kv.Txn(request, **o.kwargs), resend_safe=not txn.writes)
+        return txn_result(txn, response, response.header.revision)
 
     def delete(self, key: str) -> WriteResult:
         request = etcdrpc.DeleteRangeRequest(key=encode_key(key))
         response = self._call(f"delete {key!r}", lambda c, o: c.kv.DeleteRange(request, **o.kwargs), resend_safe=False)
         return WriteResult(response.deleted > 0, response.header.revision, None)
-
-    def delete_if(self, key: str, expected: int) -> WriteResult:
-        """One transaction: compare the mod revision, delete on success, read the key on failure."""
-        raw = encode_key(key)
-        request = etcdrpc.TxnRequest(
-            compare=[_revision_compare(raw, expected)],
-            success=[etcdrpc.RequestOp(request_delete_range=etcdrpc.DeleteRangeRequest(key=raw))],
-            failure=[etcdrpc.RequestOp(request_range=etcdrpc.RangeRequest(key=raw))],
-        )
-        response = self._call(f"delete_if {key!r}", lambda c, o: c.kv.Txn(request, **o.kwargs), resend_safe=False)
-        revision = response.header.revision
-        if not response.succeeded:
-            return WriteResult(False, revision, first_key_value(response.responses[0].response_range.kvs))
-        return WriteResult(response.responses[0].response_delete_range.deleted > 0, revision, None)
 
     def delete_prefix(self, prefix: str) -> int:
         raw = encode_key(prefix)
@@ -322,26 +200,3 @@ class EtcdBackend(KVBackend):
                 f"{self.max_value_bytes}. Store large data elsewhere and keep a reference in etcd."
             )
         return bytes(value)
-
-
-def _claim_result(
-    response: Any, revision: int, claim_key: str, claim_value: bytes, lease: int, count_prefix: str | None
-) -> ClaimResult:
-    """The ClaimResult of a :meth:`EtcdBackend._claim_txn` response applied at ``revision``."""
-    count = int(response.responses[2].response_range.count) if count_prefix is not None else None
-    if response.succeeded:
-        return ClaimResult(revision, True, KeyValue(claim_key, bytes(claim_value), revision, revision, 1, lease), count)
-    holder = first_key_value(response.responses[1].response_range.kvs)
-    if holder is None:  # cannot happen: the comparison saw the claim at this revision
-        raise BackendError(f"etcd reported {claim_key!r} as held but returned no holder.")
-    return ClaimResult(revision, False, holder, count)
-
-
-def _revision_compare(raw_key: bytes, expected: int | Absent) -> Any:
-    """``create_revision == 0`` for ABSENT, else ``mod_revision == expected``."""
-    if expected is ABSENT:
-        return etcdrpc.Compare(key=raw_key, target=etcdrpc.Compare.CREATE, result=_EQUAL, create_revision=0)
-    if isinstance(expected, bool) or not isinstance(expected, int) or expected < 0:
-        raise ValueError(f"The expected mod revision ({expected!r}) must be ABSENT or a non-negative integer.")
-    return etcdrpc.Compare(key=raw_key, target=etcdrpc.Compare.MOD, result=_EQUAL, mod_revision=expected)
-

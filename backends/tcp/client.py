@@ -16,14 +16,10 @@ import threading
 import time
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 from backends.api import (
     NO_LEASE,
-    Absent,
-    ClaimResult,
-    Guard,
-    GuardedClaimResult,
     KVBackend,
     Lease,
     QueueWatch,
@@ -47,6 +43,8 @@ from backends.errors import (
 from backends.retry import RetryPolicy
 from backends.tcp.connection import Connection
 from backends.tcp.protocol import DEFAULT_MAX_FRAME_BYTES, DEFAULT_PORT, Frame, PayloadReader, error_from_wire
+from backends.tcp.txnwire import decode_result, encode_txn
+from backends.txn import Txn, TxnResult, check_txn
 
 __all__ = ["TcpStoreBackend", "TcpStoreConfig"]
 
@@ -159,56 +157,15 @@ class TcpStoreBackend(KVBackend):
         frame = self._request({"op": "put", "k": key, "l": lease}, (value,))
         return _decode(frame, lambda h, r: int(h["r"]))
 
-    def put_if(self, key: str, value: bytes, expected: int | Absent, *, lease: int = NO_LEASE) -> WriteResult:
-        self._check_value(key, value)
-        compare = None if isinstance(expected, Absent) else expected
-        frame = self._request({"op": "put_if", "k": key, "l": lease, "e": compare}, (value,))
-        return _decode(frame, _write_result)
-
-    def put_and_claim(
-        self, key: str, value: bytes, claim_key: str, claim_value: bytes, *, lease: int = NO_LEASE,
-        count_prefix: str | None = None,
-    ) -> ClaimResult:
-        self._check_value(key, value)
-        self._check_value(claim_key, claim_value)
-        header = {"op": "put_claim", "k": key, "ck": claim_key, "l": lease, "n": len(value)}
-        if count_prefix is not None:
-            header["cp"] = count_prefix
-        frame = self._request(header, (value, claim_value))
-        return _decode(frame, _claim_result)
-
-    def put_if_and_delete(
-        self, key: str, value: bytes, expected: int | Absent, delete_key: str, *, lease: int = NO_LEASE
-    ) -> WriteResult:
-        self._check_value(key, value)
-        compare = None if isinstance(expected, Absent) else expected
-        frame = self._request({"op": "put_if", "k": key, "l": lease, "e": compare, "d": delete_key}, (value,))
-        return _decode(frame, _write_result)
-
-    def put_and_claim_if(
-        self, guards: Sequence[Guard], key: str, value: bytes, claim_key: str, claim_value: bytes, *,
-        lease: int = NO_LEASE, read_prefix: str, count_prefix: str | None = None,
-    ) -> GuardedClaimResult:
-        self._check_value(key, value)
-        self._check_value(claim_key, claim_value)
-        wire_guards = [[guard_key, None if isinstance(expected, Absent) else expected] for guard_key, expected in guards]
-        header = {"op": "put_claim", "k": key, "ck": claim_key, "l": lease, "n": len(value), "g": wire_guards,
-                  "rp": read_prefix}
-        if count_prefix is not None:
-            header["cp"] = count_prefix
-        frame = self._request(header, (value, claim_value))
-
-        def build(h: dict[str, Any], r: PayloadReader) -> GuardedClaimResult:
-            claim = _claim_result(h, r) if h["a"] else None
-            return GuardedClaimResult(bool(h["a"]), claim, RangeResult(int(h["rr"]), tuple(r.kv(item) for item in h["kvs"])))
-
-        return _decode(frame, build)
+    def txn(self, txn: Txn) -> TxnResult:
+        """One ``txn`` request, run by the store under its lock (see :mod:`backends.tcp.txnwire`)."""
+        check_txn(txn, self.max_value_bytes)
+        parts: list[bytes] = []
+        frame = self._request({"op": "txn", "t": encode_txn(txn, parts)}, tuple(parts))
+        return decode_result(frame.header, frame.payload)
 
     def delete(self, key: str) -> WriteResult:
         return _decode(self._request({"op": "del", "k": key}), _write_result)
-
-    def delete_if(self, key: str, expected: int) -> WriteResult:
-        return _decode(self._request({"op": "del_if", "k": key, "e": expected}), _write_result)
 
     def delete_prefix(self, prefix: str) -> int:
         return _decode(self._request({"op": "del_prefix", "p": prefix}), lambda h, r: int(h["n"]))
@@ -437,12 +394,6 @@ class TcpStoreBackend(KVBackend):
         for live in lives:
             log.warning("elastic-store client %s: watch on %r failed: %s", self.config.address, live.prefix, error)
             self._end_watch(live, error)
-
-
-def _claim_result(header: dict[str, Any], reader: PayloadReader) -> ClaimResult:
-    count = header.get("cnt")
-    return ClaimResult(int(header["r"]), bool(header["c"]), reader.kv(header["kv"]),
-                       None if count is None else int(count))
 
 
 def _write_result(header: dict[str, Any], reader: PayloadReader) -> WriteResult:

@@ -52,5 +52,6 @@ class StoreLimits:
             )
 
     def request_frame_bytes(self, max_value_bytes: int) -> int:
-        """Largest request frame (after its length prefix): a header and two values (a put-and-claim)."""
+        """Largest request frame (after its length prefix): a header and two values' worth of payload
+        (what one transaction's values may add up to)."""
         return 4 + self.max_header_bytes + 2 * max_value_bytes

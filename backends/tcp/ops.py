@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from typing import Any, Callable, NamedTuple, Sequence
 
-from backends.api import ABSENT, ClaimResult, WatchEvent, WriteResult
-from backends.errors import ProtocolError
+from backends.api import WatchEvent, WriteResult
+from backends.errors import LimitExceededError, ProtocolError
 from backends.kvstate import KVState
-from backends.tcp.protocol import kv_to_wire
+from backends.tcp.protocol import DEFAULT_MAX_FRAME_BYTES, error_to_wire, kv_to_wire
+from backends.tcp.txnwire import decode_txn, encode_result
+from backends.txn import Put, Range, Txn
 
 __all__ = ["LEASE_OPS", "Reply", "apply_request"]
 
@@ -28,6 +30,13 @@ class Reply(NamedTuple):
 
 LEASE_OPS = frozenset({"grant", "keepalive", "revoke"})
 """Ops after which the server must reschedule its lease-expiry timer."""
+
+TXN_REPLY_BYTES = DEFAULT_MAX_FRAME_BYTES // 2
+"""Most bytes of keys and values one txn reply carries (many reads of the same keys add up)."""
+
+TXN_REPLY_KEYS = TXN_REPLY_BYTES // 64
+"""Most keys one txn's ranges may return (each costs the reply at least 64 bytes): a request
+whose ranges could return more is refused before it runs."""
 
 
 def apply_request(state: KVState, op: str, header: dict[str, Any], payload: bytes) -> Reply:
@@ -83,70 +92,41 @@ def _put(state: KVState, header: dict[str, Any], payload: bytes) -> Reply:
     return Reply({"r": outcome.result.revision}, (), outcome.events)
 
 
-def _put_if(state: KVState, header: dict[str, Any], payload: bytes) -> Reply:
-    expected = header.get("e")
-    expected = ABSENT if expected is None else field(header, "e", int)
-    if "d" in header:
-        outcome = state.put_if_and_delete(field(header, "k", str), payload, expected, field(header, "d", str),
-                                          field(header, "l", int, 0))
-        return _write_reply(outcome.result, outcome.events)
-    outcome = state.put_if(field(header, "k", str), payload, expected, field(header, "l", int, 0))
-    return _write_reply(outcome.result, outcome.events)
-
-
-def _put_claim(state: KVState, header: dict[str, Any], payload: bytes) -> Reply:
-    split = field(header, "n", int)
-    if not 0 <= split <= len(payload):
-        raise ProtocolError(f"The request's value length ({split}) exceeds its payload ({len(payload)} bytes).")
-    if "g" in header:
-        return _put_claim_if(state, header, payload, split)
-    outcome = state.put_and_claim(
-        field(header, "k", str), payload[:split], field(header, "ck", str), payload[split:], field(header, "l", int, 0),
-        _count_prefix(header),
-    )
+def _txn(state: KVState, header: dict[str, Any], payload: bytes) -> Reply:
+    txn = decode_txn(header.get("t"), payload)
+    if _most_keys_read(state, txn) > TXN_REPLY_KEYS:
+        raise LimitExceededError(f"The transaction's ranges could return more than {TXN_REPLY_KEYS} keys, more "
+                                 "than one reply carries; nothing was run. Read less in one transaction "
+                                 "(split it, or use count_only ranges).")
+    outcome = state.txn(txn)
     parts: list[bytes] = []
-    return Reply(_claim_fields(outcome.result, parts), parts, outcome.events)
+    try:
+        return Reply(encode_result(outcome.result, parts, TXN_REPLY_BYTES), parts, outcome.events)
+    except LimitExceededError as error:  # the writes applied: say so, and still tell the watchers
+        applied = f" Its writes applied at revision {outcome.result.revision}." if outcome.events else ""
+        return Reply(error_to_wire(LimitExceededError(f"{error}{applied}")), (), outcome.events)
 
 
-def _count_prefix(header: dict[str, Any]) -> str | None:
-    return field(header, "cp", str) if "cp" in header else None
-
-
-def _claim_fields(claim: ClaimResult, parts: list[bytes]) -> dict[str, Any]:
-    """The reply fields of a put-and-claim: revision, claimed, holder and (if asked) the count."""
-    fields: dict[str, Any] = {"r": claim.revision, "c": claim.claimed, "kv": kv_to_wire(claim.holder, parts)}
-    if claim.count is not None:
-        fields["cnt"] = claim.count
-    return fields
-
-
-def _put_claim_if(state: KVState, header: dict[str, Any], payload: bytes, split: int) -> Reply:
-    guards = []
-    for item in field(header, "g", list):
-        if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str)
-                and (item[1] is None or (type(item[1]) is int))):
-            raise ProtocolError(f"A guard must be [key, mod revision or null], not {item!r}.")
-        guards.append((item[0], ABSENT if item[1] is None else item[1]))
-    outcome = state.put_and_claim_if(
-        guards, field(header, "k", str), payload[:split], field(header, "ck", str), payload[split:],
-        field(header, "l", int, 0), field(header, "rp", str), _count_prefix(header),
-    )
-    result = outcome.result
-    parts: list[bytes] = []
-    reply: dict[str, Any] = {"a": result.applied}
-    if result.claim is not None:
-        reply.update(_claim_fields(result.claim, parts))
-    reply.update(rr=result.read.revision, kvs=[kv_to_wire(kv, parts) for kv in result.read.kvs])
-    return Reply(reply, parts, outcome.events)
+def _most_keys_read(state: KVState, txn: Txn) -> int:
+    """An upper bound on the keys ``txn``'s ranges return, whichever branches run: what each
+    range matches now, plus every put of the transaction (a range sees earlier writes)."""
+    ranges: list[Range] = []
+    puts = 0
+    pending = [txn]
+    while pending:
+        current = pending.pop()
+        for op in current.on_success + current.on_failure:
+            if isinstance(op, Range) and not op.count_only:
+                ranges.append(op)
+            elif isinstance(op, Put):
+                puts += 1
+            elif isinstance(op, Txn):
+                pending.append(op)
+    return sum((state.count_prefix(op.key) if op.prefix else 1) + puts for op in ranges)
 
 
 def _delete(state: KVState, header: dict[str, Any], payload: bytes) -> Reply:
     outcome = state.delete(field(header, "k", str))
-    return _write_reply(outcome.result, outcome.events)
-
-
-def _delete_if(state: KVState, header: dict[str, Any], payload: bytes) -> Reply:
-    outcome = state.delete_if(field(header, "k", str), field(header, "e", int))
     return _write_reply(outcome.result, outcome.events)
 
 
@@ -178,10 +158,8 @@ _HANDLERS: dict[str, Callable[[KVState, dict[str, Any], bytes], Reply]] = {
     "get": _get,
     "range": _range,
     "put": _put,
-    "put_if": _put_if,
-    "put_claim": _put_claim,
+    "txn": _txn,
     "del": _delete,
-    "del_if": _delete_if,
     "del_prefix": _delete_prefix,
     "grant": _grant,
     "keepalive": _keepalive,

@@ -33,7 +33,10 @@ from backends.errors import (
 )
 from backends.untrusted import quote
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
+"""Version 2 runs conditional writes as one ``txn`` op (:mod:`backends.tcp.txnwire`); version 1's
+``put_if``, ``del_if`` and ``put_claim`` are gone, so peers of different versions refuse each other
+in the handshake rather than failing at the first write."""
 MAGIC = b"ESTORE1\n"
 DEFAULT_PORT = 29400
 DEFAULT_MAX_FRAME_BYTES = 64 * 1024 * 1024

@@ -4,9 +4,10 @@ import random
 
 import pytest
 
-from backends.api import ABSENT, EventType
+from backends.api import EventType
 from backends.errors import CompactedError, LeaseNotFoundError, ValueTooLargeError
 from backends.kvstate import KVState
+from backends.txn import Compare, Delete, Put, Range, Txn
 
 
 class FakeClock:
@@ -67,8 +68,8 @@ def test_a_value_over_the_limit_is_refused_and_nothing_changes():
     state = KVState(max_value_bytes=4)
     with pytest.raises(ValueTooLargeError):
         state.put("k", b"12345")
-    with pytest.raises(ValueTooLargeError):
-        state.put_if("k", b"12345", 99)
+    with pytest.raises(ValueTooLargeError):  # checked in the branch that would not run, too
+        state.txn(Txn((Compare.absent("k"),), (), (Put("k", b"12345"),)))
     assert state.revision == 1 and state.get("k").kv is None
     assert state.put("k", b"1234").result.applied
 
@@ -79,43 +80,41 @@ def test_non_positive_limits_are_rejected(kwargs):
         KVState(**kwargs)
 
 
-# -- conditional writes ----------------------------------------------------------------------
-def test_put_if_absent_creates_once_and_reports_the_current_key_when_refused(state):
-    created = state.put_if("k", b"first", ABSENT)
-    refused = state.put_if("k", b"second", ABSENT)
-    assert created.result.applied and created.result.current.value == b"first"
-    assert not refused.result.applied and refused.result.current == created.result.current
-    assert refused.events == () and state.revision == created.result.revision
+# -- transactions ----------------------------------------------------------------------------
+def test_a_txn_that_writes_bumps_the_revision_once_and_emits_its_events_in_order(state):
+    state.put("gone", b"x")
+    outcome = state.txn(Txn((Compare.absent("k"),), (Put("k", b"1"), Delete("gone"), Put("j", b"2"))))
+    assert outcome.result.succeeded and outcome.result.revision == state.revision == 3
+    assert kinds(outcome.events) == [(EventType.PUT, "k", 3), (EventType.DELETE, "gone", 3), (EventType.PUT, "j", 3)]
 
 
-def test_put_if_applies_only_on_the_expected_mod_revision(state):
+def test_a_txn_that_writes_nothing_keeps_the_revision_and_emits_nothing(state):
     revision = state.put("k", b"1").result.revision
-    assert not state.put_if("k", b"x", revision - 1).result.applied
-    updated = state.put_if("k", b"2", revision).result
-    assert updated.applied and updated.current.value == b"2" and updated.current.version == 2
+    refused = state.txn(Txn((Compare.absent("k"),), (Put("k", b"2"),), (Range("k"), Delete("missing"))))
+    assert not refused.result.succeeded and refused.events == () and state.revision == revision
+    assert refused.result.revision == refused.result.responses[0].revision == revision
+
+
+def test_a_txn_checks_leases_only_on_the_path_it_takes(state):
+    state.put("k", b"1")
+    assert not state.txn(Txn((Compare.absent("k"),), (Put("k", b"2", 12345),))).result.succeeded
+    with pytest.raises(LeaseNotFoundError):
+        state.txn(Txn((Compare.exists("k"),), (Put("j", b"2"), Txn((), (Put("i", b"3", 12345),)))))
+    assert state.get("j").kv is None and state.revision == 2
+
+
+def test_delete_reports_whether_it_applied_and_bumps_the_revision_only_when_it_does(state):
+    revision = state.put("k", b"v").result.revision
+    removed = state.delete("k")
+    assert removed.result.applied and kinds(removed.events) == [(EventType.DELETE, "k", revision + 1)]
+    missing = state.delete("k")
+    assert not missing.result.applied and missing.events == () and state.revision == revision + 1
 
 
 def test_put_if_with_expected_zero_means_absent_like_etcd(state):
-    assert state.put_if("k", b"1", 0).result.applied
-    assert not state.put_if("k", b"2", 0).result.applied
+    assert state.txn(Txn((Compare.mod_revision("k", 0),), (Put("k", b"1"),))).result.succeeded
+    assert not state.txn(Txn((Compare.mod_revision("k", 0),), (Put("k", b"2"),))).result.succeeded
 
-
-def test_put_if_checks_the_lease_only_when_the_comparison_succeeds(state):
-    state.put("k", b"1")
-    assert not state.put_if("k", b"2", ABSENT, lease=12345).result.applied
-    with pytest.raises(LeaseNotFoundError):
-        state.put_if("new", b"2", ABSENT, lease=12345)
-
-
-def test_delete_and_delete_if_report_whether_they_applied_and_bump_only_when_they_do(state):
-    revision = state.put("k", b"v").result.revision
-    refused = state.delete_if("k", revision - 1)
-    assert not refused.result.applied and refused.result.current.value == b"v"
-    removed = state.delete_if("k", revision)
-    assert removed.result.applied and removed.result.current is None
-    assert kinds(removed.events) == [(EventType.DELETE, "k", revision + 1)]
-    missing = state.delete("k")
-    assert not missing.result.applied and missing.events == () and state.revision == revision + 1
 
 
 def test_delete_prefix_removes_all_keys_in_one_revision(state):
@@ -281,22 +280,9 @@ def test_keys_over_the_key_limit_are_refused_and_name_the_limit(clock):
     with pytest.raises(ValueTooLargeError, match="at most 8 bytes"):
         state.put("é" * 5, b"v")  # 5 characters, 10 bytes
     with pytest.raises(ValueTooLargeError):
-        state.put_and_claim("k", b"v", "c" * 9, b"v")
+        state.txn(Txn((), (), (Put("c" * 9, b"v"),)))
 
 
 def test_a_start_revision_below_one_is_rejected(state):
     with pytest.raises(ValueError):
         state.events_since("", 0)
-
-
-def test_put_and_claim_writes_both_keys_at_one_revision_and_emits_both_events(state):
-    lease = state.grant(10)
-    outcome = state.put_and_claim("n/a", b"a", "claim", b"by-a", lease.id)
-    assert outcome.result.claimed and outcome.result.revision == state.revision == 2
-    assert kinds(outcome.events) == [(EventType.PUT, "n/a", 2), (EventType.PUT, "claim", 2)]
-    again = state.put_and_claim("n/b", b"b", "claim", b"by-b")
-    assert not again.result.claimed and again.result.holder.value == b"by-a"
-    assert kinds(again.events) == [(EventType.PUT, "n/b", 3)]
-    assert {key for key in ("n/a", "claim")} <= set(kv.key for kv in state.get_prefix("").kvs)
-    state.revoke(lease.id)
-    assert state.get("claim").kv is None and state.get("n/b").kv is not None

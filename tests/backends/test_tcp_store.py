@@ -26,7 +26,7 @@ from backends.errors import (
     ValueTooLargeError,
 )
 from backends.tcp.client import TcpStoreBackend, TcpStoreConfig
-from backends.tcp.protocol import MAGIC, FrameDecoder, encode_frame
+from backends.tcp.protocol import MAGIC, PROTOCOL_VERSION, FrameDecoder, encode_frame
 from backends.tcp.server import start_server
 from elastic.testing.contract import collect_events
 from elastic.testing.tcp_store import TcpStoreHarness
@@ -55,7 +55,7 @@ def prefix():
 def raw_connection(harness, token=None, handshake=True):
     sock = socket.create_connection(("127.0.0.1", harness.port), timeout=5)
     if handshake:
-        sock.sendall(MAGIC + encode_frame({"v": 1, "token": harness.token if token is None else token}))
+        sock.sendall(MAGIC + encode_frame({"v": PROTOCOL_VERSION, "token": harness.token if token is None else token}))
         assert sock.recv(len(MAGIC), socket.MSG_WAITALL) == MAGIC
         decoder = FrameDecoder()
         while not decoder.feed(sock.recv(65536)):
@@ -119,7 +119,7 @@ def test_garbage_after_the_handshake_drops_only_that_connection(harness, prefix,
 
 
 def test_half_frames_then_disconnects_do_not_hurt_the_server(harness, prefix):
-    hello = MAGIC + encode_frame({"v": 1, "token": harness.token})
+    hello = MAGIC + encode_frame({"v": PROTOCOL_VERSION, "token": harness.token})
     raw_connection(harness, handshake=False).sendall(hello[: len(hello) // 2])
     sock = raw_connection(harness)
     request = encode_frame({"op": "put", "k": prefix + "half", "i": 1}, (b"x" * 1000,))
@@ -421,3 +421,19 @@ def test_a_request_over_the_frame_limit_is_refused_before_sending_and_the_connec
             assert client.put(prefix + "small", b"v") > 0
     finally:
         harness.close()
+
+
+def test_a_peer_of_protocol_version_1_is_refused_in_the_handshake_naming_both_versions(harness):
+    """Version 1's put_if / put_claim ops are gone: an old client learns it at connect, not at its first write."""
+    sock = raw_connection(harness, handshake=False)
+    sock.sendall(MAGIC + encode_frame({"v": 1, "token": harness.token}))
+    assert sock.recv(len(MAGIC), socket.MSG_WAITALL) == MAGIC
+    decoder = FrameDecoder()
+    frames = []
+    while not frames:
+        chunk = sock.recv(65536)
+        assert chunk, "the store hung up without saying why"
+        frames = decoder.feed(chunk)
+    sock.close()
+    assert frames[0].header["err"] == "version"
+    assert f"version {PROTOCOL_VERSION}, the client 1" in frames[0].header["msg"]

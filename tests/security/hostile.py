@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from backends.tcp.protocol import MAGIC, FrameDecoder, encode_frame
+from backends.tcp.protocol import MAGIC, PROTOCOL_VERSION, FrameDecoder, encode_frame
 
 REPO = Path(__file__).resolve().parents[2]
 NESTED = b"[" * 50_000 + b"]" * 50_000
@@ -25,7 +25,7 @@ def raw_socket(port: int, *, timeout: float = 5.0) -> socket.socket:
 def handshake(port: int, token: str | None = None, **fields: object) -> socket.socket:
     """A raw socket past the store's handshake (fails the test if the store refuses it)."""
     sock = raw_socket(port)
-    sock.sendall(MAGIC + encode_frame({"v": 1, "token": token, **fields}))
+    sock.sendall(MAGIC + encode_frame({"v": PROTOCOL_VERSION, "token": token, **fields}))
     assert sock.recv(len(MAGIC), socket.MSG_WAITALL) == MAGIC
     decoder = FrameDecoder()
     frames = []

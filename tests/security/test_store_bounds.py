@@ -8,6 +8,7 @@ error it can read.
 
 from __future__ import annotations
 
+import json
 import resource
 import secrets
 import socket
@@ -17,7 +18,7 @@ import pytest
 
 from backends.errors import BackendConnectionError, LimitExceededError, ValueTooLargeError
 from backends.tcp.client import TcpStoreBackend, TcpStoreConfig
-from backends.tcp.protocol import FrameDecoder, encode_frame
+from backends.tcp.protocol import PROTOCOL_VERSION, FrameDecoder, encode_frame
 from hostile import StoreProcess, closed_by_peer, handshake, raw_socket, wait_until
 
 MiB = 1024 * 1024
@@ -200,7 +201,7 @@ def test_a_watcher_that_never_reads_is_dropped_before_its_queue_grows_large(toke
         slow = socket.socket()
         slow.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
         slow.connect(("127.0.0.1", store.port))
-        slow.sendall(b"ESTORE1\n" + encode_frame({"v": 1, "token": token_file.read_text()}))
+        slow.sendall(b"ESTORE1\n" + encode_frame({"v": PROTOCOL_VERSION, "token": token_file.read_text()}))
         slow.sendall(encode_frame({"i": 1, "op": "watch", "p": "/flood/"}))
         with client(store, token_file) as writer:
             before = store.rss_bytes()
@@ -237,3 +238,46 @@ def test_a_client_request_over_the_header_limit_fails_with_the_stores_reason_and
             assert store.put("/after", b"1") > 1  # reconnected
     finally:
         harness.close()
+
+
+def _txn_replies(sock: socket.socket, requests: list[tuple[dict, bytes]]) -> list:
+    """Send each txn request (header ``t`` field, payload) on ``sock``; return the replies in order."""
+    for number, (item, payload) in enumerate(requests, 1):
+        head = json.dumps({"i": number, "op": "txn", "t": item}).encode()
+        sock.sendall(struct.pack("!II", 4 + len(head) + len(payload), len(head)) + head + payload)
+    decoder = FrameDecoder()
+    replies: list = []
+    sock.settimeout(20)
+    while len(replies) < len(requests):
+        chunk = sock.recv(65536)
+        assert chunk, "the store hung up"
+        replies.extend(decoder.feed(chunk))
+    return replies
+
+
+def test_hostile_transactions_get_one_clear_error_each_and_cost_the_store_nothing(token_file):
+    deep: dict = {"s": [["r", "/k", False, False]]}
+    for _ in range(100):  # nested far beyond the limit, within what JSON decodes
+        deep = {"s": [["t", deep]]}
+    both_branches = {"s": [["p", "/dup", 0, 0]], "f": [["p", "/dup", 0, 0]]}
+    paths = {"s": [["t", both_branches]] * 128}  # 2**128 write paths if each were walked
+    wide = {"s": [["t", {"s": [["d", "/k", True]] * 128}]] * 9}
+    requests = [
+        (deep, b""),
+        (wide, b""),
+        (paths, b""),
+        ({"s": [["p", "/k", 0, 10]]}, b"short"),
+        ({"s": [["p", "/k", 0, 1]]}, b"too long"),
+        ({"c": [["/k", "c", "==", 0]], "s": [["p", "/ok", 0, 2]]}, b"ok"),
+    ]
+    with StoreProcess(token_file=token_file) as store:
+        sock = handshake(store.port, token_file.read_text())
+        replies = [frame.header for frame in _txn_replies(sock, requests)]
+        sock.close()
+        assert store.alive()
+        with client(store, token_file) as reader:
+            assert reader.get("/ok").kv.value == b"ok" and reader.get_prefix("/dup").kvs == ()
+    assert [reply.get("err") for reply in replies] == ["protocol", "protocol", "invalid", "protocol", "protocol", None]
+    assert "more than 8 deep" in replies[0]["msg"] and "1024" in replies[1]["msg"]
+    assert "twice" in replies[2]["msg"] and "payload" in replies[3]["msg"] and "carries 8" in replies[4]["msg"]
+    assert replies[5]["ok"] is True
