@@ -76,10 +76,18 @@ class InMemoryStore:
         for _, watch in watches:
             watch.fail(BackendConnectionError("The in-memory store was stopped (fault injection)."))
 
-    def start(self) -> None:
-        """Make the store reachable again, with its data intact."""
+    def start(self, *, renew_leases: bool = False) -> None:
+        """Make the store reachable again, with its data intact.
+
+        By default leases whose TTL passed meanwhile expire at once (the store's clock ran on,
+        as for a client cut off from a healthy etcd). ``renew_leases`` gives every lease its
+        full TTL again instead, as a new etcd leader does after a quorum loss.
+        """
         with self._lock:
+            if renew_leases:
+                self.state.renew_all_leases()
             self._available = True
+            self._lock.notify_all()
 
     def expire_lease(self, lease_id: int) -> None:
         """Expire ``lease_id`` now, as if its TTL had passed (its keys are deleted, watchers told)."""

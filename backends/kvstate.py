@@ -282,6 +282,13 @@ class KVState:
         heapq.heappush(self._expiry_heap, (record.deadline, lease_id))
         return record.ttl
 
+    def renew_all_leases(self) -> None:
+        """Give every live lease its full TTL from now (what a new etcd leader does on election)."""
+        now = self.clock()
+        for record in self._leases.values():
+            record.deadline = now + record.ttl
+            heapq.heappush(self._expiry_heap, (record.deadline, record.id))
+
     def revoke(self, lease_id: int) -> Outcome[bool]:
         """Drop the lease and delete its keys in one revision.
 

@@ -13,6 +13,7 @@ renewal; a process that hosts many sessions (tests, benchmarks, a store's own cl
 from __future__ import annotations
 
 import heapq
+import math
 import itertools
 import logging
 import threading
@@ -26,6 +27,9 @@ if TYPE_CHECKING:
     from backends.api import KVBackend
 
 log = logging.getLogger(__name__)
+
+OUTAGE_LOG_INTERVAL = 5.0
+"""Seconds between two warnings about the same store outage."""
 
 
 class KeepAliveScheduler:
@@ -98,10 +102,17 @@ class Session:
     """One lease kept alive in the background until closed or lost.
 
     The lease is renewed every ``keepalive_interval`` seconds (default TTL / 3) by the
-    backend's :class:`KeepAliveScheduler` (or ``scheduler``). The session is *lost* when the
-    server says the lease is gone, or when no keepalive has succeeded for a full TTL (by then
-    the server has expired it). Loss is reported once: :attr:`lost` is set and every callback
-    registered with :meth:`on_lost` runs on the keepalive thread.
+    backend's :class:`KeepAliveScheduler` (or ``scheduler``). The session is *lost* only on the
+    server's word: a keepalive answered "lease not found" (it expired or was revoked). A server
+    that cannot be reached is an *outage*, not a loss (DESIGN §3.10): a leaderless etcd expires
+    no lease and a new leader extends them all, so the session keeps retrying, logs the
+    outage's age every :data:`OUTAGE_LOG_INTERVAL` seconds and reports it in :attr:`outage`;
+    whoever owns the session decides how long to go on blind. Loss is reported once:
+    :attr:`lost` is set and every callback registered with :meth:`on_lost` runs on the
+    keepalive thread.
+
+    ``outage_limit``: after an outage this long, the callbacks of :meth:`on_outage_limit` run
+    once (the owner stops training blind); the session itself stays alive.
 
     Raises (from the constructor):
         ValueError: ``ttl`` or ``keepalive_interval`` is not positive.
@@ -117,6 +128,7 @@ class Session:
         clock: Callable[[], float] = time.monotonic,
         name: str = "",
         scheduler: KeepAliveScheduler | None = None,
+        outage_limit: float = math.inf,
     ) -> None:
         if ttl <= 0:
             raise ValueError(f"The session TTL ({ttl}) must be positive.")
@@ -137,6 +149,11 @@ class Session:
         self._callbacks_lock = threading.Lock()
         self._renewing = threading.RLock()  # held while a renewal runs, so close() can wait it out
         self._last_renewal = clock()
+        self._failing_since: float | None = None  # last success before the current run of failures
+        self.outage_limit = outage_limit
+        self._outage_callbacks: list[Callable[[float], None]] = []
+        self._outage_reported = False
+        self._outage_logged = 0.0  # when the outage was last logged
         self._scheduler = scheduler if scheduler is not None else scheduler_for(backend)
         self._scheduler.add(self)
 
@@ -144,6 +161,17 @@ class Session:
     def alive(self) -> bool:
         """True while the lease is believed held (not lost and not closed)."""
         return not self.lost.is_set() and not self._closed.is_set()
+
+    @property
+    def outage(self) -> float:
+        """Seconds since the last successful keepalive while renewals fail; 0.0 when the server answers."""
+        since = self._failing_since
+        return 0.0 if since is None or not self.alive else max(self._clock() - since, 0.0)
+
+    def on_outage_limit(self, callback: Callable[[float], None]) -> None:
+        """Call ``callback(seconds)`` once per outage that reaches :attr:`outage_limit` (on the keepalive thread)."""
+        with self._callbacks_lock:
+            self._outage_callbacks.append(callback)
 
     def on_lost(self, callback: Callable[[str], None]) -> None:
         """Call ``callback(reason)`` once when the session is lost (at once if it already is)."""
@@ -184,23 +212,44 @@ class Session:
                 return False
             try:
                 self._backend.keepalive(self.lease_id)
-                self._last_renewal = self._clock()
-                return True
             except LeaseNotFoundError:
                 self._mark_lost("the server says the lease expired or was revoked")
                 return False
             except BackendClosedError:
                 return False
             except BackendError as error:
-                silent_for = self._clock() - self._last_renewal
-                if silent_for >= self.ttl:
-                    self._mark_lost(f"no keepalive succeeded for {silent_for:.1f}s (TTL {self.ttl}s): {error}")
-                    return False
-                log.warning(
-                    "Session %s: keepalive of lease %x failed (%s); retrying, %.1fs of TTL left",
-                    self._name, self.lease_id, error, self.ttl - silent_for,
-                )
+                self._note_failure(error)
                 return True
+            now = self._clock()
+            if self._failing_since is not None:
+                log.warning("Session %s: the store answers again after %.1fs; lease %x is still held",
+                            self._name, now - self._failing_since, self.lease_id)
+                self._failing_since = None
+                self._outage_reported = False
+            self._last_renewal = now
+            return True
+
+    def _note_failure(self, error: BackendError) -> None:
+        """A renewal that did not reach the server: an outage, logged now and then, never a loss."""
+        now = self._clock()
+        if self._failing_since is None:
+            self._failing_since = self._last_renewal
+            self._outage_logged = -math.inf
+        if now - self._outage_logged >= OUTAGE_LOG_INTERVAL:
+            self._outage_logged = now
+            log.warning("Session %s: the store has not answered a keepalive of lease %x for %.1fs (%s); the lease "
+                        "holds until the server says otherwise, retrying", self._name, self.lease_id,
+                        now - self._failing_since, error)
+        age = now - self._failing_since
+        if age >= self.outage_limit and not self._outage_reported:
+            self._outage_reported = True
+            with self._callbacks_lock:
+                callbacks = list(self._outage_callbacks)
+            for callback in callbacks:
+                try:
+                    callback(age)
+                except Exception:  # a callback's bug must not kill the keepalive thread silently
+                    log.exception("Session %s: outage callback failed", self._name)
 
     def _mark_lost(self, reason: str) -> None:
         if self._closed.is_set():

@@ -17,9 +17,10 @@ and a node's ``next_rendezvous`` returns once it has also opened the round's age
 
 Measured per repetition: the time from the first node's ``next_rendezvous`` call to the last
 one's return, the CPU seconds the worker processes and the server spent meanwhile (where the
-time goes on a loaded machine), and the backend writes per node (ours: ``handler.backend_writes``: lease grant,
-join put, the closer's compare-and-swap; torch: calls of its backend's ``set_state``, i.e. its
-compare-and-set attempts including heartbeats). The table shows the median over repetitions,
+time goes on a loaded machine), and the backend writes per node (ours: counted by a
+:class:`~backends.counting.CountingBackend` around each node's backend: the lease grant, the join
+transaction, the closer's close transaction; torch: calls of its backend's ``set_state``, i.e.
+its compare-and-set attempts including heartbeats). The table shows the median over repetitions,
 the writes per node (mean and max) and torch's median divided by ours.
 
 Torch gets a per-N budget (``--torch-budget``, default 60 s) as its join timeout and is skipped
@@ -137,6 +138,7 @@ class _OurNodes:
         self.backend.get("/")  # connect before the clock starts
 
     def make(self, spec: dict[str, Any], index: int) -> Any:
+        from backends.counting import CountingBackend
         from elastic.rendezvous.handler import RendezvousHandler
         from elastic.rendezvous.settings import RendezvousSettings
 
@@ -144,11 +146,11 @@ class _OurNodes:
             spec["run_id"], spec["nodes"], spec["nodes"], join_timeout=spec["budget"],
             lease_ttl=LEASE_TTL, namespace=spec["namespace"],
         )
-        return RendezvousHandler(settings, self.backend, "127.0.0.1", node_id=f"node{index:05d}")
+        return RendezvousHandler(settings, CountingBackend(self.backend), "127.0.0.1", node_id=f"node{index:05d}")
 
     def rendezvous(self, handler: Any) -> tuple[int, int, int, int]:
         info = handler.next_rendezvous()
-        return info.group_rank, info.group_world_size, info.round, handler.backend_writes
+        return info.group_rank, info.group_world_size, info.round, handler._backend.writes
 
     def release(self, handler: Any) -> None:
         handler.shutdown()
@@ -172,14 +174,17 @@ class _PluginNodes:
             join_timeout=str(spec["budget"]), lease_ttl=str(LEASE_TTL), namespace=spec["namespace"],
             request_timeout=str(REQUEST_TIMEOUT),
         )
+        from backends.counting import CountingBackend
+
         handler = get_rendezvous_handler(params)
+        handler._handler._backend = CountingBackend(handler._handler._backend, owns_inner=True)
         handler._handler._backend.get("/")  # connect before the clock starts
         return handler
 
     def rendezvous(self, handler: Any) -> tuple[int, int, int, int]:
         info = handler.next_rendezvous()
         ours = handler._handler
-        return info.rank, info.world_size, ours._last_round.round, ours.backend_writes
+        return info.rank, info.world_size, ours._last_round.round, ours._backend.writes
 
     def release(self, handler: Any) -> None:
         handler.shutdown()

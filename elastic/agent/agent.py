@@ -315,6 +315,12 @@ class ElasticAgent:
             self._membership_restart = True  # its cause is recorded once the next round says it
             self.attempt += 1
             return None
+        if action is AgentAction.STOP_BLIND:
+            self._stop_group()
+            change, reason = self.handler.membership_change()
+            self.events.emit(Event.JOB_FINISHED, status="store_unreachable")
+            self.handler.shutdown()
+            return AgentResult(1, reason or "the store does not answer")
         if action is AgentAction.STOP_CLOSED:
             self._stop_group()
             self.handler.shutdown()

@@ -25,6 +25,8 @@ class AgentAction(enum.Enum):
     only after the TTL): wait up to the grace period for the membership signal first.
     EXCLUDE: this node's own workers failed ``max_node_failures`` times in a row: leave the
     rendezvous for the exclusion cooldown so the others go on without it.
+    STOP_BLIND: the store has not answered for ``store_outage_timeout``: stop the workers rather
+    than train on blind, and exit 1 (a restart could not rejoin without the store).
     """
 
     KEEP_RUNNING = "keep_running"
@@ -35,6 +37,7 @@ class AgentAction(enum.Enum):
     STOP_CLOSED = "stop_closed"
     AWAIT_MEMBERSHIP = "await_membership"
     EXCLUDE = "exclude"
+    STOP_BLIND = "stop_blind"
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,8 @@ def decide(view: AgentView) -> AgentAction:
     """
     if view.group is GroupStatus.SUCCEEDED:
         return AgentAction.FINISH
+    if view.membership is MembershipChange.STORE_UNREACHABLE:
+        return AgentAction.STOP_BLIND
     if view.group in (GroupStatus.FAILED, GroupStatus.STOPPED):
         if view.membership is MembershipChange.CLOSED:
             return AgentAction.STOP_CLOSED

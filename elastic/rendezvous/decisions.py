@@ -36,7 +36,7 @@ class Joiner:
 
 # -- who closes the round --------------------------------------------------------------------
 # The first node to join a round claims ``state/closer/<r>`` in the same transaction as its join
-# key (``put_and_claim``), so every joiner learns who closes from its own join write, with no
+# key (:func:`elastic.rendezvous.transactions.join_txn`), so every joiner learns who closes from its own join write, with no
 # extra read and no contended retry. Only the closer watches every join, so a round costs O(N)
 # watch events, not O(N^2). The claim is bound to the closer's lease: if the closer dies, the
 # others see the claim's DELETE on the ``state/`` watch they wait on, and claim it again with
@@ -193,12 +193,15 @@ class MembershipChange(enum.Enum):
     NODES_WAITING: a node joined the next round and the world can grow, or a member rejoined.
     ROUND_SUPERSEDED: a newer round was closed without this node.
     CLOSED: the rendezvous was closed for good.
+    STORE_UNREACHABLE: the store has not answered for ``store_outage_timeout``: the node stops
+        training blind (not a restart: it cannot rejoin without the store).
     """
 
     MEMBER_LOST = "member_lost"
     NODES_WAITING = "nodes_waiting"
     ROUND_SUPERSEDED = "round_superseded"
     CLOSED = "closed"
+    STORE_UNREACHABLE = "store_unreachable"
 
 
 @dataclass(frozen=True)

@@ -3,19 +3,22 @@
 Protocol (DESIGN §3), per round ``r`` of one run:
 
 1. A node holds one :class:`~backends.session.Session` (a lease) for its whole life.
-2. It joins by writing its own lease-bound key ``rounds/<r>/nodes/<node>``: one uncontended put.
+2. It joins with one transaction (:func:`~elastic.rendezvous.transactions.join_txn`): put its
+   own lease-bound key ``rounds/<r>/nodes/<node>``, claim ``state/closer/<r>`` if nobody holds
+   it (else read the holder), count the round's joiners, and drop its key of an earlier round.
    The node watches ``state/`` from now first and reads after (a watch from a past revision
    waits for etcd's 100 ms catch-up loop); the watch lives as long as the handler. The first
-   join is one transaction: if the round record is the one the node expects (none, or the
-   round it was last in), join the next round; either way read ``state/``. A wrong guess
-   writes nothing and the node joins the round the read shows.
-3. The same write claims ``state/closer/<r>`` if nobody holds it: that node is the *closer*,
-   and counts the round's joiners. The join whose count reaches ``max_nodes`` closes the round
-   at once; below the maximum the closer, which alone watches every join, closes it at
-   ``min_nodes`` once the last-call window has passed (and at the maximum only if the filling
-   joiner did not within a lease TTL). A close is a single compare-and-swap on ``state/round``
-   recording the members read at one revision. Everyone else watches only ``state/``, where
-   they see the round close, or the closer's claim vanish with its lease (then they claim it).
+   join is guarded: if the round record is the one the node expects (none, or the round it was
+   last in), join the next round; either way read ``state/``. A wrong guess writes nothing and
+   the node joins the round the read shows.
+3. The node that created the claim is the *closer*. The join whose count reaches ``max_nodes``
+   closes the round at once; below the maximum the closer, which alone watches every join,
+   closes it at ``min_nodes`` once the last-call window has passed (and at the maximum only if
+   the filling joiner did not within a lease TTL). A close is one transaction
+   (:func:`~elastic.rendezvous.transactions.close_txn`): write ``state/round`` if it is still the
+   record read, recording the members read at one revision, and drop the claim. Everyone else
+   watches only ``state/``, where they see the round close, or the closer's claim vanish with
+   its lease (then they claim it).
 4. A node not in the closed round moves to round ``r + 1`` and is *waiting*; members see it
    through their :class:`~elastic.rendezvous.monitor.MembershipMonitor` and restart.
 5. A member whose lease vanishes deletes its key; every member's monitor sees the DELETE.
@@ -35,13 +38,11 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Callable, TypeVar
+from typing import Callable
 
 from backends.api import (
     ABSENT,
-    ClaimResult,
     EventType,
-    GuardedClaimResult,
     KeyValue,
     KVBackend,
     RangeResult,
@@ -49,7 +50,8 @@ from backends.api import (
     WatchEvent,
 )
 from backends.errors import BackendError, LeaseNotFoundError
-from backends.session import Session
+from backends.retry import RETRYABLE_ERRORS, RetryPolicy
+from backends.session import OUTAGE_LOG_INTERVAL, Session
 from elastic.rendezvous import records
 from elastic.rendezvous.decisions import (
     BarrierOutcome,
@@ -74,13 +76,18 @@ from elastic.rendezvous.errors import (
     RendezvousError,
     RendezvousTimeoutError,
 )
+from elastic.rendezvous.attempt import ClosedRound, JoinAttempt
 from elastic.rendezvous.monitor import MembershipMonitor
 from elastic.rendezvous.ports import PortReservation, reserve_port
 from elastic.rendezvous.progress import ProgressReporter, WaitSnapshot
 from elastic.rendezvous.records import DEFAULT_ROLE, JoinRecord, Member, NodeLayout, RendezvousKeys, RoundRecord
 from elastic.rendezvous.settings import RendezvousSettings
+from elastic.rendezvous.transactions import JoinOutcome, close_txn, join_txn, read_close, read_join
 
 log = logging.getLogger(__name__)
+
+JOIN_RETRY = RetryPolicy(max_attempts=2**31, initial_backoff=0.2, max_backoff=2.0)
+"""Backoff between tries of a join the store interrupted; the join timeout bounds them."""
 
 
 @dataclass(frozen=True)
@@ -141,7 +148,8 @@ class RendezvousHandler:
         local_world_size, role: this node's workers (``--nproc-per-node``, ``--role``), published
             with every join so the round record can place every worker of every node.
         clock: monotonic clock (injectable); port_reserver: listens on this node's master port
-            for a join (see :mod:`elastic.rendezvous.ports`).
+            for a join (see :mod:`elastic.rendezvous.ports`); retry: the backoff between tries of
+            a join the store interrupted (the join timeout bounds them).
 
     Every public method raises only :class:`~elastic.rendezvous.errors.RendezvousError` subclasses.
     """
@@ -159,6 +167,7 @@ class RendezvousHandler:
         role: str = DEFAULT_ROLE,
         clock: Callable[[], float] = time.monotonic,
         port_reserver: Callable[[str], PortReservation] = reserve_port,
+        retry: RetryPolicy = JOIN_RETRY,
     ) -> None:
         if local_world_size < 1:
             raise ValueError(f"The local world size ({local_world_size}) must be at least 1.")
@@ -173,6 +182,7 @@ class RendezvousHandler:
         self._release = release
         self._clock = clock
         self._port_reserver = port_reserver
+        self._retry = retry
         self.local_world_size = local_world_size
         self.role = role
         self._reservation: PortReservation | None = None  # the master port our current join publishes
@@ -181,17 +191,13 @@ class RendezvousHandler:
         self._spare_of: int | None = None  # the full round this node last logged it is a spare of
         self._session: Session | None = None
         self._monitor: MembershipMonitor | None = None
-        self._joined_key: str | None = None
-        self._join_value = b""
-        self._claimed_key: str | None = None
+        self._attempt: JoinAttempt | None = None  # the join of the round this node is in or joining
         self._last_round: RoundRecord | None = None
         self._last_round_revision = 0  # the mod revision of the round record of _last_round
         self._lock = threading.RLock()
         self._shutting_down = threading.Event()
         self._active_watches: set = set()
         self._state_watch: Watch | None = None  # on state/, kept across rounds (see _open_state_watch)
-        self._state_backlog: list[WatchEvent] = []  # state/ events taken but not handled by the join
-        self.backend_writes = 0
         self._reporter = ProgressReporter(log.info, clock=clock)  # a new one per next_rendezvous
         self.progress: WaitSnapshot | None = None
         """While :meth:`next_rendezvous` waits: what this node knows of the round (else None)."""
@@ -205,10 +211,16 @@ class RendezvousHandler:
     def next_rendezvous(self) -> RendezvousInfo:
         """Join the next round and block until it closes with this node in it.
 
+        A store that fails or cannot be reached meanwhile does not end the join: each step is
+        safe to repeat (the join transaction re-puts the same key; a close that may have applied
+        shows in the state read that follows), so the join starts over from a fresh read, with
+        backoff, until the join timeout.
+
         Raises:
             RendezvousClosedError: the rendezvous was closed for good.
             RendezvousTimeoutError: no round included this node within the join timeout.
-            RendezvousConnectionError: the backend could not be reached.
+            RendezvousConnectionError: the backend failed for the whole join timeout, or refused
+                (auth) in a way a retry cannot fix.
             RendezvousStateError: the state in the store is corrupt.
         """
         with self._lock:
@@ -216,7 +228,7 @@ class RendezvousHandler:
             deadline = self._clock() + self.settings.join_timeout
             self._reporter = ProgressReporter(log.info, clock=self._clock)
             try:
-                info = self._join_until_included(deadline)
+                info = self._join_with_retries(deadline)
             except BackendError as error:
                 if self._shutting_down.is_set():
                     raise RendezvousClosedError(f"Node {self.node_id} was shut down while joining.") from error
@@ -381,43 +393,69 @@ class RendezvousHandler:
             return True
 
     # -- joining --------------------------------------------------------------------------------
-    def _join_until_included(self, deadline: float) -> RendezvousInfo:
+    def _join_with_retries(self, deadline: float) -> RendezvousInfo:
+        """:meth:`_join_until_included`, started over after each transient store failure until ``deadline``."""
+        failures, logged = 0, -math.inf
+        while True:
+            try:
+                return self._join_until_included(deadline, resumed=failures > 0)
+            except RETRYABLE_ERRORS as error:
+                failures += 1
+                pause = self._retry.backoff(failures)
+                now = self._clock()
+                if self._shutting_down.is_set() or now + pause >= deadline:
+                    raise
+                if now - logged >= OUTAGE_LOG_INTERVAL:
+                    logged = now
+                    log.warning("Rendezvous %s: node %s: the store failed during the join (%s); starting over until "
+                                "it answers (%.0fs of the join timeout left)", self.settings.run_id, self.node_id,
+                                error, deadline - now)
+                if self._shutting_down.wait(pause):
+                    raise
+
+    def _join_until_included(self, deadline: float, resumed: bool = False) -> RendezvousInfo:
+        """Join until a round includes this node. ``resumed``: an earlier try failed midway, so
+        read the state first: a close it sent may have applied (then this node is in)."""
         # Watch first, then read: the watch (from now) is live at once, and the read is taken at
         # its start revision or later, so nothing falls between them (see KVBackend.watch_prefix).
         # The first join is optimistic: the round we expect to form next, guarded by the round
         # record we expect, in the same step as the state read (one round trip instead of two).
         state_watch = self._open_state_watch()
-        state, joined = self._join_expected_round()
+        if resumed:
+            state, attempt = self._read_state(), None
+            closed = self._closed_with_us(state)
+            if closed is not None:
+                return self._included(closed, closed.record.rank_of(self.node_id))  # type: ignore[arg-type]
+        else:
+            state, attempt = self._join_expected_round()
         while True:
             if state.closed:
                 raise RendezvousClosedError(
                     f"The rendezvous {self.settings.run_id} is closed; no new round will form", state.closed_reason
                 )
             forming = state.round.round + 1 if state.round else 0
-            if joined is None:
-                joined = self._put_join_key(forming)
-            closer = joined.holder
+            if attempt is None:
+                attempt = self._join(forming)
             # A spare has no join timeout: it waits for a member to be lost (or the job to end).
             wait_deadline = math.inf if self._is_spare(state) else deadline
-            self._note_wait(forming, joined.count, wait_deadline)
+            self._note_wait(forming, attempt.count, wait_deadline)
             try:
                 closed = None
-                if join_fills_round(joined.count, self.settings.max_nodes):
+                if join_fills_round(attempt.count, self.settings.max_nodes):
                     closed = self._try_close(forming, state)  # our join filled the round: close it now
                 if closed is None:
-                    closed = self._wait_for_round(forming, state, state_watch, closer, wait_deadline)
-                record, revision = closed
+                    closed = self._wait_for_round(attempt, state, state_watch, wait_deadline)
             except _JoinKeyLost as lost:
                 log.warning("Rendezvous %s: node %s lost its join key for round %d (%s); joining again",
                             self.settings.run_id, self.node_id, forming, lost)
-                state, joined = self._read_state(), None
+                state, attempt = self._read_state(), None
                 continue
-            rank = record.rank_of(self.node_id)
+            rank = closed.record.rank_of(self.node_id)
             if rank is not None:
-                return self._included(record, rank, revision)
+                return self._included(closed, rank)
             log.info("Rendezvous %s: round %d closed without node %s; waiting for round %d",
-                     self.settings.run_id, record.round, self.node_id, record.round + 1)
-            state, joined = self._read_state(), None
+                     self.settings.run_id, closed.record.round, self.node_id, closed.record.round + 1)
+            state, attempt = self._read_state(), None
 
     def _is_spare(self, state: _StateView) -> bool:
         """Whether this node waits as a spare now; says so once per full round."""
@@ -431,35 +469,39 @@ class RendezvousHandler:
                      self.settings.max_nodes)
         return True
 
-    def _join_expected_round(self) -> tuple[_StateView, ClaimResult | None]:
+    def _closed_with_us(self, state: _StateView) -> ClosedRound | None:
+        """The round in ``state`` if it is the one this node's pending join was for and it includes us."""
+        attempt, record = self._attempt, state.round
+        if attempt is None or record is None or state.round_kv is None or record.round != attempt.forming:
+            return None
+        if self._last_round is not None and record.round <= self._last_round.round:
+            return None
+        if record.rank_of(self.node_id) is None or self._session is None or not self._session.alive:
+            return None
+        return ClosedRound(record, state.round_kv.mod_revision)
+
+    def _join_expected_round(self) -> tuple[_StateView, JoinAttempt | None]:
         """Join the round expected to form next if the round record is the one we expect, and read ``state/``.
 
         The expectation is the round this node was last in (its mod revision), or no round at
-        all for a node that never joined. Returns the state and the join's result (the closer's
-        claim and the joiners counted); None when the expectation was wrong, in which case
-        nothing was written.
+        all for a node that never joined. Returns the state and the new attempt; None when the
+        expectation was wrong, in which case nothing was written.
         """
         if self._last_round is None:
-            forming, expected = 0, ABSENT
+            forming, expected = 0, 0
         else:
             forming, expected = self._last_round.round + 1, self._last_round_revision
-        guards = [(self.keys.round, expected), (self.keys.closed, ABSENT)]
-        result = self._write_join(forming, lambda key, value, claim_key, lease: self._backend.put_and_claim_if(
-            guards, key, value, claim_key, value, lease=lease, read_prefix=self.keys.state_prefix,
-            count_prefix=self.keys.nodes_prefix(forming)))
-        return self._state_from(result.read), result.claim
+        outcome = self._send_join(forming, expected)
+        return self._state_from(outcome.state), self._attempt if outcome.joined else None  # type: ignore[arg-type]
 
-    def _put_join_key(self, forming: int) -> ClaimResult:
-        """Join round ``forming`` and claim its closer if unclaimed; returns the claim and the joiners counted."""
-        return self._write_join(forming, lambda key, value, claim_key, lease: self._backend.put_and_claim(
-            key, value, claim_key, value, lease=lease, count_prefix=self.keys.nodes_prefix(forming)))
+    def _join(self, forming: int) -> JoinAttempt:
+        """Join round ``forming`` and claim its closer if unclaimed (see :func:`join_txn`)."""
+        self._send_join(forming, None)
+        return self._attempt  # type: ignore[return-value]
 
-    def _write_join(self, forming: int, write: Callable[[str, bytes, str, int], _JoinWrite]) -> _JoinWrite:
-        """Run ``write(key, value, claim_key, lease)``, a join of round ``forming``, on a live lease.
-
-        A join that applied replaces this node's join key of an earlier round (deleted).
-        """
-        key = self.keys.node(forming, self.node_id)
+    def _send_join(self, forming: int, expected_round: int | None) -> JoinOutcome:
+        """Send the join transaction of round ``forming`` on a live lease; a join that applied
+        becomes :attr:`_attempt` (the previous attempt's key is deleted in the same step)."""
         self._drop_reservation()
         try:
             self._reservation = self._port_reserver(self.node_addr)
@@ -469,68 +511,66 @@ class RendezvousHandler:
         value = records.encode_join(JoinRecord(self.node_id, self.node_addr, self._reservation.port,
                                                self.local_world_size, self.role, self._failed_round,
                                                self._failed_at))
-        claim_key = self.keys.closer(forming)
-        self._join_value = value
+
+        def send() -> JoinOutcome:
+            lease = self._ensure_session().lease_id
+            previous = self._attempt.key if self._attempt is not None else None
+            txn = join_txn(self.keys, forming, self.node_id, value, lease, previous, expected_round)
+            return read_join(self._backend.txn(txn), self.keys.closer(forming), expected_round is not None)
+
         try:
-            result = write(key, value, claim_key, self._ensure_session().lease_id)
+            outcome = send()
         except LeaseNotFoundError:
             # The lease expired before the keepalive thread noticed (the process was frozen for
             # longer than the TTL): its keys are gone with it, so join again on a new lease.
             log.warning("Rendezvous %s: node %s lost its lease unnoticed; joining round %d on a new one",
                         self.settings.run_id, self.node_id, forming)
-            self.backend_writes += 1
             self._session.close(revoke=False)  # type: ignore[union-attr]
             self._session = None
-            result = write(key, value, claim_key, self._ensure_session().lease_id)
-        self.backend_writes += 1
-        if isinstance(result, GuardedClaimResult) and not result.applied:
-            return result
-        if self._joined_key is not None and self._joined_key != key:
-            self._backend.delete(self._joined_key)
-            self.backend_writes += 1
-        self._joined_key = key
-        return result
+            outcome = send()
+        if outcome.joined:
+            self._attempt = JoinAttempt(forming, self.keys.node(forming, self.node_id), value, outcome.count,
+                                        outcome.closer)  # type: ignore[arg-type]
+        return outcome
 
     def _is_mine(self, claim: KeyValue) -> bool:
         session = self._session
         return session is not None and claim.lease == session.lease_id and _joiner(claim).node_id == self.node_id
 
-    def _wait_for_round(
-        self, forming: int, state: _StateView, state_watch, closer: KeyValue, deadline: float
-    ) -> tuple[RoundRecord, int]:
-        """Block until round ``forming`` (or a later one) is closed; close it ourselves if we hold the claim.
+    def _wait_for_round(self, attempt: JoinAttempt, state: _StateView, state_watch, deadline: float) -> ClosedRound:
+        """Block until round ``attempt.forming`` (or a later one) is closed; close it ourselves if we hold the claim.
 
         ``state_watch`` watches ``state/`` from at or before ``state.revision`` + 1.
         """
-        claim_key = self.keys.closer(forming)
+        forming, claim_key = attempt.forming, self.keys.closer(attempt.forming)
         while True:
-            if self._is_mine(closer):
-                self._claimed_key = claim_key
+            if self._is_mine(attempt.closer):
+                attempt.holds_claim = True
                 closed = self._close_round(forming, state, deadline)
-                if closed[0].round == forming and closer.create_revision < closed[1]:
-                    self._claimed_key = None  # every close of a round deletes its claim in the same step
+                if closed.record.round == forming and attempt.closer.create_revision < closed.revision:
+                    attempt.holds_claim = False  # every close of a round deletes its claim in the same step
                 self._release_claim()  # so this only deletes a claim on a round closed past us
                 return closed
-            closed = self._await_close_or_closer_loss(state_watch, forming, state.revision, closer, deadline)
+            closed = self._await_close_or_closer_loss(state_watch, attempt, state.revision, deadline)
             if closed is not None:
                 return closed
             # The closer's claim vanished (its lease lapsed, or it left): claim it ourselves.
-            result = self._backend.put_if(claim_key, self._join_value, ABSENT, lease=self._ensure_session().lease_id)
-            self.backend_writes += 1
+            result = self._backend.put_if(claim_key, attempt.value, ABSENT, lease=self._ensure_session().lease_id)
             if result.current is None:
                 continue  # the winner is already gone too: try again
-            closer = result.current
+            attempt.closer = result.current
             log.info("Rendezvous %s: the closer of round %d left; node %s now closes it",
-                     self.settings.run_id, forming, _joiner(closer).node_id)
+                     self.settings.run_id, forming, _joiner(attempt.closer).node_id)
 
-    def _await_close_or_closer_loss(self, state_watch, forming: int, read_revision: int, closer: KeyValue,
-                                    deadline: float):
+    def _await_close_or_closer_loss(self, state_watch, attempt: JoinAttempt, read_revision: int,
+                                    deadline: float) -> ClosedRound | None:
         """Wait on ``state/`` for the close (returns it) or the loss of the closer's claim (None).
 
         Events at or below ``read_revision`` are skipped: the state read already reflected them.
+        Events after the close in the same batch go to ``attempt.backlog``, for the monitor.
         """
-        claim_key = self.keys.closer(forming)
-        held_since = closer.create_revision
+        forming, claim_key = attempt.forming, self.keys.closer(attempt.forming)
+        held_since = attempt.closer.create_revision
         while True:
             now = self._clock()
             if now >= deadline:
@@ -544,7 +584,7 @@ class RendezvousHandler:
                     continue
                 closed = self._closed_round_from(event, forming)
                 if closed is not None:
-                    self._state_backlog = batch[index + 1:]  # for the monitor
+                    attempt.backlog = batch[index + 1:]
                     return closed
                 if event.kv.key != claim_key or event.revision <= held_since:
                     continue  # not the claim, or a change from before the current holder claimed
@@ -553,7 +593,7 @@ class RendezvousHandler:
                 held_since = event.kv.create_revision  # a new holder (seen before our claim attempt)
             self._check_still_joined()
 
-    def _closed_round_from(self, event, forming: int) -> tuple[RoundRecord, int] | None:
+    def _closed_round_from(self, event, forming: int) -> ClosedRound | None:
         if event.type is not EventType.PUT:
             return None
         if event.kv.key == self.keys.closed:
@@ -564,17 +604,17 @@ class RendezvousHandler:
         if event.kv.key == self.keys.round:
             record = records.decode_round(event.kv.key, event.kv.value)
             if record.round >= forming:
-                return record, event.revision
+                return ClosedRound(record, event.revision)
         return None
 
-    def _close_round(self, forming: int, state: _StateView, deadline: float) -> tuple[RoundRecord, int]:
+    def _close_round(self, forming: int, state: _StateView, deadline: float) -> ClosedRound:
         """The closer's loop: watch joins, decide, and close with one compare-and-swap."""
         with self._watch(self.keys.root) as watch:  # from now, then read: see _join_until_included
             joined, seen_revision = self._read_joiners(forming)
             alive = self._read_alive(state.round)
             already = self._backend.get(self.keys.round).kv  # the join that filled it may have closed it
             if already is not None and (record := records.decode_round(already.key, already.value)).round >= forming:
-                return record, already.mod_revision
+                return ClosedRound(record, already.mod_revision)
             last_call: float | None = None
             full_since: float | None = None
             while True:
@@ -638,7 +678,7 @@ class RendezvousHandler:
         else:
             joined[parsed[1]] = _joiner(event.kv)
 
-    def _try_close(self, forming: int, state: _StateView) -> tuple[RoundRecord, int] | None:
+    def _try_close(self, forming: int, state: _StateView) -> ClosedRound | None:
         """Close ``forming`` with the members read now; None if too few remain (keep waiting)."""
         read = self._backend.get_prefix(self.keys.nodes_prefix(forming))
         joiners = [_joiner(kv) for kv in read.kvs]
@@ -652,36 +692,36 @@ class RendezvousHandler:
         included = [j for j in joiners if j.node_id in member_ids]
         restarts = agreed_restart_count(state.round, included)
         record = RoundRecord(forming, members, read.revision, restarts, failure_culprit(state.round, included))
-        expected = state.round_kv.mod_revision if state.round_kv is not None else ABSENT
-        # The close drops our closer claim at the same revision: each member's state/ watch
-        # gets the round record and the claim's DELETE in one message.
-        result = self._backend.put_if_and_delete(self.keys.round, records.encode_round(record), expected,
-                                                 self.keys.closer(forming))
-        self.backend_writes += 1
+        expected = state.round_kv.mod_revision if state.round_kv is not None else 0
+        result = read_close(self._backend.txn(close_txn(self.keys, forming, records.encode_round(record), expected)))
         if result.applied:
-            self._claimed_key = None
+            if self._attempt is not None and self._attempt.forming == forming:
+                self._attempt.holds_claim = False  # the close dropped it
             log.info("Rendezvous %s: node %s closed round %d with %d member%s (%d spares)", self.settings.run_id,
                      self.node_id, forming, len(members), "" if len(members) == 1 else "s", len(spares))
-            return record, result.revision
+            return ClosedRound(record, result.revision)
         if result.current is None:
             raise RendezvousError(f"The round record {self.keys.round} vanished while closing round {forming}.")
         current = records.decode_round(self.keys.round, result.current.value)
         if current.round >= forming:
-            return current, result.current.mod_revision
+            return ClosedRound(current, result.current.mod_revision)
         raise RendezvousError(
             f"The round record {self.keys.round} changed to round {current.round} while closing round {forming}."
         )
 
-    def _included(self, record: RoundRecord, rank: int, revision: int) -> RendezvousInfo:
+    def _included(self, closed: ClosedRound, rank: int) -> RendezvousInfo:
+        record = closed.record
         self._last_round = record
-        self._last_round_revision = revision
-        view = RoundView(self.keys, record, self.node_id, self.settings.max_nodes, revision)
-        backlog, self._state_backlog = self._state_backlog, []
-        self._monitor = MembershipMonitor(self._backend, view, record.members_revision + 1, self._state_watch, backlog)
+        self._last_round_revision = closed.revision
+        view = RoundView(self.keys, record, self.node_id, self.settings.max_nodes, closed.revision)
+        backlog: list[WatchEvent] = []
+        if self._attempt is not None:
+            backlog, self._attempt.backlog = self._attempt.backlog, []
+        self._monitor = MembershipMonitor(self._backend, view, record.members_revision + 1, self._state_watch,  # type: ignore[arg-type]
+                                          backlog, on_state_watch=self._adopt_state_watch)
         session = self._session
-        if session is not None:
-            monitor = self._monitor
-            session.on_lost(lambda reason: monitor.signal(MembershipChange.MEMBER_LOST, f"this node's lease was lost: {reason}"))
+        if session is not None and session.lost.is_set():  # lost before the monitor existed
+            self._monitor.signal(MembershipChange.MEMBER_LOST, f"this node's lease was lost: {session.lost_reason}")
         self._failed_round = None
         reservation, self._reservation = self._reservation, None
         listener = reservation.take() if reservation is not None and rank == 0 else None
@@ -731,6 +771,20 @@ class RendezvousHandler:
             watch.cancel()
         return watch
 
+    def _signal(self, change: MembershipChange, reason: str) -> None:
+        """Tell the monitor of the round this node is in (if any) about a change seen by the session."""
+        monitor = self._monitor
+        if monitor is not None:
+            monitor.signal(change, reason)
+
+    def _adopt_state_watch(self, watch: Watch) -> None:
+        """The monitor replaced the lost ``state/`` watch: keep the new one (it stays ours across rounds)."""
+        old, self._state_watch = self._state_watch, watch
+        self._active_watches.discard(old)
+        self._active_watches.add(watch)
+        if self._shutting_down.is_set():
+            watch.cancel()
+
     def _check_still_joined(self) -> None:
         """Raise _JoinKeyLost when our session (so our join key) is gone, or we are shutting down."""
         if self._shutting_down.is_set():
@@ -758,9 +812,16 @@ class RendezvousHandler:
         if self._session is None or not self._session.alive:
             if self._session is not None:
                 self._session.close(revoke=False)
-            self._session = self._backend.session(self.settings.lease_ttl, name=f"{self.settings.run_id}/{self.node_id}")
-            self.backend_writes += 1
-            self._joined_key = None
+            session = self._backend.session(self.settings.lease_ttl, name=f"{self.settings.run_id}/{self.node_id}",
+                                            outage_limit=self.settings.store_outage_timeout)
+            session.on_lost(lambda reason: self._signal(MembershipChange.MEMBER_LOST,
+                                                        f"this node's lease was lost: {reason}"))
+            session.on_outage_limit(lambda age: self._signal(
+                MembershipChange.STORE_UNREACHABLE,
+                f"the store has not answered for {age:.0f}s (store_outage_timeout="
+                f"{self.settings.store_outage_timeout:g}s); stopping the workers rather than train blind"))
+            self._session = session
+            self._attempt = None  # its keys went with the old lease
         return self._session
 
     def _drop_reservation(self) -> None:
@@ -776,25 +837,26 @@ class RendezvousHandler:
     def _release_claim(self) -> None:
         """Delete our closer claim if we still hold it: another node closed the round, or we
         leave (our own close drops it with the round record). Best effort: it goes with our lease."""
-        claim, self._claimed_key = self._claimed_key, None
-        if claim is None:
+        attempt = self._attempt
+        if attempt is None or not attempt.holds_claim:
             return
+        attempt.holds_claim = False
+        claim = self.keys.closer(attempt.forming)
         try:
             self._backend.delete(claim)
-            self.backend_writes += 1
         except BackendError as error:
             log.warning("Rendezvous %s: could not delete %s: %s (it goes with our lease)", self.settings.run_id, claim, error)
 
     def _leave_quietly(self) -> None:
         self._drop_reservation()
         self._release_claim()
-        if self._joined_key is None:
+        attempt, self._attempt = self._attempt, None
+        if attempt is None:
             return
         try:
-            self._backend.delete(self._joined_key)
+            self._backend.delete(attempt.key)
         except BackendError as error:
-            log.warning("Rendezvous %s: could not delete %s on leave: %s", self.settings.run_id, self._joined_key, error)
-        self._joined_key = None
+            log.warning("Rendezvous %s: could not delete %s on leave: %s", self.settings.run_id, attempt.key, error)
 
     def _note_wait(self, forming: int, joined: int | dict[str, Joiner] | None, deadline: float) -> None:
         """Hand what this node knows of round ``forming`` (a count, or the joiners) to the progress reporter."""
@@ -826,9 +888,6 @@ class RendezvousHandler:
             return call()
         except BackendError as error:
             raise RendezvousConnectionError(f"Rendezvous {self.settings.run_id}: backend failed: {error}") from error
-
-
-_JoinWrite = TypeVar("_JoinWrite", ClaimResult, GuardedClaimResult)
 
 
 class _JoinKeyLost(Exception):

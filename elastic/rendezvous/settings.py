@@ -33,6 +33,8 @@ ENGINE_KEYS = {
     "namespace": "key prefix under which the rendezvous lives (default /elastic)",
     "max_node_failures": "exclude a node whose own workers caused this many failure restarts in a row (default 0: off)",
     "exclusion_cooldown": "seconds an excluded node stays out before it rejoins (default 600)",
+    "store_outage_timeout": "seconds a node trains on while the store does not answer, before it stops its workers "
+                            "(default 900)",
     "etcd_prefix": "alias of namespace (torch's etcd rendezvous)",
 }
 
@@ -76,6 +78,9 @@ class RendezvousSettings:
     max_node_failures: int = 0
     """Exclude a node after this many failure restarts in a row caused by its own workers (0: never)."""
     exclusion_cooldown: float = 600.0
+    store_outage_timeout: float = 900.0
+    """How long a member trains blind while the store does not answer (its lease holds until the
+    server says otherwise, DESIGN §3.10) before it stops its workers with an error."""
     backend_options: Mapping[str, str] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -97,7 +102,7 @@ class RendezvousSettings:
                 f"The max node failures ({self.max_node_failures}) must be 0 (off) or at least 2: a node's first "
                 f"failure cannot be told from the consequence of a peer's (the round that follows names the culprit)."
             )
-        for name in ("join_timeout", "last_call_timeout", "close_timeout", "exclusion_cooldown"):
+        for name in ("join_timeout", "last_call_timeout", "close_timeout", "exclusion_cooldown", "store_outage_timeout"):
             value = getattr(self, name)
             if not math.isfinite(value) or value <= 0:
                 raise RendezvousConfigError(f"The {name.replace('_', ' ')} ({value}) must be a positive number of seconds.")
@@ -150,7 +155,7 @@ def settings_from_conf(run_id: str, min_nodes: int, max_nodes: int, conf: Mappin
         valid = ", ".join(sorted(ENGINE_KEYS) + sorted(BACKEND_KEYS))
         raise RendezvousConfigError(f"Unknown rendezvous option(s) {', '.join(unknown)}; valid options are: {valid}.")
     engine: dict[str, object] = {}
-    for name in ("join_timeout", "last_call_timeout", "close_timeout", "exclusion_cooldown"):
+    for name in ("join_timeout", "last_call_timeout", "close_timeout", "exclusion_cooldown", "store_outage_timeout"):
         if name in conf:
             engine[name] = _seconds(conf, name)
     if "max_node_failures" in conf:

@@ -8,6 +8,7 @@ from elastic.rendezvous.decisions import MembershipChange
 
 RUN, OK, FAIL = GroupStatus.RUNNING, GroupStatus.SUCCEEDED, GroupStatus.FAILED
 LOST, WAIT, CLOSED = MembershipChange.MEMBER_LOST, MembershipChange.NODES_WAITING, MembershipChange.CLOSED
+BLIND = MembershipChange.STORE_UNREACHABLE
 A = AgentAction
 
 
@@ -25,6 +26,9 @@ A = AgentAction
         (FAIL, None, 1, 1, False, A.AWAIT_MEMBERSHIP),  # a peer may have just died
         (FAIL, LOST, 1, 1, False, A.RESTART_FOR_MEMBERSHIP),  # it did: not our failure
         (FAIL, CLOSED, 0, 3, True, A.STOP_CLOSED),
+        (RUN, BLIND, 0, 3, True, A.STOP_BLIND),  # store_outage_timeout passed: no restart could rejoin
+        (FAIL, BLIND, 0, 3, False, A.STOP_BLIND),
+        (OK, BLIND, 0, 3, True, A.FINISH),  # done anyway
     ],
 )
 def test_decide(group, membership, used, maximum, grace_over, expected):

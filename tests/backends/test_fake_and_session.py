@@ -61,15 +61,33 @@ def test_a_stopped_store_fails_calls_and_watches_until_started_again():
     store.close()
 
 
-def test_a_session_is_lost_once_the_store_is_unreachable_for_a_full_ttl():
+def test_a_session_outlives_an_outage_longer_than_its_ttl_when_the_server_kept_the_lease():
+    store = InMemoryStore()
+    client = store.client()
+    with Session(client, ttl=0.6, keepalive_interval=0.1) as session:
+        store.stop()
+        assert not session.wait_lost(timeout=1.5)  # 2.5 TTLs without an answer: an outage, not a loss
+        assert session.alive and session.outage >= 1.0
+        store.start(renew_leases=True)  # as a new etcd leader after a quorum loss
+        deadline = time.monotonic() + 5
+        while session.outage and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert session.outage == 0.0 and session.alive
+        assert client.get("/").revision > 0
+    store.close()
+
+
+def test_a_session_is_lost_when_the_server_answers_that_its_lease_expired_during_the_outage():
     store = InMemoryStore()
     client = store.client()
     session = Session(client, ttl=0.6, keepalive_interval=0.1)
     reasons = []
     session.on_lost(reasons.append)
     store.stop()
+    assert not session.wait_lost(timeout=1.0)
+    store.start()  # the store's clock ran on: the lease is overdue and expires now
     assert session.wait_lost(timeout=2.0)
-    assert "no keepalive succeeded" in reasons[0]
+    assert "the server says" in reasons[0]
     late = []
     session.on_lost(late.append)
     assert late == [session.lost_reason]
@@ -135,3 +153,17 @@ def test_every_session_of_a_client_is_renewed_by_one_thread_that_ends_with_the_l
         time.sleep(0.05)
     assert threading.active_count() == threads_before
     assert not any(session.lost.is_set() for session in sessions)
+
+
+def test_an_outage_that_reaches_the_limit_is_reported_once_and_the_session_stays_alive():
+    store = InMemoryStore()
+    client = store.client()
+    reported = []
+    with Session(client, ttl=2.0, keepalive_interval=0.1, outage_limit=0.5) as session:
+        session.on_outage_limit(reported.append)
+        store.stop()
+        time.sleep(1.2)
+        assert len(reported) == 1 and reported[0] >= 0.5
+        assert session.alive
+        store.start(renew_leases=True)
+    store.close()

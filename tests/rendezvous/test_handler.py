@@ -10,6 +10,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from backends.api import RangeResult
+from backends.counting import CountingBackend
+from backends.txn import TxnResult
 from elastic.rendezvous.decisions import MembershipChange
 from elastic.rendezvous.errors import RendezvousClosedError, RendezvousStateError, RendezvousTimeoutError
 from elastic.rendezvous.handler import RendezvousHandler
@@ -43,7 +46,8 @@ def make_node(harness):
     def make(min_nodes, max_nodes, node_id=None, local_world_size=1, **options):
         settings = RendezvousSettings("job", min_nodes, max_nodes, namespace=namespace,
                                       **{"lease_ttl": TTL, "last_call_timeout": 1.0, **options})
-        handler = RendezvousHandler(settings, harness.connect(), "127.0.0.1", node_id=node_id, owns_backend=True,
+        backend = CountingBackend(harness.connect(), owns_inner=True)
+        handler = RendezvousHandler(settings, backend, "127.0.0.1", node_id=node_id, owns_backend=True,
                                     local_world_size=local_world_size)
         opened.append(handler)
         return handler
@@ -66,7 +70,7 @@ def test_concurrent_nodes_get_unique_ranks_and_agree_on_the_round(make_node, nod
     assert {(info.round, info.group_world_size, info.master_addr, info.master_port) for info in infos} == {
         (infos[0].round, nodes, infos[0].master_addr, infos[0].master_port)
     }
-    assert all(handler.backend_writes <= 4 for handler in handlers)
+    assert all(handler._backend.writes <= 4 for handler in handlers)
 
 
 def test_every_member_sees_one_world_of_the_summed_local_sizes_and_rank_0_holds_a_listening_master_port(
@@ -142,16 +146,26 @@ def test_the_join_that_fills_the_round_closes_it_even_when_the_closer_never_sees
     with ThreadPoolExecutor(1) as pool:
         closer_info = pool.submit(closer.next_rendezvous)
         deadline = time.monotonic() + 10
-        while closer._joined_key is None and time.monotonic() < deadline:
+        while closer._attempt is None and time.monotonic() < deadline:
             time.sleep(0.01)  # the first joiner claims the closer
-        assert closer._joined_key is not None
+        assert closer._attempt is not None
         started = time.monotonic()
         others = rendezvous_all([make_node(3, 3, join_timeout=20.0) for _ in range(2)])
         infos = [closer_info.result(timeout=10), *others]
     assert time.monotonic() - started < 5.0  # not the closer's join timeout
     assert sorted(info.group_rank for info in infos) == [0, 1, 2]
-    assert closer.backend_writes == 2  # lease and join: it never closed, and its claim went with the close
+    assert closer._backend.writes == 2  # lease and join: it never closed, and its claim went with the close
     assert closer._backend.get(closer.keys.closer(0)).kv is None
+
+
+def _uncounted(result):
+    """``result`` with every count-only range reading 0."""
+    responses = tuple(
+        _uncounted(item) if isinstance(item, TxnResult)
+        else RangeResult(item.revision, (), 0) if isinstance(item, RangeResult) and not item.kvs else item
+        for item in result.responses
+    )
+    return TxnResult(result.succeeded, result.revision, responses)
 
 
 class _Uncounted:
@@ -160,11 +174,8 @@ class _Uncounted:
     def __init__(self, backend):
         self._backend = backend
 
-    def put_and_claim(self, *args, count_prefix=None, **kwargs):
-        return self._backend.put_and_claim(*args, **kwargs)
-
-    def put_and_claim_if(self, *args, count_prefix=None, **kwargs):
-        return self._backend.put_and_claim_if(*args, **kwargs)
+    def txn(self, txn):
+        return _uncounted(self._backend.txn(txn))
 
     def __getattr__(self, name):
         return getattr(self._backend, name)
@@ -175,7 +186,7 @@ def test_when_the_join_that_filled_the_round_does_not_close_it_the_closer_does_a
     with ThreadPoolExecutor(1) as pool:
         closer_info = pool.submit(closer.next_rendezvous)
         deadline = time.monotonic() + 10
-        while closer._joined_key is None and time.monotonic() < deadline:
+        while closer._attempt is None and time.monotonic() < deadline:
             time.sleep(0.01)
         filler = make_node(2, 2, join_timeout=20.0)
         filler._backend = _Uncounted(filler._backend)
@@ -183,7 +194,7 @@ def test_when_the_join_that_filled_the_round_does_not_close_it_the_closer_does_a
         infos = [filler.next_rendezvous(), closer_info.result(timeout=20)]
     assert TTL - 0.1 <= time.monotonic() - started < TTL + 3.0  # the closer's grace, then its close
     assert sorted(info.group_rank for info in infos) == [0, 1]
-    assert closer.backend_writes == 3 and filler.backend_writes == 2
+    assert closer._backend.writes == 3 and filler._backend.writes == 2
 
 
 def test_the_join_timeout_raises_on_time(make_node):

@@ -1,0 +1,121 @@
+"""The rendezvous's two contended writes, each one transaction over the backend contract.
+
+* **Join** (:func:`join_txn`): put this node's join key for round ``r``; create the round's
+  closer claim if it is absent, else read its holder; count the joiners of ``r``; drop this
+  node's key of an earlier round. Like etcd's ``concurrency.Mutex.tryAcquire`` it is one
+  ``Txn().If(claim absent).Then(put, put claim).Else(put, get claim)``, so every joiner learns
+  from its own write whether it closes and how many have joined, without a contended retry.
+  The optimistic first join wraps it in a guard (the round record is the one the node expects
+  and the rendezvous is open) and reads ``state/`` in both branches: a wrong guess writes
+  nothing and returns the state to join from.
+* **Close** (:func:`close_txn`): write the round record if it is still the one the closer read,
+  and drop the closer claim at the same revision, so each member's ``state/`` watch gets one
+  message.
+
+Building and reading the transactions is pure; the handler sends them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from backends.api import KeyValue, RangeResult
+from backends.txn import Compare, Delete, Put, Range, Txn, TxnResult
+from elastic.rendezvous.errors import RendezvousStateError
+from elastic.rendezvous.records import RendezvousKeys
+
+__all__ = ["CloseOutcome", "JoinOutcome", "close_txn", "join_txn", "read_close", "read_join"]
+
+
+@dataclass(frozen=True)
+class JoinOutcome:
+    """What a join transaction did.
+
+    Attributes:
+        joined: whether the join key was written (False only when a guard failed).
+        revision: the store revision after the transaction.
+        closer: the claim key after the join (ours if we created it); None when not joined.
+        count: the joiners of the round right after the join; 0 when not joined.
+        state: ``state/`` read in the same step (guarded joins only).
+    """
+
+    joined: bool
+    revision: int
+    closer: KeyValue | None = None
+    count: int = 0
+    state: RangeResult | None = None
+
+
+@dataclass(frozen=True)
+class CloseOutcome:
+    """What a close did: whether it wrote the round record, at which revision, and the round
+    record now in the store (ours if it applied; None if the key is absent)."""
+
+    applied: bool
+    revision: int
+    current: KeyValue | None
+
+
+def join_txn(
+    keys: RendezvousKeys, forming: int, node_id: str, value: bytes, lease: int,
+    previous_key: str | None = None, expected_round: int | None = None,
+) -> Txn:
+    """The join of round ``forming`` (see the module docstring).
+
+    ``previous_key``: this node's join key of an earlier round, deleted in the same step.
+    ``expected_round``: guard on the round record's mod revision (0: no round record yet), with
+    the rendezvous still open; ``state/`` is then read in both branches. None: no guard.
+    """
+    key, claim = keys.node(forming, node_id), keys.closer(forming)
+    count = Range(keys.nodes_prefix(forming), prefix=True, count_only=True)
+    drop = (Delete(previous_key),) if previous_key is not None and previous_key != key else ()
+    join = Put(key, value, lease)
+    inner = Txn(
+        (Compare.absent(claim),),
+        (join, Put(claim, value, lease), count, *drop),
+        (join, Range(claim), count, *drop),
+    )
+    if expected_round is None:
+        return inner
+    state = Range(keys.state_prefix, prefix=True)
+    return Txn((Compare.mod_revision(keys.round, expected_round), Compare.absent(keys.closed)),
+               (inner, state), (state,))
+
+
+def read_join(result: TxnResult, claim_key: str, guarded: bool) -> JoinOutcome:
+    """The outcome of a :func:`join_txn` result (``guarded``: it had an ``expected_round``).
+
+    Raises:
+        RendezvousStateError: the store said the claim is held but returned no holder.
+    """
+    state = None
+    if guarded:
+        state = result.responses[-1]
+        if not result.succeeded:
+            return JoinOutcome(False, result.revision, state=state)  # type: ignore[arg-type]
+        result = result.responses[0]  # type: ignore[assignment]
+    claim, count = result.responses[1], result.responses[2]
+    if result.succeeded:
+        closer = claim.kv  # type: ignore[union-attr]
+    else:
+        kvs = claim.kvs  # type: ignore[union-attr]
+        if not kvs:  # cannot happen: the comparison saw the claim in the same step
+            raise RendezvousStateError(f"The store reported the closer claim {claim_key} as held but returned no holder.")
+        closer = kvs[0]
+    return JoinOutcome(True, result.revision, closer, count.count, state)  # type: ignore[union-attr,arg-type]
+
+
+def close_txn(keys: RendezvousKeys, forming: int, record: bytes, expected_round: int) -> Txn:
+    """Write the round record if its mod revision is still ``expected_round`` (0: absent), and
+    drop round ``forming``'s closer claim in the same step; else read the record."""
+    return Txn((Compare.mod_revision(keys.round, expected_round),),
+               (Put(keys.round, record), Delete(keys.closer(forming))),
+               (Range(keys.round),))
+
+
+def read_close(result: TxnResult) -> CloseOutcome:
+    """The outcome of a :func:`close_txn` result."""
+    if result.succeeded:
+        return CloseOutcome(True, result.revision, result.responses[0].kv)  # type: ignore[union-attr]
+    kvs = result.responses[0].kvs  # type: ignore[union-attr]
+    return CloseOutcome(False, result.revision, kvs[0] if kvs else None)
