@@ -35,6 +35,8 @@ from etcd3 import etcdrpc
 
 import chaoslib
 from chaoslib import ELASTICRUN, LEASE_TTL, TORCHRUN, ChaosJob
+from elastic.testing.etcd_cluster import EtcdCluster
+from elastic.testing.netns import NamespaceLink
 
 pytestmark = [pytest.mark.slow, pytest.mark.chaos, pytest.mark.etcd, pytest.mark.timeout(420)]
 
@@ -52,11 +54,13 @@ class Timeline:
     healed_at: float | None = None
 
 
-@dataclass
+@dataclass(frozen=True)
 class Context:
-    cluster: object
+    """What a fault can act on: the etcd cluster, the job, and the namespace link (partition only)."""
+
+    cluster: EtcdCluster
     job: ChaosJob
-    link: object | None = None
+    link: NamespaceLink | None = None
 
 
 @dataclass(frozen=True)
@@ -215,7 +219,8 @@ def cases(names: list[str]) -> list:
 # -- the run -----------------------------------------------------------------------------------
 
 
-def run(scenario: Scenario, launcher: str, ctx_cluster, job: ChaosJob, report, link=None) -> None:
+def run(scenario: Scenario, launcher: str, ctx_cluster: EtcdCluster, job: ChaosJob,
+        report: Callable[[str], None], link: NamespaceLink | None = None) -> None:
     """Start both agents, inject the fault at step 20, wait for the end, report and judge."""
     job.start("a", ctx_cluster.endpoints(link.host_addr if link else "127.0.0.1"),
               link.host_addr if link else "127.0.0.1", gloo_ifname=link.host_if if link else "lo")
