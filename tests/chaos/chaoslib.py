@@ -26,7 +26,7 @@ import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
 import psutil
 
@@ -303,6 +303,15 @@ class ChaosJob:
 
     def records(self) -> list[Record]:
         return read_records(self.out_dir)
+
+    def wait_records(self, predicate: Callable[[list[Record]], bool], timeout: float) -> bool:
+        """Poll the records until ``predicate(records)``; False after ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if predicate(self.records()):
+                return True
+            time.sleep(0.1)
+        return predicate(self.records())
 
     def wait_step(self, step: int, timeout: float) -> bool:
         """Wait until a worker finished ``step``; False on timeout or when every agent exited."""
