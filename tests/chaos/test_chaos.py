@@ -194,20 +194,20 @@ TODAY: dict[tuple[str, str], tuple[str, bool]] = {
         "34-37 s from the fault to the next step", True),
     ("single-member-restart", ELASTICRUN): (
         "the 5 s etcd restart (~6.5 s without an answer here) outlasts the 6 s client-side lease guess: both "
-        "agents restart their workers (worlds 2->2, 6 of 6 runs, once a restart charged); not strict: a faster "
+        "agents restart their workers (worlds 2->2, 7 of 7 runs, twice a restart charged); not strict: a faster "
         "etcd start can beat the guess",
         False),
     ("single-member-restart", TORCHRUN): (
-        "timing-dependent as under elasticrun: 2 of 6 runs restarted (worlds 2->2->2, a restart charged), "
-        "4 of 6 passed", False),
+        "timing-dependent as under elasticrun: 3 of 7 runs restarted (worlds 2->2->2, a restart charged), "
+        "4 of 7 passed", False),
     ("partition", TORCHRUN): (
-        "6 of 8 runs re-formed once more after growing back (worlds 2->1->2->2, a restart charged by torch's "
-        "agent); 2 of 8 passed", False),
+        "7 of 9 runs re-formed once more after growing back (worlds 2->1->2->2, a restart charged by torch's "
+        "agent); 2 of 9 passed", False),
     ("agent-sigstop", ELASTICRUN): (
         "the stopped node's worker failure (its peer's worker was stopped for the new round) is charged "
-        "to --max-restarts: TORCHELASTIC_RESTART_COUNT 1 in 4 of 5 runs; not strict: 1 of 5 passed", False),
+        "to --max-restarts: TORCHELASTIC_RESTART_COUNT 1 in 5 of 6 runs; not strict: 1 of 6 passed", False),
     ("agent-sigstop", TORCHRUN): (
-        "two re-formations (worlds 2->2->2, 5 of 5 runs) instead of one, a restart charged", True),
+        "two re-formations (worlds 2->2->2, 6 of 6 runs) instead of one, a restart charged", True),
     ("corrupt-state", ELASTICRUN): (
         "the watch thread prints a RendezvousStateError traceback (monitor._classify under "
         "watch._on_response) and drops the event; the job itself finishes", True),
