@@ -1,0 +1,81 @@
+"""Fixtures of the chaos suite: real etcd clusters, a network namespace, jobs, and the figures.
+
+Each fixture stops what it started by PID (or deletes what it created) in its finalizer, also
+when the test fails. When etcd cannot start, the test fails with one line (tests/conftest.py
+turns an ``EtcdServerError`` into that line); it never skips. So does the namespace fixture
+when it cannot create one (not root, no ``ip``).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import chaoslib  # noqa: E402
+
+from elastic.testing.etcd_cluster import EtcdCluster  # noqa: E402
+from elastic.testing.netns import NamespaceError, NamespaceLink  # noqa: E402
+
+_FIGURES: list[str] = []
+
+
+@pytest.fixture
+def report_figures():
+    """``report_figures(line)``: keep a scenario's figures for the session's summary."""
+    return _FIGURES.append
+
+
+@pytest.fixture
+def etcd_cluster_factory():
+    """``make(size, client_hosts=())`` -> a started :class:`EtcdCluster`, closed at teardown."""
+    made: list[EtcdCluster] = []
+
+    def make(size: int, client_hosts: tuple[str, ...] = ()) -> EtcdCluster:
+        cluster = EtcdCluster(size, client_hosts=client_hosts)
+        made.append(cluster)
+        return cluster
+
+    yield make
+    for cluster in made:
+        cluster.close()
+
+
+@pytest.fixture
+def netns_link():
+    """A network namespace joined to the host by a veth pair; deleted at teardown."""
+    try:
+        link = NamespaceLink()
+    except NamespaceError as error:
+        pytest.fail(f"could not create a network namespace for the partition test: {error}", pytrace=False)
+    try:
+        yield link
+    finally:
+        link.close()
+
+
+@pytest.fixture
+def job_factory(tmp_path):
+    """``make(launcher, **settings)`` -> a :class:`chaoslib.ChaosJob`; every process it started is
+    killed by PID at teardown (before the clusters and namespaces are removed)."""
+    jobs: list[chaoslib.ChaosJob] = []
+
+    def make(launcher: str, **settings) -> chaoslib.ChaosJob:
+        job = chaoslib.ChaosJob(launcher, tmp_path / f"job{len(jobs)}", **settings)
+        jobs.append(job)
+        return job
+
+    yield make
+    for job in jobs:
+        job.close()
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Every scenario's figures, quotable from a run's output."""
+    if _FIGURES:
+        terminalreporter.section("chaos figures")
+        for line in _FIGURES:
+            terminalreporter.write_line(line)
