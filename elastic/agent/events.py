@@ -31,7 +31,7 @@ from typing import Any
 
 from elastic.agent.private_files import open_private
 
-logger = logging.getLogger(__name__)
+log = logging.getLogger(__name__)
 
 __all__ = ["Event", "EventLog", "REQUIRED_FIELDS", "RESTART_CAUSES", "RestartCause"]
 
@@ -125,7 +125,7 @@ class EventLog:
             **fields,
         }
         line = _to_json(record)
-        logger.info("[%s][%s] event %s %s", self.run_id, self.node, event.value, line)
+        log.info("[%s][%s] event %s %s", self.run_id, self.node, event.value, line)
         if self._fd is None:
             return
         data = (line + "\n").encode("utf-8")
@@ -137,7 +137,7 @@ class EventLog:
             except OSError as e:
                 if not self._write_failed:
                     self._write_failed = True
-                    logger.warning(
+                    log.warning(
                         "[%s][%s] Cannot write to the event log %s (%s); events are still "
                         "logged but further write errors are not reported.",
                         self.run_id, self.node, self.path, e.strerror or e,
