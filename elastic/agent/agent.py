@@ -272,7 +272,7 @@ class ElasticAgent:
         self.handler.exclude(policy.cooldown, reason)
         self.events.emit(Event.NODE_EXCLUDED, reason=reason, cooldown_s=policy.cooldown, failures_in_a_row=failures)
         if self.metrics:
-            self.metrics.excluded.set(1)
+            self.metrics.set_excluded(True)
         print(f"elasticrun: node {self.node_id} is excluded for {policy.cooldown:g}s: {reason}; the others go on "
               f"without it", file=self._console)
         deadline = self._clock() + policy.cooldown
@@ -283,7 +283,7 @@ class ElasticAgent:
                 self.handler.shutdown()
                 return AgentResult(0, "the job ended while this node was excluded")
         if self.metrics:
-            self.metrics.excluded.set(0)
+            self.metrics.set_excluded(False)
         log.info("Run %s node %s: the exclusion cooldown ended; rejoining", self.handler.get_run_id(), self.host)
         self._failures_in_a_row = 0
         self.attempt += 1
