@@ -21,13 +21,14 @@ from dataclasses import dataclass
 from typing import IO, Callable
 
 from elastic.agent.decisions import AgentAction, AgentView, decide, should_exclude
+from elastic.agent.errors import StoreHostError, WorkerStartError
 from elastic.agent.events import Event, EventLog, RestartCause
 from elastic.agent.failures import first_failure, signal_name
 from elastic.agent.lifeline import Lifeline
 from elastic.agent.metrics import AgentMetrics
-from elastic.agent.store_host import StoreHost, StoreHostError
+from elastic.agent.store_host import StoreHost
 from elastic.agent.worker_env import python_executable
-from elastic.agent.workers import GroupState, GroupStatus, WorkerGroup, WorkerStartError
+from elastic.agent.workers import GroupState, GroupStatus, WorkerGroup
 from elastic.launch.config import LaunchConfig
 from elastic.rendezvous.decisions import MembershipChange
 from elastic.rendezvous.errors import RendezvousClosedError, RendezvousError

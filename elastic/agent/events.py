@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from elastic.agent.errors import EventLogError
 from elastic.agent.private_files import open_private
 
 log = logging.getLogger(__name__)
@@ -165,7 +166,7 @@ def _open_for_append(path: str) -> int:
         return open_private(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     except OSError as e:
         reason = e.strerror or errno.errorcode.get(e.errno or 0, str(e))
-        raise ValueError(
+        raise EventLogError(
             f"The event log {path!r} cannot be opened for appending: {reason}."
         ) from e
 

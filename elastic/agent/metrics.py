@@ -38,6 +38,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
+from elastic.agent.errors import MetricsServerError
 from elastic.agent.events import RestartCause
 
 log = logging.getLogger(__name__)
@@ -196,10 +197,6 @@ def render(registry: Collector) -> bytes:
 
 # -- the HTTP server ---------------------------------------------------------------------------
 HealthCheck = Callable[[], "tuple[bool, str]"]
-
-
-class MetricsServerError(RuntimeError):
-    """The metrics server could not start; the message names the address and the cause."""
 
 
 DEFAULT_REQUEST_DEADLINE = 10.0

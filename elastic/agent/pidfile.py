@@ -31,6 +31,8 @@ from typing import Callable, Iterable
 
 import psutil
 
+from elastic.agent.errors import PidFileError
+
 __all__ = [
     "MAX_FILE_BYTES",
     "LiveWorkers",
@@ -54,10 +56,6 @@ VERSION = 1
 _START_TOLERANCE_S = 0.05
 _KILL_PASSES_S = 2.0
 _KILL_WAIT_S = 0.05
-
-
-class PidFileError(ValueError):
-    """A PID file that cannot be trusted or parsed: wrong owner, too large, corrupt, unknown version."""
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,7 @@ from typing import IO, TYPE_CHECKING, Mapping
 
 import psutil
 
+from elastic.agent.errors import WorkerStartError
 from elastic.agent.failures import (
     WorkerFailure,
     read_error_file,
@@ -87,10 +88,6 @@ _RESCAN_S = 0.25
 _console_lock = threading.Lock()
 _default_log_root: str | None = None
 _default_log_root_lock = threading.Lock()
-
-
-class WorkerStartError(RuntimeError):
-    """A worker process could not be started (e.g. ``--no-python`` with a missing command)."""
 
 
 class GroupStatus(enum.Enum):
