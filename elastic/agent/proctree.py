@@ -169,7 +169,8 @@ class WorkerTrees:
         self._signal(procs, groups, signal.SIGTERM)
         if self._wait_gone(procs, time.monotonic() + grace):
             return
-        procs, groups = self._find(scan_sessions=True)
+        # The tracked ones too: one that left its session and lost its parent is found no other way.
+        procs, groups = self._find(scan_sessions=True, also=[pid for pid, p in procs.items() if alive(p)])
         survivors = {pid: p for pid, p in procs.items() if alive(p)}
         if survivors or groups:
             log.warning("%s: %d process(es) survived SIGTERM for %.1fs; sending SIGKILL: %s",

@@ -166,3 +166,40 @@ def test_a_stop_scans_the_whole_process_table_a_bounded_number_of_times(tmp_path
     assert state.status is GroupStatus.STOPPED
     assert not [pid for pid in tree if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
     assert 1 <= lister.scans <= 3, lister.scans  # at the start, before the SIGKILL, a last look
+
+
+def test_a_grandchild_that_left_the_session_and_ignores_sigterm_is_killed_after_its_parent_died(tmp_path):
+    """Its parent (the worker) dies on SIGTERM, so neither the parent chain nor the session finds
+    it any more; the stop still knows it from the start and SIGKILLs it after the grace."""
+    script = tmp_path / "escaper.py"
+    script.write_text(textwrap.dedent(f"""\
+        import os, subprocess, sys, time
+        child = subprocess.Popen([sys.executable, "-c",
+            "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"],
+            start_new_session=True)
+        time.sleep(0.5)  # the child has set SIG_IGN by now
+        with open(os.path.join({str(tmp_path)!r}, "child"), "w") as f:
+            f.write(str(child.pid))
+        time.sleep(60)
+        """))
+    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=1, entrypoint=Entrypoint("script", str(script)))
+    info = RendezvousInfo(run_id="proctree", round=0, group_rank=0, group_world_size=1,
+                          master_addr="127.0.0.1", master_port=29999, members=())
+    group = WorkerGroup(config, info, attempt=0, log_root=str(tmp_path / "logs"))
+    group.start()
+    child = None
+    try:
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "child").exists():
+            assert time.monotonic() < deadline, "the worker did not start its child"
+            time.sleep(0.02)
+        child = psutil.Process(int((tmp_path / "child").read_text()))
+
+        group.stop(timeout=1.0)
+
+        _, still_alive = psutil.wait_procs([child], timeout=5)
+        assert still_alive == []
+    finally:
+        group.stop(timeout=0)
+        if child is not None and child.is_running():
+            child.kill()
