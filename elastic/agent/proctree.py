@@ -134,6 +134,7 @@ class WorkerTrees:
         wait: sleeps up to the given seconds, waking early when a worker exits.
         label: how log lines name the group (``Run <id> attempt <k>``).
         lister: the process table (default: :class:`ProcLister`).
+        clock: monotonic seconds, for the grace and kill deadlines.
     """
 
     def __init__(
@@ -144,6 +145,7 @@ class WorkerTrees:
         wait: Callable[[float], object],
         label: str,
         lister: ProcessLister | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._leaders = leaders
         self._sessions = sessions
@@ -151,6 +153,7 @@ class WorkerTrees:
         self._label = label
         self._lister = lister if lister is not None else ProcLister()
         self._known: dict[int, psutil.Process] = {}
+        self._clock = clock
 
     def send_signal(self, sig: int) -> None:
         """Send ``sig`` once to every live worker and all of its tree."""
@@ -167,7 +170,7 @@ class WorkerTrees:
         log.info("%s: sending SIGTERM to %d process(es); SIGKILL after %.1fs.",
                  self._label, len(procs), grace)
         self._signal(procs, groups, signal.SIGTERM)
-        if self._wait_gone(procs, time.monotonic() + grace):
+        if self._wait_gone(procs, self._clock() + grace):
             return
         # The tracked ones too: one that left its session and lost its parent is found no other way.
         procs, groups = self._find(scan_sessions=True, also=[pid for pid, p in procs.items() if alive(p)])
@@ -176,7 +179,7 @@ class WorkerTrees:
             log.warning("%s: %d process(es) survived SIGTERM for %.1fs; sending SIGKILL: %s",
                         self._label, len(survivors), grace, sorted(survivors))
             self._signal(survivors, groups, signal.SIGKILL)
-        if not self._wait_gone(survivors, time.monotonic() + KILL_GRACE_S, rescan=False):
+        if not self._wait_gone(survivors, self._clock() + KILL_GRACE_S, rescan=False):
             left = sorted(pid for pid, p in survivors.items() if alive(p))
             log.error("%s: processes %s did not die %.0fs after SIGKILL (uninterruptible sleep?); "
                       "abandoning them.", self._label, left, KILL_GRACE_S)
@@ -224,9 +227,9 @@ class WorkerTrees:
         """Wait until no tracked process nor worker lives; SIGTERM and track newcomers (the
         descendants of what is tracked; the whole sessions once more at the end). False at
         the deadline."""
-        next_scan = time.monotonic() + RESCAN_S
+        next_scan = self._clock() + RESCAN_S
         while True:
-            now = time.monotonic()
+            now = self._clock()
             if rescan and now >= next_scan:
                 self._track_newcomers(procs, scan_sessions=False)
                 next_scan = now + RESCAN_S
