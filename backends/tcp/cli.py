@@ -29,6 +29,8 @@ from backends.tcp.limits import StoreLimits
 from backends.tcp.protocol import DEFAULT_PORT
 from backends.tcp.server import start_server
 
+log = logging.getLogger(__name__)
+
 __all__ = ["main"]
 
 PROG = "elastic-store"
@@ -116,7 +118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if token is None and not is_loopback_only(args.host):
-        logging.getLogger(__name__).warning(
+        log.warning(
             "%s on %s has no --token-file: anyone who can reach port %s can read and rewrite every key "
             "(the rendezvous members and master address included). Pass --token-file, or listen on 127.0.0.1.",
             PROG, args.host, args.port)

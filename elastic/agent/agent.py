@@ -21,13 +21,14 @@ from dataclasses import dataclass
 from typing import IO, Callable
 
 from elastic.agent.decisions import AgentAction, AgentView, decide, should_exclude
+from elastic.agent.errors import StoreHostError, WorkerStartError
 from elastic.agent.events import Event, EventLog, RestartCause
 from elastic.agent.failures import first_failure, signal_name
 from elastic.agent.lifeline import Lifeline
 from elastic.agent.metrics import AgentMetrics
-from elastic.agent.store_host import StoreHost, StoreHostError
+from elastic.agent.store_host import StoreHost
 from elastic.agent.worker_env import python_executable
-from elastic.agent.workers import GroupState, GroupStatus, WorkerGroup, WorkerStartError
+from elastic.agent.workers import GroupState, GroupStatus, WorkerGroup
 from elastic.launch.config import LaunchConfig
 from elastic.rendezvous.decisions import MembershipChange
 from elastic.rendezvous.errors import RendezvousClosedError, RendezvousError
@@ -272,7 +273,7 @@ class ElasticAgent:
         self.handler.exclude(policy.cooldown, reason)
         self.events.emit(Event.NODE_EXCLUDED, reason=reason, cooldown_s=policy.cooldown, failures_in_a_row=failures)
         if self.metrics:
-            self.metrics.excluded.set(1)
+            self.metrics.set_excluded(True)
         print(f"elasticrun: node {self.node_id} is excluded for {policy.cooldown:g}s: {reason}; the others go on "
               f"without it", file=self._console)
         deadline = self._clock() + policy.cooldown
@@ -283,7 +284,7 @@ class ElasticAgent:
                 self.handler.shutdown()
                 return AgentResult(0, "the job ended while this node was excluded")
         if self.metrics:
-            self.metrics.excluded.set(0)
+            self.metrics.set_excluded(False)
         log.info("Run %s node %s: the exclusion cooldown ended; rejoining", self.handler.get_run_id(), self.host)
         self._failures_in_a_row = 0
         self.attempt += 1

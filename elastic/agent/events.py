@@ -29,9 +29,10 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from elastic.agent.errors import EventLogError
 from elastic.agent.private_files import open_private
 
-logger = logging.getLogger(__name__)
+log = logging.getLogger(__name__)
 
 __all__ = ["Event", "EventLog", "REQUIRED_FIELDS", "RESTART_CAUSES", "RestartCause"]
 
@@ -125,7 +126,7 @@ class EventLog:
             **fields,
         }
         line = _to_json(record)
-        logger.info("[%s][%s] event %s %s", self.run_id, self.node, event.value, line)
+        log.info("[%s][%s] event %s %s", self.run_id, self.node, event.value, line)
         if self._fd is None:
             return
         data = (line + "\n").encode("utf-8")
@@ -137,7 +138,7 @@ class EventLog:
             except OSError as e:
                 if not self._write_failed:
                     self._write_failed = True
-                    logger.warning(
+                    log.warning(
                         "[%s][%s] Cannot write to the event log %s (%s); events are still "
                         "logged but further write errors are not reported.",
                         self.run_id, self.node, self.path, e.strerror or e,
@@ -165,7 +166,7 @@ def _open_for_append(path: str) -> int:
         return open_private(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     except OSError as e:
         reason = e.strerror or errno.errorcode.get(e.errno or 0, str(e))
-        raise ValueError(
+        raise EventLogError(
             f"The event log {path!r} cannot be opened for appending: {reason}."
         ) from e
 

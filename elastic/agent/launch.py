@@ -22,7 +22,8 @@ from contextlib import ExitStack
 from elastic.agent.agent import ElasticAgent, ExclusionPolicy, SignalReceived
 from elastic.agent.events import EventLog
 from elastic.agent.lifeline import Lifeline, state_dir
-from elastic.agent.metrics import AgentMetrics, MetricsServer, MetricsServerError
+from elastic.agent.errors import AgentError
+from elastic.agent.metrics import AgentMetrics, MetricsServer
 from elastic.agent.store_host import StoreHost
 from elastic.agent.worker_env import omp_threads_notice, python_executable
 from elastic.launch.config import LaunchConfig
@@ -70,7 +71,7 @@ def run(config: LaunchConfig) -> int:
                                                              agent.spares()))
                 cleanup.callback(server.stop)
                 server.start()  # it logs where it serves
-        except (RendezvousError, ValueError, MetricsServerError) as error:
+        except (RendezvousError, AgentError, ValueError) as error:
             print(f"elasticrun: {error}", file=sys.stderr)
             return 1
         _install_signal_handlers(config.signals_to_handle)

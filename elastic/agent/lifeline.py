@@ -45,6 +45,7 @@ import threading
 from typing import Callable, Iterable
 
 from elastic.agent import pidfile
+from elastic.agent.errors import LifelineError
 from elastic.agent.pidfile import LiveWorkers, ProcessId
 
 log = logging.getLogger(__name__)
@@ -127,7 +128,7 @@ class Lifeline:
         self._node = node
         me = ProcessId.of(os.getpid())
         if me is None:  # psutil cannot see this process: nothing can be tracked
-            raise OSError("cannot read this process's start time")
+            raise LifelineError("cannot read this process's start time")
         self._me = me
         self.path = os.path.join(directory, f"workers-{me.pid}.json")
         self._workers: dict[int, ProcessId] = {}
@@ -258,11 +259,11 @@ def _private_dir(directory: str) -> str:
     """``directory``, created (0700) if missing.
 
     Raises:
-        OSError: it cannot be created, or it is not a directory owned by this user (a PID file
-            found there could name any process).
+        OSError: it cannot be created; LifelineError (an OSError): it is not a directory owned
+            by this user (a PID file found there could name any process).
     """
     os.makedirs(directory, mode=0o700, exist_ok=True)
     info = os.lstat(directory)
     if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
-        raise OSError(f"{directory} is not a directory owned by this user (uid {os.geteuid()})")
+        raise LifelineError(f"{directory} is not a directory owned by this user (uid {os.geteuid()})")
     return directory

@@ -1,7 +1,7 @@
 """Prometheus metrics for the agent, and the opt-in HTTP server for ``/metrics`` and ``/healthz``.
 
-A tiny registry (counters, gauges, histograms, each with fixed label names) rendered in the
-Prometheus text exposition format 0.0.4, so the agent needs no client library. `AgentMetrics`
+The metrics are ``prometheus_client`` collectors in a registry of their own per agent (never the
+library's global one: several agents may share a process, as in the tests). `AgentMetrics`
 defines every metric the agent updates, with one method per thing that happens, so metric and
 label names cannot be misspelled at the call site::
 
@@ -11,55 +11,56 @@ label names cannot be misspelled at the call site::
     ...
     server.stop()
 
-`MetricsServer` answers ``GET /metrics`` (the exposition text), ``GET /healthz`` (200 with
-``{"status": "ok", ...}`` or 503 with the reason from the health callable) and 404 otherwise,
-from a `http.server.ThreadingHTTPServer` on a daemon thread. It listens on loopback unless
-told otherwise (``--metrics-addr``), gives each connection a whole-request deadline (a client
-sending one byte every few seconds is cut off at it), and serves a bounded number of
+`MetricsServer` answers ``GET /metrics`` (``prometheus_client.generate_latest``), ``GET /healthz``
+(200 with ``{"status": "ok", ...}`` or 503 with the reason from the health callable) and 404
+otherwise, from a `http.server.ThreadingHTTPServer` on a daemon thread. It listens on loopback
+unless told otherwise (``--metrics-addr``), gives each connection a whole-request deadline (a
+client sending one byte every few seconds is cut off at it), and serves a bounded number of
 connections at once (more are closed at once).
 """
 
 from __future__ import annotations
 
-import bisect
 import errno
 import io
 import json
 import logging
-import math
-import re
 import signal as signal_module
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TypeVar
 from urllib.parse import urlsplit
 
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+
+from elastic.agent.errors import MetricsServerError
 from elastic.agent.events import RestartCause
 
-logger = logging.getLogger(__name__)
+log = logging.getLogger(__name__)
 
 __all__ = [
     "AGENT_INFO",
     "AgentMetrics",
-    "Counter",
-    "Gauge",
-    "Histogram",
+    "EXCLUDED",
     "MEMBERS",
     "MetricsServer",
     "MetricsServerError",
     "NODES_WAITING",
+    "RENDEZVOUS_JOINED_NODES",
     "RESTARTS_TOTAL",
     "ROUND_DURATION_BUCKETS",
     "ROUND_DURATION_SECONDS",
     "ROUNDS_TOTAL",
-    "Registry",
+    "SPARES",
     "WORKER_EXITS_TOTAL",
     "WORKER_STATES",
     "WORKERS",
+    "render",
 ]
 
 # -- metric names the agent exports ------------------------------------------------------------
@@ -81,249 +82,52 @@ WORKER_STATES = ("running", "succeeded", "failed")
 ROUND_DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
                           600.0)
 
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-
-_METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*\Z")
-_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*\Z")
-
-LabelValues = tuple[str, ...]
-_M = TypeVar("_M", bound="_Metric")
-
-
-# -- the registry ------------------------------------------------------------------------------
-class _Metric:
-    """A named family of samples, one per combination of label values. Thread-safe."""
-
-    kind = ""
-
-    def __init__(self, name: str, help: str, labels: Sequence[str] = ()) -> None:
-        if not _METRIC_NAME.match(name):
-            raise ValueError(f"The metric name {name!r} is not a valid Prometheus name.")
-        for label in labels:
-            if not _LABEL_NAME.match(label) or label.startswith("__"):
-                raise ValueError(f"The label name {label!r} of {name} is not valid.")
-        if len(set(labels)) != len(labels):
-            raise ValueError(f"The label names of {name} repeat: {list(labels)}.")
-        self.name = name
-        self.help = help
-        self.label_names: tuple[str, ...] = tuple(labels)
-        self._lock = threading.Lock()
-
-    def _key(self, labels: dict[str, object]) -> LabelValues:
-        if set(labels) != set(self.label_names):
-            raise ValueError(
-                f"{self.name} takes labels {sorted(self.label_names)}, got {sorted(labels)}."
-            )
-        return tuple(str(labels[n]) for n in self.label_names)
-
-    def render(self) -> list[str]:
-        lines = [f"# HELP {self.name} {_escape_help(self.help)}", f"# TYPE {self.name} {self.kind}"]
-        lines.extend(self._samples())
-        return lines
-
-    def _samples(self) -> list[str]:
-        raise NotImplementedError
-
-    def _labels_text(self, key: LabelValues, extra: Iterable[tuple[str, str]] = ()) -> str:
-        pairs = list(zip(self.label_names, key)) + list(extra)
-        if not pairs:
-            return ""
-        return "{" + ",".join(f'{n}="{_escape_label(v)}"' for n, v in pairs) + "}"
-
-
-class _ValueMetric(_Metric):
-    def __init__(self, name: str, help: str, labels: Sequence[str] = ()) -> None:
-        super().__init__(name, help, labels)
-        # An unlabelled metric is always exported (as 0 until set); labelled ones once touched.
-        self._values: dict[LabelValues, float] = {} if self.label_names else {(): 0.0}
-
-    def value(self, **labels: object) -> float:
-        """The current value for ``labels`` (0 if never set)."""
-        key = self._key(labels)
-        with self._lock:
-            return self._values.get(key, 0.0)
-
-    def _add(self, amount: float, labels: dict[str, object]) -> None:
-        key = self._key(labels)
-        with self._lock:
-            self._values[key] = self._values.get(key, 0.0) + amount
-
-    def _samples(self) -> list[str]:
-        with self._lock:
-            items = sorted(self._values.items())
-        return [f"{self.name}{self._labels_text(k)} {_format_value(v)}" for k, v in items]
-
-
-class Counter(_ValueMetric):
-    """A count that only goes up."""
-
-    kind = "counter"
-
-    def inc(self, amount: float = 1.0, **labels: object) -> None:
-        """Add ``amount``. Raises ValueError if it is negative or the labels do not match."""
-        if amount < 0 or math.isnan(amount):
-            raise ValueError(f"{self.name} can only increase; got {amount}.")
-        self._add(amount, labels)
-
-
-class Gauge(_ValueMetric):
-    """A value that goes up and down."""
-
-    kind = "gauge"
-
-    def set(self, value: float, **labels: object) -> None:
-        key = self._key(labels)
-        with self._lock:
-            self._values[key] = float(value)
-
-    def inc(self, amount: float = 1.0, **labels: object) -> None:
-        self._add(amount, labels)
-
-    def dec(self, amount: float = 1.0, **labels: object) -> None:
-        self._add(-amount, labels)
-
-
-class Histogram(_Metric):
-    """Observations counted into cumulative ``le`` buckets, with their sum and count."""
-
-    kind = "histogram"
-
-    def __init__(
-        self, name: str, help: str, buckets: Sequence[float], labels: Sequence[str] = ()
-    ) -> None:
-        super().__init__(name, help, labels)
-        if "le" in self.label_names:
-            raise ValueError(f"The histogram {name} cannot have a label named 'le'.")
-        bounds = [float(b) for b in buckets if not math.isinf(b)]
-        if not bounds or bounds != sorted(set(bounds)) or any(math.isnan(b) for b in bounds):
-            raise ValueError(f"The buckets of {name} must be increasing numbers; got {buckets}.")
-        self.buckets: tuple[float, ...] = (*bounds, math.inf)
-        # Per label values: [count per bucket (not cumulative)..., sum]
-        self._data: dict[LabelValues, list[float]] = {}
-        if not self.label_names:
-            self._data[()] = [0.0] * (len(self.buckets) + 1)
-
-    def observe(self, value: float, **labels: object) -> None:
-        key = self._key(labels)
-        value = float(value)
-        last = len(self.buckets) - 1
-        index = last if math.isnan(value) else bisect.bisect_left(self.buckets, value)
-        with self._lock:
-            data = self._data.setdefault(key, [0.0] * (len(self.buckets) + 1))
-            data[index] += 1
-            data[-1] += value
-
-    def count(self, **labels: object) -> int:
-        """How many values were observed for ``labels``."""
-        key = self._key(labels)
-        with self._lock:
-            return int(sum(self._data.get(key, [0.0])[:-1]))
-
-    def _samples(self) -> list[str]:
-        with self._lock:
-            items = sorted((k, list(v)) for k, v in self._data.items())
-        lines = []
-        for key, data in items:
-            cumulative = 0.0
-            for bound, count in zip(self.buckets, data[:-1]):
-                cumulative += count
-                labels = self._labels_text(key, [("le", _format_value(bound))])
-                lines.append(f"{self.name}_bucket{labels} {_format_value(cumulative)}")
-            lines.append(f"{self.name}_sum{self._labels_text(key)} {_format_value(data[-1])}")
-            lines.append(f"{self.name}_count{self._labels_text(key)} {_format_value(cumulative)}")
-        return lines
-
-
-class Registry:
-    """Holds metric families by name and renders them all. Thread-safe."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._metrics: dict[str, _Metric] = {}
-
-    def counter(self, name: str, help: str, labels: Sequence[str] = ()) -> Counter:
-        return self._add(Counter(name, help, labels))
-
-    def gauge(self, name: str, help: str, labels: Sequence[str] = ()) -> Gauge:
-        return self._add(Gauge(name, help, labels))
-
-    def histogram(
-        self, name: str, help: str, buckets: Sequence[float], labels: Sequence[str] = ()
-    ) -> Histogram:
-        return self._add(Histogram(name, help, buckets, labels))
-
-    def get(self, name: str) -> _Metric:
-        """The metric called ``name``. Raises KeyError if there is none."""
-        with self._lock:
-            return self._metrics[name]
-
-    def render(self) -> str:
-        """All metrics in the text exposition format 0.0.4, ending with a newline."""
-        with self._lock:
-            metrics = list(self._metrics.values())
-        lines = [line for metric in metrics for line in metric.render()]
-        return "\n".join(lines) + "\n" if lines else ""
-
-    def _add(self, metric: _M) -> _M:
-        with self._lock:
-            if metric.name in self._metrics:
-                raise ValueError(f"A metric named {metric.name} is already registered.")
-            self._metrics[metric.name] = metric
-        return metric
-
-
-
-def _escape_help(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("\n", "\\n")
-
-
-def _escape_label(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
-def _format_value(value: float) -> str:
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    return repr(float(value))
-
 
 # -- the agent's metrics -----------------------------------------------------------------------
 class AgentMetrics:
-    """Every metric the agent exports, updated through one method per event."""
+    """Every metric the agent exports, updated through one method per event.
 
-    def __init__(self, *, run_id: str, node: str, registry: Registry | None = None) -> None:
-        self.registry = registry if registry is not None else Registry()
+    Args:
+        run_id, node: the labels of ``elastic_agent_info``.
+        registry: where the metrics are registered (default: a new one for this agent).
+
+    Raises:
+        ValueError: ``registry`` already holds one of these metrics.
+    """
+
+    def __init__(self, *, run_id: str, node: str, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
-        self.info = r.gauge(AGENT_INFO, "Always 1; labels name the run and this node.",
-                            ("run_id", "node"))
-        self.rounds = r.counter(ROUNDS_TOTAL, "Rendezvous rounds this node has joined.")
-        self.round_duration = r.histogram(
+        self.info = Gauge(AGENT_INFO, "Always 1; labels name the run and this node.",
+                          ("run_id", "node"), registry=r)
+        self.rounds = Counter(ROUNDS_TOTAL, "Rendezvous rounds this node has joined.", registry=r)
+        self.round_duration = Histogram(
             ROUND_DURATION_SECONDS,
             "Seconds from starting a rendezvous to being part of a closed round.",
-            ROUND_DURATION_BUCKETS,
+            buckets=ROUND_DURATION_BUCKETS, registry=r,
         )
-        self.members = r.gauge(MEMBERS, "Nodes in the current round (0 before the first).")
-        self.nodes_waiting = r.gauge(NODES_WAITING, "Nodes waiting to join the next round.")
-        self.spares = r.gauge(SPARES, "Nodes waiting as spares beyond a full round (no restart for them).")
-        self.excluded = r.gauge(EXCLUDED, "1 while this node is excluded after failures in a row (max_node_failures).")
-        self.rendezvous_joined = r.gauge(
+        self.members = Gauge(MEMBERS, "Nodes in the current round (0 before the first).", registry=r)
+        self.nodes_waiting = Gauge(NODES_WAITING, "Nodes waiting to join the next round.", registry=r)
+        self.spares = Gauge(SPARES, "Nodes waiting as spares beyond a full round (no restart for them).",
+                            registry=r)
+        self.excluded = Gauge(EXCLUDED, "1 while this node is excluded after failures in a row "
+                              "(max_node_failures).", registry=r)
+        self.rendezvous_joined = Gauge(
             RENDEZVOUS_JOINED_NODES,
             "While this node waits in a rendezvous: nodes joined to the round so far (0 when not waiting).",
+            registry=r,
         )
-        self.restarts = r.counter(
-            RESTARTS_TOTAL, "Restarts of the worker group, by cause.", ("cause",)
-        )
-        self.workers = r.gauge(WORKERS, "Local worker processes by state.", ("state",))
-        self.worker_exits = r.counter(
+        self.restarts = Counter(RESTARTS_TOTAL, "Restarts of the worker group, by cause.", ("cause",),
+                                registry=r)
+        self.workers = Gauge(WORKERS, "Local worker processes by state.", ("state",), registry=r)
+        self.worker_exits = Counter(
             WORKER_EXITS_TOTAL,
             "Local worker exits: exitcode set for a normal exit, signal (name) when killed.",
-            ("exitcode", "signal"),
+            ("exitcode", "signal"), registry=r,
         )
-        self.info.set(1, run_id=run_id, node=node)
+        self.info.labels(run_id=run_id, node=node).set(1)
         for cause in RestartCause:
-            self.restarts.inc(0, cause=cause.value)
+            self.restarts.labels(cause=cause.value)  # exported as 0 from the start
         self.set_workers(running=0, succeeded=0, failed=0)
 
     def round_joined(self, *, duration_s: float, members: int) -> None:
@@ -340,22 +144,26 @@ class AgentMetrics:
         """Nodes joined so far to the round this node waits for; None: not waiting (0)."""
         self.rendezvous_joined.set(joined or 0)
 
+    def set_excluded(self, excluded: bool) -> None:
+        """This node is (or no longer is) excluded after failures in a row."""
+        self.excluded.set(1 if excluded else 0)
+
     def restart(self, cause: RestartCause | str) -> None:
         """The worker group is being restarted. Raises ValueError for an unknown cause."""
-        self.restarts.inc(cause=RestartCause(cause).value)
+        self.restarts.labels(cause=RestartCause(cause).value).inc()
 
     def set_workers(self, *, running: int, succeeded: int, failed: int) -> None:
         for state, count in zip(WORKER_STATES, (running, succeeded, failed)):
-            self.workers.set(count, state=state)
+            self.workers.labels(state=state).set(count)
 
     def worker_exit(self, *, exitcode: int | None, signal: int | str | None = None) -> None:
         """A local worker exited with ``exitcode``, or was killed by ``signal`` (a number or a
         name). A negative exitcode (as `subprocess` reports a signal) counts as that signal."""
         if signal is None and exitcode is not None and exitcode < 0:
             signal, exitcode = -exitcode, None
-        self.worker_exits.inc(
+        self.worker_exits.labels(
             exitcode="" if exitcode is None else str(exitcode), signal=_signal_name(signal)
-        )
+        ).inc()
 
 
 def _signal_name(sig: int | str | None) -> str:
@@ -369,12 +177,26 @@ def _signal_name(sig: int | str | None) -> str:
         return str(abs(int(sig)))
 
 
+class _WithoutCreated(Collector):
+    """``registry``'s metrics minus the ``*_created`` timestamps the client adds to counters and
+    histograms: the agent exports the series its documentation lists, and no others."""
+
+    def __init__(self, registry: Collector) -> None:
+        self._registry = registry
+
+    def collect(self) -> Iterable[Metric]:
+        for metric in self._registry.collect():
+            metric.samples = [s for s in metric.samples if s.name != metric.name + "_created"]
+            yield metric
+
+
+def render(registry: Collector) -> bytes:
+    """``registry`` in the Prometheus text format (``CONTENT_TYPE_LATEST``)."""
+    return generate_latest(_WithoutCreated(registry))
+
+
 # -- the HTTP server ---------------------------------------------------------------------------
 HealthCheck = Callable[[], "tuple[bool, str]"]
-
-
-class MetricsServerError(RuntimeError):
-    """The metrics server could not start; the message names the address and the cause."""
 
 
 DEFAULT_REQUEST_DEADLINE = 10.0
@@ -401,7 +223,7 @@ class MetricsServer:
         port: int,
         host: str = "127.0.0.1",
         *,
-        registry: Registry,
+        registry: Collector,
         health: HealthCheck | None = None,
         request_deadline: float = DEFAULT_REQUEST_DEADLINE,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
@@ -456,7 +278,7 @@ class MetricsServer:
                 daemon=True,
             )
             self._thread.start()
-        logger.info("Serving /metrics and /healthz on %s:%s.", self.host, self.port)
+        log.info("Serving /metrics and /healthz on %s:%s.", self.host, self.port)
         return self
 
     def stop(self) -> None:
@@ -470,7 +292,7 @@ class MetricsServer:
         server.shutdown()
         server.server_close()
         thread.join(timeout=5)
-        logger.info("Stopped the metrics server on %s:%s.", self.host, server.server_address[1])
+        log.info("Stopped the metrics server on %s:%s.", self.host, server.server_address[1])
 
     def __enter__(self) -> MetricsServer:
         return self.start()
@@ -501,7 +323,7 @@ class MetricsServer:
         try:
             healthy, reason = self.health()
         except Exception as e:  # a broken health check must not kill the server thread
-            logger.exception("The health check raised.")
+            log.exception("The health check raised.")
             return False, f"the health check raised {type(e).__name__}: {e}"
         return bool(healthy), str(reason)
 
@@ -514,7 +336,7 @@ class _Server(ThreadingHTTPServer):
     def process_request(self, request, client_address) -> None:  # type: ignore[no-untyped-def]
         """Serve on a thread while under the connection cap; otherwise close the connection at once."""
         if not self.slots.acquire(blocking=False):
-            logger.debug("metrics server: %s refused, %d connections already", client_address,
+            log.debug("metrics server: %s refused, %d connections already", client_address,
                          self.owner.max_connections)
             self.shutdown_request(request)
             return
@@ -569,7 +391,7 @@ class _Handler(BaseHTTPRequestHandler):
         path = urlsplit(self.path).path
         owner = self.server.owner
         if path == "/metrics":
-            self._reply(HTTPStatus.OK, CONTENT_TYPE, owner.registry.render())
+            self._reply(HTTPStatus.OK, CONTENT_TYPE_LATEST, render(owner.registry))
         elif path == "/healthz":
             healthy, reason = owner._health()
             status = HTTPStatus.OK if healthy else HTTPStatus.SERVICE_UNAVAILABLE
@@ -579,8 +401,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._reply(HTTPStatus.NOT_FOUND, "text/plain; charset=utf-8",
                         "Not found; try /metrics or /healthz.\n")
 
-    def _reply(self, status: HTTPStatus, content_type: str, body: str) -> None:
-        data = body.encode("utf-8")
+    def _reply(self, status: HTTPStatus, content_type: str, body: str | bytes) -> None:
+        data = body.encode("utf-8") if isinstance(body, str) else body
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(data)))
@@ -588,4 +410,4 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def log_message(self, format: str, *args: object) -> None:  # noqa: A002
-        logger.debug("metrics server: %s - " + format, self.address_string(), *args)
+        log.debug("metrics server: %s - " + format, self.address_string(), *args)

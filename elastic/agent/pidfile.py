@@ -31,6 +31,9 @@ from typing import Callable, Iterable
 
 import psutil
 
+from elastic.agent.errors import PidFileError
+from elastic.agent.proctree import ProcLister, find_tree
+
 __all__ = [
     "MAX_FILE_BYTES",
     "LiveWorkers",
@@ -54,10 +57,6 @@ VERSION = 1
 _START_TOLERANCE_S = 0.05
 _KILL_PASSES_S = 2.0
 _KILL_WAIT_S = 0.05
-
-
-class PidFileError(ValueError):
-    """A PID file that cannot be trusted or parsed: wrong owner, too large, corrupt, unknown version."""
 
 
 @dataclass(frozen=True)
@@ -241,26 +240,14 @@ def kill_workers(
 
 def _targets(workers: tuple[ProcessId, ...]) -> set[int]:
     """Live pids to kill: recorded workers still running, their descendants, their sessions' members."""
-    me = os.getpid()
     sessions: set[int] = set()
-    found: set[int] = set()
+    roots: list[int] = []
     for worker in workers:
         state = liveness(worker, start_time(worker.pid))
         if state is Liveness.REUSED:
             continue  # the session id is someone else's now
         sessions.add(worker.pid)
         if state is Liveness.ALIVE:
-            found.add(worker.pid)
-            try:
-                found.update(child.pid for child in psutil.Process(worker.pid).children(recursive=True))
-            except psutil.Error:
-                pass
-    if sessions:
-        for pid in psutil.pids():
-            try:
-                if os.getsid(pid) in sessions:
-                    found.add(pid)
-            except OSError:
-                continue
-    found.discard(me)
+            roots.append(worker.pid)
+    found = find_tree(ProcLister(), roots, sessions, scan_sessions=True, exclude=(os.getpid(),))
     return {pid for pid in found if start_time(pid) is not None}

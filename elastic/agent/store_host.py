@@ -19,6 +19,7 @@ import socket
 import subprocess
 from typing import Mapping
 
+from elastic.agent.errors import StoreHostError
 from elastic.agent.lifeline import parent_death_preexec
 
 log = logging.getLogger(__name__)
@@ -56,10 +57,6 @@ while True:
         os.close(fds[0])
         chan.sendall(("error %r" % (error,))[:300].encode())
 """
-
-
-class StoreHostError(RuntimeError):
-    """The store helper could not start or could not serve the socket (the message says why)."""
 
 
 class StoreHost:

@@ -4,25 +4,12 @@ A :class:`WorkerGroup` runs ``nproc_per_node`` workers for one rendezvous round 
 Each worker is its own session (``start_new_session``), so the worker and everything it spawns
 can be found and signalled; stdin is ``/dev/null``. On Linux each worker also gets the
 parent-death signal (:mod:`elastic.agent.lifeline`): start groups from the agent's main thread.
-
-Output, per local rank and stream, as torchrun's ``--redirects``/``--tee``/``--local-ranks-filter``:
-
-==============  =====================================  ============================================
-mask            shown rank                             filtered-out rank
-==============  =====================================  ============================================
-neither         the agent's console, as is (inherited)  discarded
-redirect        ``<rank dir>/{stdout,stderr}.log``      the file
-tee             the file, and the console with each     the file
-                line prefixed ``[{role}{local_rank}]:``
-==============  =====================================  ============================================
-
-Logs live in ``<log_root>/<run_id>/<node_id>/attempt_<k>/<local_rank>/`` with the worker's
-``error.json`` (its ``TORCHELASTIC_ERROR_FILE``). Tee'd streams are pumped by one thread each
-(pipe → file + console, line-buffered, bounded memory); the others are plain file descriptors.
+Where the output goes is :mod:`elastic.agent.output`'s job; finding and stopping the process
+trees is :mod:`elastic.agent.proctree`'s.
 
 Exits are seen by one thread per worker blocked in ``wait()``, so :meth:`WorkerGroup.wait` sleeps
 on a condition instead of polling. :meth:`WorkerGroup.stop` signals each worker's whole tree —
-its descendants (psutil), its process group and its session — SIGTERM, waits up to the shutdown
+its descendants, its process group and its session — SIGTERM, waits up to the shutdown
 timeout, then SIGKILLs what is left. Call ``stop()`` after every attempt, even a successful one:
 it also reaps grandchildren a finished worker left behind.
 """
@@ -30,23 +17,17 @@ it also reaps grandchildren a finished worker left behind.
 from __future__ import annotations
 
 import enum
-import io
 import logging
 import os
-import select
 import shutil
-import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
-from string import Template
+from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Mapping
 
-import psutil
-
+from elastic.agent.errors import WorkerStartError
 from elastic.agent.failures import (
     WorkerFailure,
     read_error_file,
@@ -54,7 +35,15 @@ from elastic.agent.failures import (
     root_cause_summary,
 )
 from elastic.agent.lifeline import parent_death_preexec
-from elastic.agent.private_files import open_private_file
+from elastic.agent.output import (
+    PUMP_DRAIN_S,
+    WorkerLogs,
+    WorkerOutput,
+    attempt_log_dir,
+    console_prefix,
+    resolve_log_root,
+)
+from elastic.agent.proctree import ProcessLister, WorkerTrees
 from elastic.agent.worker_env import python_executable, worker_argv, worker_env, worker_ranks
 from elastic.launch.config import LaunchConfig, Std
 
@@ -73,24 +62,6 @@ __all__ = [
     "console_prefix",
     "resolve_log_root",
 ]
-
-# After SIGKILL, how long to wait for processes to vanish before giving up on them (a process in
-# uninterruptible sleep cannot die; the agent must not hang on it).
-KILL_GRACE_S = 5.0
-# How long a pump keeps draining its pipe after stop() once no worker holds it.
-PUMP_DRAIN_S = 1.0
-# A console line longer than this is emitted in pieces rather than buffered further.
-MAX_LINE_BYTES = 64 * 1024
-_POLL_S = 0.05
-_RESCAN_S = 0.25
-
-_console_lock = threading.Lock()
-_default_log_root: str | None = None
-_default_log_root_lock = threading.Lock()
-
-
-class WorkerStartError(RuntimeError):
-    """A worker process could not be started (e.g. ``--no-python`` with a missing command)."""
 
 
 class GroupStatus(enum.Enum):
@@ -124,158 +95,12 @@ class GroupState:
     running: frozenset[int] = frozenset()
 
 
-@dataclass(frozen=True)
-class WorkerLogs:
-    """Where one worker's output went: file paths, ``None`` for a stream not written to a file."""
-
-    stdout: str | None
-    stderr: str | None
-    error_file: str
-
-
-def resolve_log_root(log_dir: str | None) -> str:
-    """``--log-dir``, or else one temporary directory per agent process (as torchrun), created
-    on first use and shared by every attempt."""
-    global _default_log_root
-    if log_dir:
-        os.makedirs(log_dir, exist_ok=True)
-        return log_dir
-    with _default_log_root_lock:
-        if _default_log_root is None or not os.path.isdir(_default_log_root):
-            _default_log_root = tempfile.mkdtemp(prefix="elasticrun_")
-        return _default_log_root
-
-
-def attempt_log_dir(log_root: str, run_id: str, attempt: int, node_id: str | None = None) -> str:
-    """``<log_root>/<run_id>/<node_id>/attempt_<attempt>``: one directory per node, so agents
-    may share ``--log-dir`` (a shared volume); a ``/`` in an id becomes ``_``.
-
-    Raises:
-        ValueError: the ids would lead outside ``log_root`` (``.``, ``..``): the agent deletes
-            an attempt's directory before reusing it, and must never delete anything else.
-    """
-    parts = [part.replace(os.sep, "_") or "run" for part in (run_id, node_id) if part is not None]
-    for part in parts:
-        if not part.strip("."):
-            raise ValueError(f"The log directory name {part!r} must be a plain name, not only dots.")
-    path = os.path.join(log_root, *parts, f"attempt_{attempt}")
-    root = os.path.realpath(log_root)
-    if os.path.commonpath([root, os.path.realpath(path)]) != root:
-        raise ValueError(f"The log directory {path!r} is outside the log root {log_root!r}.")
-    return path
-
-
-def console_prefix(template: str | None, role: str, rank: int, local_rank: int) -> str:
-    """The console prefix of a tee'd line: ``[default0]:``, or torchrun's
-    ``TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE`` with ``${role_name}``, ``${rank}`` (global) and
-    ``${local_rank}`` substituted."""
-    if template is None:
-        return f"[{role}{local_rank}]:"
-    return Template(template).safe_substitute(role_name=role, rank=rank, local_rank=local_rank)
-
-
-class _Route(enum.Enum):
-    CONSOLE = "console"  # inherit the agent's stream
-    DISCARD = "discard"
-    FILE = "file"
-    TEE = "tee"
-
-
-def _route(redirect: bool, tee: bool, shown: bool) -> _Route:
-    if tee:
-        return _Route.TEE if shown else _Route.FILE
-    if redirect:
-        return _Route.FILE
-    return _Route.CONSOLE if shown else _Route.DISCARD
-
-
-class _Pump(threading.Thread):
-    """Copies a worker's pipe to its log file and, line by line with a prefix, to the console."""
-
-    def __init__(self, name: str, fd: int, path: str | None, console: IO, prefix: str) -> None:
-        super().__init__(name=name, daemon=True)
-        self._fd = fd
-        self._file = open_private_file(path, "wb", buffering=0) if path else None
-        self._console = console
-        self._prefix = prefix.encode()
-        self._partial = b""
-        self._stop_at: float | None = None
-
-    def request_stop(self, drain_s: float = PUMP_DRAIN_S) -> None:
-        """Finish at EOF, or ``drain_s`` from now at the latest."""
-        self._stop_at = time.monotonic() + drain_s
-
-    def run(self) -> None:
-        poller = select.poll()
-        poller.register(self._fd, select.POLLIN | select.POLLHUP | select.POLLERR)
-        try:
-            while True:
-                if self._stop_at is not None and time.monotonic() >= self._stop_at:
-                    break  # a process that escaped the stop still holds the pipe
-                if not poller.poll(int(_POLL_S * 1000)):
-                    continue
-                chunk = os.read(self._fd, 65536)
-                if not chunk:
-                    break
-                if self._file is not None:
-                    self._file.write(chunk)
-                self._to_console(chunk)
-        except OSError:
-            log.exception("Log pump %s failed; its output is lost from now on.", self.name)
-        finally:
-            if self._partial:
-                self._emit([self._partial + b"\n"])
-            os.close(self._fd)
-            if self._file is not None:
-                self._file.close()
-
-    def _to_console(self, chunk: bytes) -> None:
-        data = self._partial + chunk
-        lines = data.split(b"\n")
-        self._partial = lines.pop()
-        out = [line + b"\n" for line in lines]
-        while len(self._partial) > MAX_LINE_BYTES:
-            out.append(self._partial[:MAX_LINE_BYTES] + b"\n")
-            self._partial = self._partial[MAX_LINE_BYTES:]
-        if out:
-            self._emit(out)
-
-    def _emit(self, lines: list[bytes]) -> None:
-        payload = b"".join(self._prefix + line for line in lines)
-        with _console_lock:
-            try:
-                _write_bytes(self._console, payload)
-            except (OSError, ValueError):
-                pass  # a closed or broken console must not stop the log file
-
-
-def _write_bytes(stream: IO, payload: bytes) -> None:
-    buffer = getattr(stream, "buffer", None)
-    if buffer is not None:
-        stream.flush()
-        buffer.write(payload)
-        buffer.flush()
-    else:
-        stream.write(payload.decode("utf-8", errors="replace"))
-        stream.flush()
-
-
-def _fileno(stream: IO) -> int | None:
-    try:
-        return stream.fileno()
-    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
-        return None
-
-
 @dataclass
 class _Worker:
     local_rank: int
     global_rank: int
-    logs: WorkerLogs
-    routes: dict[str, _Route]
+    output: WorkerOutput
     proc: subprocess.Popen | None = None
-    ps: psutil.Process | None = None
-    pumps: list[_Pump] = field(default_factory=list)
     watcher: threading.Thread | None = None
     exitcode: int | None = None
     exit_monotonic: float = 0.0
@@ -285,6 +110,10 @@ class _Worker:
     @property
     def pid(self) -> int:
         return self.proc.pid if self.proc is not None else -1
+
+    @property
+    def logs(self) -> WorkerLogs:
+        return self.output.logs
 
 
 class WorkerGroup:
@@ -304,6 +133,7 @@ class WorkerGroup:
         line_prefix_template: torchrun's ``TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE``.
         node_id: this node's id in the rendezvous, naming its log directory (agents may share
             ``--log-dir``).
+        process_lister: the process table stop() reads (default: ``/proc``; tests inject one).
 
     Raises:
         ValueError: bad counts, or ids that would put the logs outside the log root.
@@ -324,6 +154,7 @@ class WorkerGroup:
         console_stderr: IO | None = None,
         line_prefix_template: str | None = None,
         node_id: str | None = None,
+        process_lister: ProcessLister | None = None,
     ) -> None:
         if config.nproc_per_node < 1:
             raise ValueError(f"The number of workers ({config.nproc_per_node}) must be positive.")
@@ -349,6 +180,13 @@ class WorkerGroup:
         self._stop_began: float | None = None
         self._stopped = False
         self._started = False
+        self._trees = WorkerTrees(
+            lambda: [w.pid for w in self._live_leaders()],
+            lambda: {w.pid for w in self._workers if w.proc is not None},
+            wait=self._wait_exit,
+            label=f"Run {rdzv.run_id} attempt {attempt}",
+            lister=process_lister,
+        )
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -470,8 +308,7 @@ class WorkerGroup:
 
     def send_signal(self, sig: int) -> None:
         """Send ``sig`` to every live worker and all of its descendants."""
-        targets, groups = self._tree()
-        self._signal(targets, groups, sig)
+        self._trees.send_signal(sig)
 
     def stop(self, timeout: float | None = None) -> GroupState:
         """Stop every worker's whole process tree; idempotent, safe from any thread.
@@ -501,29 +338,18 @@ class WorkerGroup:
     # -- internals ---------------------------------------------------------------------------
 
     def _plan(self, local_rank: int) -> _Worker:
-        rank_dir = os.path.join(self.log_dir, str(local_rank))
         redirect = self.config.redirects.for_rank(local_rank)
         tee = self.config.tee.for_rank(local_rank)
-        shown = self._shown(local_rank)
-        paths, routes = {}, {}
-        for flag, name in ((Std.OUT, "stdout"), (Std.ERR, "stderr")):
-            route = routes[name] = _route(bool(redirect & flag), bool(tee & flag), shown)
-            paths[name] = (
-                os.path.join(rank_dir, f"{name}.log")
-                if route in (_Route.FILE, _Route.TEE)
-                else None
-            )
-        logs = WorkerLogs(
-            stdout=paths["stdout"],
-            stderr=paths["stderr"],
-            error_file=os.path.join(rank_dir, "error.json"),
+        ranks = self.config.local_ranks_filter
+        output = WorkerOutput(
+            os.path.join(self.log_dir, str(local_rank)),
+            redirect={"stdout": bool(redirect & Std.OUT), "stderr": bool(redirect & Std.ERR)},
+            tee={"stdout": bool(tee & Std.OUT), "stderr": bool(tee & Std.ERR)},
+            shown=not ranks or local_rank in ranks,
+            consoles={"stdout": self._console_out, "stderr": self._console_err},
         )
         global_rank = worker_ranks(self.config, self.rdzv, local_rank).rank
-        return _Worker(local_rank=local_rank, global_rank=global_rank, logs=logs, routes=routes)
-
-    def _shown(self, local_rank: int) -> bool:
-        ranks = self.config.local_ranks_filter
-        return not ranks or local_rank in ranks
+        return _Worker(local_rank=local_rank, global_rank=global_rank, output=output)
 
     def _argv(self, worker: _Worker) -> list[str]:
         return worker_argv(
@@ -536,9 +362,7 @@ class WorkerGroup:
             restart_count=self.restart_count, error_file=worker.logs.error_file,
             use_agent_store=self._use_agent_store,
         )
-        opened: list[IO] = []
-        try:
-            std, pumps = self._stdio(worker, opened)
+        with worker.output.stdio() as std:
             worker.proc = proc = subprocess.Popen(
                 self._argv(worker),
                 env=env,
@@ -550,13 +374,6 @@ class WorkerGroup:
                 # Linux: SIGKILL when this thread's process dies (see elastic.agent.lifeline).
                 preexec_fn=parent_death_preexec(),
             )
-        finally:
-            for fp in opened:  # the child holds its own copies
-                fp.close()
-        try:
-            worker.ps = psutil.Process(proc.pid)
-        except psutil.Error:
-            worker.ps = None  # already gone; the watcher reports its exit
         worker.watcher = threading.Thread(
             target=self._watch, args=(worker, proc), name=f"watch-{worker.local_rank}", daemon=True
         )
@@ -564,40 +381,7 @@ class WorkerGroup:
         prefix = console_prefix(
             self._prefix_template, self.config.role, worker.global_rank, worker.local_rank
         )
-        for name, path, console in pumps:
-            pipe = getattr(proc, name)
-            fd = os.dup(pipe.fileno())
-            pipe.close()
-            pump = _Pump(
-                f"pump-{name}-{worker.local_rank}", fd, path, console, prefix if path else ""
-            )
-            pump.start()
-            worker.pumps.append(pump)
-
-    def _stdio(
-        self, worker: _Worker, opened: list[IO]
-    ) -> tuple[dict[str, object], list[tuple[str, str | None, IO]]]:
-        """Popen's ``stdout``/``stderr`` for ``worker``; the pumps to run (stream, file, console).
-
-        Files opened for the child are appended to ``opened`` for the caller to close.
-        """
-        std: dict[str, object] = {}
-        pumps: list[tuple[str, str | None, IO]] = []
-        for name, console in (("stdout", self._console_out), ("stderr", self._console_err)):
-            route = worker.routes[name]
-            path = getattr(worker.logs, name)
-            if route is _Route.FILE:
-                fp = open_private_file(path, "wb")  # closed by the caller after Popen
-                opened.append(fp)
-                std[name] = fp
-            elif route is _Route.DISCARD or console is None:
-                std[name] = subprocess.DEVNULL
-            elif route is _Route.CONSOLE and _fileno(console) is not None:
-                std[name] = _fileno(console)
-            else:  # TEE, or a console without a file descriptor (e.g. a StringIO): pump it
-                std[name] = subprocess.PIPE
-                pumps.append((name, path if route is _Route.TEE else None, console))
-        return std, pumps
+        worker.output.start_pumps(proc, prefix, worker.local_rank)
 
     def _watch(self, worker: _Worker, proc: subprocess.Popen) -> None:
         code = proc.wait()
@@ -635,130 +419,23 @@ class WorkerGroup:
         with self._cond:
             return [w for w in self._workers if w.proc is not None and w.exitcode is None]
 
-    def _tree(self) -> tuple[dict[int, psutil.Process], list[int]]:
-        """Every process to signal, and the process groups of unreaped workers (for killpg).
-
-        Found three ways, so a grandchild is missed only if it both left the worker's session
-        and lost its parent chain: the live workers' descendants; every process in a worker's
-        session or process group (a leader's id stays reserved while any member lives).
-        """
-        me = os.getpid()
-        procs: dict[int, psutil.Process] = {}
-        groups = []
-        for w in self._live_leaders():
-            groups.append(w.pid)
-            if w.ps is None:
-                continue
-            procs[w.pid] = w.ps
-            try:
-                for child in w.ps.children(recursive=True):
-                    procs[child.pid] = child
-            except psutil.Error:
-                pass
-        sessions = {w.pid for w in self._workers if w.proc is not None}
-        for proc in psutil.process_iter():
-            pid = proc.pid
-            if pid == me or pid in procs:
-                continue
-            try:
-                if os.getsid(pid) in sessions or os.getpgid(pid) in sessions:
-                    procs[pid] = proc
-            except OSError:
-                continue
-        return procs, groups
-
-    def _signal(self, procs: Mapping[int, psutil.Process], groups: list[int], sig: int) -> None:
-        """Signal each process exactly once: whole groups with ``killpg``, the rest one by one.
-
-        (Twice would matter: a worker that handles SIGUSR1 and exits would be killed by the
-        second one arriving while the interpreter shuts down.)
-        """
-        signalled = set()
-        for pgid in groups:
-            try:
-                os.killpg(pgid, sig)
-                signalled.add(pgid)
-            except OSError:
-                pass
-        for proc in procs.values():
-            try:
-                if os.getpgid(proc.pid) in signalled:
-                    continue
-                proc.send_signal(sig)
-            except (OSError, psutil.Error):
-                pass
+    def _wait_exit(self, timeout: float) -> None:
+        with self._cond:
+            self._cond.wait(timeout)
 
     def _terminate(self, grace: float) -> None:
-        procs, groups = self._tree()
-        if not procs and not groups:
-            return
-        log.info(
-            "Run %s attempt %d: sending SIGTERM to %d process(es); SIGKILL after %.1fs.",
-            self.rdzv.run_id, self.attempt, len(procs), grace,
-        )
-        self._signal(procs, groups, signal.SIGTERM)
-        if self._wait_gone(procs, time.monotonic() + grace):
-            return
-        procs, groups = self._tree()
-        survivors = {pid: p for pid, p in procs.items() if _alive(p)}
-        if survivors or groups:
-            log.warning(
-                "Run %s attempt %d: %d process(es) survived SIGTERM for %.1fs; sending SIGKILL: %s",
-                self.rdzv.run_id, self.attempt, len(survivors), grace, sorted(survivors),
-            )
-            self._signal(survivors, groups, signal.SIGKILL)
-        if not self._wait_gone(survivors, time.monotonic() + KILL_GRACE_S, rescan=False):
-            left = sorted(pid for pid, p in survivors.items() if _alive(p))
-            log.error(
-                "Run %s attempt %d: processes %s did not die %.0fs after SIGKILL "
-                "(uninterruptible sleep?); abandoning them.",
-                self.rdzv.run_id, self.attempt, left, KILL_GRACE_S,
-            )
-
-    def _wait_gone(
-        self, procs: dict[int, psutil.Process], deadline: float, rescan: bool = True
-    ) -> bool:
-        """Wait until no tracked process nor worker lives; track newcomers. False at deadline."""
-        next_scan = time.monotonic() + _RESCAN_S
-        while True:
-            now = time.monotonic()
-            if rescan and now >= next_scan:
-                self._track_newcomers(procs)
-                next_scan = now + _RESCAN_S
-            if not self._live_leaders() and not any(_alive(p) for p in procs.values()):
-                if not rescan:
-                    return True
-                if not self._track_newcomers(procs):  # one last look for late descendants
-                    return True
-            if now >= deadline:
-                return False
-            with self._cond:
-                self._cond.wait(min(_POLL_S, max(0.0, deadline - now)))
-
-    def _track_newcomers(self, procs: dict[int, psutil.Process]) -> bool:
-        """Add (and SIGTERM) processes of the tree spawned since ``procs`` was taken."""
-        found, _ = self._tree()
-        new = {pid: p for pid, p in found.items() if pid not in procs and _alive(p)}
-        self._signal(new, [], signal.SIGTERM)
-        procs.update(new)
-        return bool(new)
+        self._trees.terminate(grace)
 
     def _join_threads(self) -> None:
         for w in self._workers:
             if w.watcher is not None:
                 w.watcher.join(timeout=1.0)
         for w in self._workers:
-            for pump in w.pumps:
+            for pump in w.output.pumps:
                 pump.request_stop()
         for w in self._workers:
-            for pump in w.pumps:
+            for pump in w.output.pumps:
                 pump.join(timeout=PUMP_DRAIN_S + 2.0)
                 if pump.is_alive():
                     log.warning("Run %s: log pump %s did not finish.", self.rdzv.run_id, pump.name)
 
-
-def _alive(proc: psutil.Process) -> bool:
-    try:
-        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False

@@ -1,4 +1,5 @@
-"""The metrics registry, its text exposition, and the /metrics + /healthz server."""
+"""The agent's metrics (prometheus_client, one registry per agent), their exposition, and the
+/metrics + /healthz server."""
 
 from __future__ import annotations
 
@@ -11,19 +12,25 @@ import urllib.request
 
 import pytest
 
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY
+
 from elastic.agent.metrics import (
+    AGENT_INFO,
+    EXCLUDED,
     MEMBERS,
     NODES_WAITING,
+    RENDEZVOUS_JOINED_NODES,
     RESTARTS_TOTAL,
     ROUND_DURATION_BUCKETS,
     ROUND_DURATION_SECONDS,
     ROUNDS_TOTAL,
+    SPARES,
     WORKER_EXITS_TOTAL,
     WORKERS,
     AgentMetrics,
     MetricsServer,
     MetricsServerError,
-    Registry,
+    render,
 )
 
 TIMEOUT = 5
@@ -112,93 +119,53 @@ def server(agent_metrics, health_state):
         server.stop()
 
 
-# -- the registry -------------------------------------------------------------------------------
-def test_counters_gauges_and_histograms_render_as_parseable_exposition_text():
-    registry = Registry()
-    jobs = registry.counter("jobs_total", "Jobs run.", ("kind",))
-    temperature = registry.gauge("temperature", "Degrees.")
-    latency = registry.histogram("latency_seconds", "Latency.", (0.1, 1.0))
-    jobs.inc(kind="a")
-    jobs.inc(2, kind="b")
-    temperature.set(21.5)
-    temperature.dec(1.5)
-    for value in (0.05, 0.1, 0.5, 7):
-        latency.observe(value)
-
-    families = parse_exposition(registry.render())
-
-    assert {n: f["type"] for n, f in families.items()} == {
-        "jobs_total": "counter", "temperature": "gauge", "latency_seconds": "histogram"}
-    assert families["jobs_total"]["help"] == "Jobs run."
-    assert sample(families, "jobs_total", kind="a") == 1
-    assert sample(families, "jobs_total", kind="b") == 2
-    assert sample(families, "temperature") == 20
-    buckets = {le: sample(families, "latency_seconds_bucket", "latency_seconds", le=le)
-               for le in ("0.1", "1.0", "+Inf")}
-    assert buckets == {"0.1": 2, "1.0": 3, "+Inf": 4}  # cumulative; 0.1 falls in le="0.1"
-    assert sample(families, "latency_seconds_count", "latency_seconds") == 4
-    assert sample(families, "latency_seconds_sum", "latency_seconds") == pytest.approx(7.65)
-
-
-def test_label_values_and_help_text_are_escaped():
-    registry = Registry()
-    tricky = 'a "quoted" back\\slash\nnewline'
-    registry.gauge("g", "Help with \\ and\nnewline.", ("label",)).set(1, label=tricky)
-
-    text = registry.render()
-    families = parse_exposition(text)
-
-    assert "# HELP g Help with \\\\ and\\nnewline." in text.splitlines()
-    assert sample(families, "g", label=tricky) == 1
-
-
-def test_special_float_values_use_the_exposition_spellings():
-    registry = Registry()
-    gauge = registry.gauge("g", "G.", ("v",))
-    gauge.set(float("inf"), v="pos")
-    gauge.set(float("-inf"), v="neg")
-    gauge.set(float("nan"), v="nan")
-
-    lines = registry.render().splitlines()
-
-    assert {'g{v="pos"} +Inf', 'g{v="neg"} -Inf', 'g{v="nan"} NaN'} <= set(lines)
-
-
-@pytest.mark.parametrize(
-    ("action", "message"),
-    [
-        (lambda r: r.counter("c", "C.", ("x",)).inc(y="1"), "takes labels"),
-        (lambda r: r.counter("c", "C.").inc(-1), "only increase"),
-        (lambda r: (r.gauge("c", "C."), r.gauge("c", "C.")), "already registered"),
-        (lambda r: r.gauge("bad-name", "B."), "not a valid Prometheus name"),
-        (lambda r: r.gauge("g", "G.", ("__reserved",)), "not valid"),
-        (lambda r: r.histogram("h", "H.", (1.0,), ("le",)), "'le'"),
-        (lambda r: r.histogram("h", "H.", (2.0, 1.0)), "increasing"),
-    ],
-)
-def test_invalid_metric_use_is_rejected(action, message):
-    with pytest.raises(ValueError, match=message):
-        action(Registry())
-
-
-def test_concurrent_increments_are_not_lost():
-    counter = Registry().counter("c_total", "C.", ("t",))
-
-    def bump() -> None:
-        for _ in range(2000):
-            counter.inc(t="x")
-
-    threads = [threading.Thread(target=bump) for _ in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=30)
-    assert counter.value(t="x") == 16000
-
-
 # -- the agent's metrics ------------------------------------------------------------------------
+def test_two_agents_in_one_process_keep_separate_metrics():
+    first = AgentMetrics(run_id="job1", node="host-a")
+    second = AgentMetrics(run_id="job1", node="host-b")
+    first.round_joined(duration_s=0.1, members=2)
+
+    assert sample(parse_exposition(render(first.registry).decode()), ROUNDS_TOTAL) == 1
+    assert sample(parse_exposition(render(second.registry).decode()), ROUNDS_TOTAL) == 0
+    assert first.registry is not REGISTRY and second.registry is not REGISTRY
+    assert REGISTRY.get_sample_value(ROUNDS_TOTAL) is None
+
+
+def test_registering_the_agent_metrics_twice_in_one_registry_is_refused(agent_metrics):
+    with pytest.raises(ValueError, match="Duplicated"):
+        AgentMetrics(run_id="job1", node="host-a", registry=agent_metrics.registry)
+
+
+def test_run_ids_with_quotes_backslashes_and_newlines_are_escaped():
+    tricky = 'a "quoted" back\\slash\nnewline'
+    metrics = AgentMetrics(run_id=tricky, node="host-a")
+
+    families = parse_exposition(render(metrics.registry).decode())
+
+    assert sample(families, "elastic_agent_info", run_id=tricky, node="host-a") == 1
+
+
+def test_only_the_documented_series_are_exported_without_created_timestamps(agent_metrics):
+    agent_metrics.round_joined(duration_s=0.3, members=2)
+    agent_metrics.worker_exit(exitcode=1)
+
+    families = parse_exposition(render(agent_metrics.registry).decode())
+
+    documented = {AGENT_INFO, ROUNDS_TOTAL, ROUND_DURATION_SECONDS, MEMBERS, NODES_WAITING, SPARES,
+                  EXCLUDED, RENDEZVOUS_JOINED_NODES, RESTARTS_TOTAL, WORKERS, WORKER_EXITS_TOTAL}
+    assert set(families) == documented
+    assert not [name for f in families.values() for (name, _) in f["samples"] if name.endswith("_created")]
+
+
+def test_exclusion_sets_and_clears_its_gauge(agent_metrics):
+    agent_metrics.set_excluded(True)
+    assert sample(parse_exposition(render(agent_metrics.registry).decode()), EXCLUDED) == 1
+    agent_metrics.set_excluded(False)
+    assert sample(parse_exposition(render(agent_metrics.registry).decode()), EXCLUDED) == 0
+
+
 def test_agent_metrics_export_every_documented_series_from_the_start(agent_metrics):
-    families = parse_exposition(agent_metrics.registry.render())
+    families = parse_exposition(render(agent_metrics.registry).decode())
 
     assert sample(families, "elastic_agent_info", run_id="job1", node="host-a") == 1
     assert sample(families, ROUNDS_TOTAL) == 0
@@ -225,7 +192,7 @@ def test_agent_metrics_follow_rounds_restarts_and_worker_exits(agent_metrics):
     agent_metrics.worker_exit(exitcode=-9)  # as subprocess reports SIGKILL
     agent_metrics.worker_exit(exitcode=None, signal="SIGTERM")
 
-    families = parse_exposition(agent_metrics.registry.render())
+    families = parse_exposition(render(agent_metrics.registry).decode())
 
     assert sample(families, ROUNDS_TOTAL) == 2
     bucket = f"{ROUND_DURATION_SECONDS}_bucket"
@@ -256,7 +223,7 @@ def test_metrics_are_served_as_exposition_text_on_a_free_port(server, agent_metr
 
     assert server.port > 0
     assert status == 200
-    assert headers["Content-Type"].startswith("text/plain; version=0.0.4")
+    assert headers["Content-Type"] == CONTENT_TYPE_LATEST
     assert sample(parse_exposition(body), MEMBERS) == 2
 
 

@@ -10,12 +10,14 @@ import time
 
 import pytest
 
-from elastic.agent.metrics import MetricsServer, Registry
+from prometheus_client import CollectorRegistry
+
+from elastic.agent.metrics import MetricsServer
 from hostile import wait_until
 
 
 def test_the_metrics_server_listens_on_loopback_by_default():
-    with MetricsServer(0, registry=Registry()) as server:
+    with MetricsServer(0, registry=CollectorRegistry()) as server:
         assert server._server.server_address[0] == "127.0.0.1"  # noqa: SLF001 - the bound socket
 
 
@@ -43,21 +45,21 @@ def drip(port: int, seconds: float, interval: float) -> float | None:
 
 
 def test_a_client_dripping_one_byte_at_a_time_is_cut_off_at_the_request_deadline():
-    with MetricsServer(0, registry=Registry(), request_deadline=1.0) as server:
+    with MetricsServer(0, registry=CollectorRegistry(), request_deadline=1.0) as server:
         hung_up_after = drip(server.port, seconds=6.0, interval=0.2)
     assert hung_up_after is not None and hung_up_after < 4.0, hung_up_after
 
 
 @pytest.mark.slow
 def test_with_the_default_deadline_a_byte_every_two_seconds_is_cut_off_after_about_ten_seconds():
-    with MetricsServer(0, registry=Registry()) as server:
+    with MetricsServer(0, registry=CollectorRegistry()) as server:
         hung_up_after = drip(server.port, seconds=16.0, interval=2.0)
     assert hung_up_after is not None and hung_up_after < 14.0, hung_up_after
 
 
 def test_connections_beyond_the_cap_are_closed_at_once_and_threads_stay_bounded():
     threads_before = threading.active_count()
-    with MetricsServer(0, registry=Registry(), max_connections=4, request_deadline=3.0) as server:
+    with MetricsServer(0, registry=CollectorRegistry(), max_connections=4, request_deadline=3.0) as server:
         idle = [socket.create_connection(("127.0.0.1", server.port), timeout=5) for _ in range(4)]
         assert wait_until(lambda: threading.active_count() >= threads_before + 1 + 4, timeout=5)
         extra = [socket.create_connection(("127.0.0.1", server.port), timeout=5) for _ in range(20)]

@@ -1,0 +1,300 @@
+"""Where each worker's stdout and stderr go, as torchrun's ``--redirects``/``--tee``/``--local-ranks-filter``.
+
+==============  =====================================  ============================================
+mask            shown rank                             filtered-out rank
+==============  =====================================  ============================================
+neither         the agent's console, as is (inherited)  discarded
+redirect        ``<rank dir>/{stdout,stderr}.log``      the file
+tee             the file, and the console with each     the file
+                line prefixed ``[{role}{local_rank}]:``
+==============  =====================================  ============================================
+
+Logs live in ``<log_root>/<run_id>/<node_id>/attempt_<k>/<local_rank>/`` with the worker's
+``error.json`` (its ``TORCHELASTIC_ERROR_FILE``). Tee'd streams are pumped by one thread each
+(pipe → file + console, line-buffered, bounded memory); the others are plain file descriptors.
+:func:`route_stream` decides, :class:`WorkerOutput` carries it out for one worker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import io
+import logging
+import os
+import select
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from string import Template
+from typing import IO
+
+from elastic.agent.private_files import open_private_file
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "Console",
+    "MAX_LINE_BYTES",
+    "PUMP_DRAIN_S",
+    "Sink",
+    "StreamRoute",
+    "WorkerLogs",
+    "WorkerOutput",
+    "attempt_log_dir",
+    "console_prefix",
+    "resolve_log_root",
+    "route_stream",
+]
+
+# How long a pump keeps draining its pipe after stop() once no worker holds it.
+PUMP_DRAIN_S = 1.0
+# A console line longer than this is emitted in pieces rather than buffered further.
+MAX_LINE_BYTES = 64 * 1024
+_POLL_S = 0.05
+STREAMS = ("stdout", "stderr")
+
+_console_lock = threading.Lock()
+_default_log_root: str | None = None
+_default_log_root_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class WorkerLogs:
+    """Where one worker's output went: file paths, ``None`` for a stream not written to a file."""
+
+    stdout: str | None
+    stderr: str | None
+    error_file: str
+
+
+def resolve_log_root(log_dir: str | None) -> str:
+    """``--log-dir``, or else one temporary directory per agent process (as torchrun), created
+    on first use and shared by every attempt."""
+    global _default_log_root
+    if log_dir:
+        os.makedirs(log_dir, exist_ok=True)
+        return log_dir
+    with _default_log_root_lock:
+        if _default_log_root is None or not os.path.isdir(_default_log_root):
+            _default_log_root = tempfile.mkdtemp(prefix="elasticrun_")
+        return _default_log_root
+
+
+def attempt_log_dir(log_root: str, run_id: str, attempt: int, node_id: str | None = None) -> str:
+    """``<log_root>/<run_id>/<node_id>/attempt_<attempt>``: one directory per node, so agents
+    may share ``--log-dir`` (a shared volume); a ``/`` in an id becomes ``_``.
+
+    Raises:
+        ValueError: the ids would lead outside ``log_root`` (``.``, ``..``): the agent deletes
+            an attempt's directory before reusing it, and must never delete anything else.
+    """
+    parts = [part.replace(os.sep, "_") or "run" for part in (run_id, node_id) if part is not None]
+    for part in parts:
+        if not part.strip("."):
+            raise ValueError(f"The log directory name {part!r} must be a plain name, not only dots.")
+    path = os.path.join(log_root, *parts, f"attempt_{attempt}")
+    root = os.path.realpath(log_root)
+    if os.path.commonpath([root, os.path.realpath(path)]) != root:
+        raise ValueError(f"The log directory {path!r} is outside the log root {log_root!r}.")
+    return path
+
+
+def console_prefix(template: str | None, role: str, rank: int, local_rank: int) -> str:
+    """The console prefix of a tee'd line: ``[default0]:``, or torchrun's
+    ``TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE`` with ``${role_name}``, ``${rank}`` (global) and
+    ``${local_rank}`` substituted."""
+    if template is None:
+        return f"[{role}{local_rank}]:"
+    return Template(template).safe_substitute(role_name=role, rank=rank, local_rank=local_rank)
+
+
+# -- the decision ------------------------------------------------------------------------------
+class Console(enum.Enum):
+    """What the agent's console stream is: a file descriptor a child can inherit, a Python
+    stream only (e.g. a ``StringIO``: a pump must copy into it), or absent (``None``)."""
+
+    FD = "fd"
+    STREAM = "stream"
+    NONE = "none"
+
+
+class Sink(enum.Enum):
+    """Where the child's stream is connected."""
+
+    INHERIT = "inherit"  # the console's file descriptor
+    DEVNULL = "devnull"
+    FILE = "file"  # the log file, written by the child itself
+    PIPE = "pipe"  # a pump thread copies it to the log file and/or the console
+
+
+@dataclass(frozen=True)
+class StreamRoute:
+    """One stream's route: its sink, whether it lands in the log file, and whether console lines
+    get the rank prefix (tee'd streams only)."""
+
+    sink: Sink
+    logged: bool = False
+    prefixed: bool = False
+
+
+def route_stream(*, redirect: bool, tee: bool, shown: bool, console: Console) -> StreamRoute:
+    """The route of one worker stream (see the module's table). ``shown``: the rank passes
+    ``--local-ranks-filter``. Without a console, a tee'd stream still lands in its file."""
+    if tee and shown and console is not Console.NONE:
+        return StreamRoute(Sink.PIPE, logged=True, prefixed=True)
+    if tee or redirect:
+        return StreamRoute(Sink.FILE, logged=True)
+    if not shown or console is Console.NONE:
+        return StreamRoute(Sink.DEVNULL)
+    return StreamRoute(Sink.INHERIT if console is Console.FD else Sink.PIPE)
+
+
+def console_kind(stream: IO | None) -> Console:
+    """Classify the agent's console stream for :func:`route_stream`."""
+    if stream is None:
+        return Console.NONE
+    return Console.STREAM if _fileno(stream) is None else Console.FD
+
+
+# -- carrying it out ---------------------------------------------------------------------------
+class WorkerOutput:
+    """One worker's two streams: their routes and files, the child's ends, and the pumps.
+
+    Args:
+        rank_dir: the worker's log directory (``.../attempt_<k>/<local_rank>``).
+        redirect, tee: per stream (``{"stdout": bool, "stderr": bool}``), from the masks.
+        shown: the rank passes ``--local-ranks-filter``.
+        consoles: the agent's console per stream (may be ``None``).
+    """
+
+    def __init__(self, rank_dir: str, *, redirect: dict[str, bool], tee: dict[str, bool], shown: bool,
+                 consoles: dict[str, IO | None]) -> None:
+        self._consoles = consoles
+        self.routes = {
+            name: route_stream(redirect=redirect[name], tee=tee[name], shown=shown,
+                               console=console_kind(consoles[name]))
+            for name in STREAMS
+        }
+        paths = {name: os.path.join(rank_dir, f"{name}.log") if self.routes[name].logged else None
+                 for name in STREAMS}
+        self.logs = WorkerLogs(stdout=paths["stdout"], stderr=paths["stderr"],
+                               error_file=os.path.join(rank_dir, "error.json"))
+        self.pumps: list[Pump] = []
+
+    @contextlib.contextmanager
+    def stdio(self) -> Iterator[dict[str, object]]:
+        """Popen's ``stdout``/``stderr`` for the child; files opened for it close on exit (the
+        child holds its own copies)."""
+        opened: list[IO] = []
+        std: dict[str, object] = {}
+        try:
+            for name in STREAMS:
+                sink = self.routes[name].sink
+                if sink is Sink.FILE:
+                    std[name] = open_private_file(getattr(self.logs, name), "wb")
+                    opened.append(std[name])  # type: ignore[arg-type]
+                elif sink is Sink.INHERIT:
+                    std[name] = _fileno(self._consoles[name])
+                else:
+                    std[name] = subprocess.DEVNULL if sink is Sink.DEVNULL else subprocess.PIPE
+            yield std
+        finally:
+            for fp in opened:
+                fp.close()
+
+    def start_pumps(self, proc: subprocess.Popen, prefix: str, local_rank: int) -> None:
+        """Start a pump for each piped stream of ``proc``."""
+        for name in STREAMS:
+            route = self.routes[name]
+            if route.sink is not Sink.PIPE:
+                continue
+            pipe = getattr(proc, name)
+            fd = os.dup(pipe.fileno())
+            pipe.close()
+            path = getattr(self.logs, name) if route.logged else None
+            pump = Pump(f"pump-{name}-{local_rank}", fd, path, self._consoles[name],
+                        prefix if route.prefixed else "")
+            pump.start()
+            self.pumps.append(pump)
+
+
+class Pump(threading.Thread):
+    """Copies a worker's pipe to its log file and, line by line with a prefix, to the console."""
+
+    def __init__(self, name: str, fd: int, path: str | None, console: IO, prefix: str) -> None:
+        super().__init__(name=name, daemon=True)
+        self._fd = fd
+        self._file = open_private_file(path, "wb", buffering=0) if path else None
+        self._console = console
+        self._prefix = prefix.encode()
+        self._partial = b""
+        self._stop_at: float | None = None
+
+    def request_stop(self, drain_s: float = PUMP_DRAIN_S) -> None:
+        """Finish at EOF, or ``drain_s`` from now at the latest."""
+        self._stop_at = time.monotonic() + drain_s
+
+    def run(self) -> None:
+        poller = select.poll()
+        poller.register(self._fd, select.POLLIN | select.POLLHUP | select.POLLERR)
+        try:
+            while True:
+                if self._stop_at is not None and time.monotonic() >= self._stop_at:
+                    break  # a process that escaped the stop still holds the pipe
+                if not poller.poll(int(_POLL_S * 1000)):
+                    continue
+                chunk = os.read(self._fd, 65536)
+                if not chunk:
+                    break
+                if self._file is not None:
+                    self._file.write(chunk)
+                self._to_console(chunk)
+        except OSError:
+            log.exception("Log pump %s failed; its output is lost from now on.", self.name)
+        finally:
+            if self._partial:
+                self._emit([self._partial + b"\n"])
+            os.close(self._fd)
+            if self._file is not None:
+                self._file.close()
+
+    def _to_console(self, chunk: bytes) -> None:
+        data = self._partial + chunk
+        lines = data.split(b"\n")
+        self._partial = lines.pop()
+        out = [line + b"\n" for line in lines]
+        while len(self._partial) > MAX_LINE_BYTES:
+            out.append(self._partial[:MAX_LINE_BYTES] + b"\n")
+            self._partial = self._partial[MAX_LINE_BYTES:]
+        if out:
+            self._emit(out)
+
+    def _emit(self, lines: list[bytes]) -> None:
+        payload = b"".join(self._prefix + line for line in lines)
+        with _console_lock:
+            try:
+                _write_bytes(self._console, payload)
+            except (OSError, ValueError):
+                pass  # a closed or broken console must not stop the log file
+
+
+def _write_bytes(stream: IO, payload: bytes) -> None:
+    buffer = getattr(stream, "buffer", None)
+    if buffer is not None:
+        stream.flush()
+        buffer.write(payload)
+        buffer.flush()
+    else:
+        stream.write(payload.decode("utf-8", errors="replace"))
+        stream.flush()
+
+
+def _fileno(stream: IO | None) -> int | None:
+    try:
+        return stream.fileno()  # type: ignore[union-attr]
+    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+        return None
