@@ -67,12 +67,13 @@ def open_backend(name: str, endpoint: str, options: Mapping[str, str]) -> Opened
 
 
 def _open_etcd(endpoint: str, options: Mapping[str, str]) -> OpenedBackend:
+    _check_removed_transport(options)
     try:
         from backends.etcd import EtcdBackend, EtcdConfig
     except ImportError as error:
         raise RendezvousConfigError(
             f"The etcd backend's client is missing ({error}); reinstall etcd-elastic: it depends on "
-            "python3-etcd3, grpcio, protobuf and hpack."
+            "python3-etcd3, grpcio and protobuf."
         ) from error
     endpoints = endpoint
     if options.get("protocol", "").lower() == "https" and "://" not in endpoint:
@@ -84,7 +85,6 @@ def _open_etcd(endpoint: str, options: Mapping[str, str]) -> OpenedBackend:
         client_key=options.get("key"),
         user=options.get("user"),
         password=_secret(options, "password"),
-        transport=options.get("etcd_transport", "builtin"),
         **_timeouts(options),
     )
     backend = EtcdBackend(config)
@@ -170,6 +170,19 @@ def _is_local(host: str) -> bool:
     except OSError:
         return False
     return bool(target & (mine | {"127.0.0.1", "::1"}))
+
+
+def _check_removed_transport(options: Mapping[str, str]) -> None:
+    """``etcd_transport`` chose between grpcio and a built-in HTTP/2 client, which is gone.
+
+    ``grpcio`` is what the client uses, so it stays accepted; anything else gets one line.
+    """
+    transport = options.get("etcd_transport")
+    if transport is not None and transport.strip().lower() != "grpcio":
+        raise RendezvousConfigError(
+            f"--rdzv-conf etcd_transport={transport} was removed: the etcd client always uses grpcio; "
+            "drop etcd_transport from --rdzv-conf."
+        )
 
 
 def _timeouts(options: Mapping[str, str]) -> dict[str, float]:

@@ -47,7 +47,7 @@ BACKEND_KEYS = {
     "password_file": "file holding the etcd password",
     "token": "shared token of the built-in TCP store",
     "token_file": "file holding the TCP store token",
-    "etcd_transport": "etcd client transport: builtin (default, our HTTP/2 client) or grpcio",
+    "etcd_transport": "removed (the etcd client always uses grpcio); 'grpcio' is still accepted",
     "dial_timeout": "seconds to establish a connection",
     "request_timeout": "seconds one backend request may take",
     "read_timeout": "torch's c10d store timeout; alias of request_timeout",

@@ -471,7 +471,7 @@ class EtcdHarness(BackendHarness):
     name = "etcd"
 
     def __init__(self, server: EtcdServer, **client_settings: Any) -> None:
-        """``client_settings``: extra :class:`EtcdConfig` fields of every client (e.g. ``transport``)."""
+        """``client_settings``: extra :class:`EtcdConfig` fields of every client (e.g. ``max_response_bytes``)."""
         self.server = server
         self._client_settings = client_settings
         self._clients: list[EtcdBackend] = []
