@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from backends.endpoints import Endpoint, parse_endpoints
+from backends.endpoints import UNIX, Endpoint, parse_endpoints
 from backends.etcd.channel_options import DEFAULT_MAX_RESPONSE_BYTES
 from backends.errors import EndpointError
 from backends.retry import RetryPolicy
@@ -37,7 +37,7 @@ class EtcdConfig:
     """How to reach an etcd v3 cluster.
 
     ``endpoints`` may be given as ``"host:port,host:port"`` or a sequence of strings; it is
-    stored parsed. TLS is used when any endpoint is ``https://`` or any certificate path is
+    stored parsed. ``unix:///path/to/etcd.sock`` names a unix socket (without TLS). TLS is used when any endpoint is ``https://`` or any certificate path is
     set; every endpoint then uses TLS.
 
     Attributes:
@@ -86,7 +86,13 @@ class EtcdConfig:
                 )
         _check_credentials(self.user, self.password)
         _check_certificates(self.ca_cert, self.client_cert, self.client_key)
-        if self.user is not None and not self.tls:
+        if self.tls and any(endpoint.scheme == UNIX for endpoint in self.endpoints):  # type: ignore[union-attr]
+            raise EndpointError(
+                f"The etcd endpoints {self.endpoint_list} mix TLS with a unix: socket, which is not supported; "
+                "use https:// host:port endpoints for TLS, or a unix: socket without certificates."
+            )
+        networked = any(endpoint.scheme != UNIX for endpoint in self.endpoints)  # type: ignore[union-attr]
+        if self.user is not None and not self.tls and networked:
             log.warning(
                 "The etcd password of user %r goes to %s over plain http, readable by anyone on the "
                 "network path; use https:// endpoints (or --rdzv-conf protocol=https) with cacert=.",
@@ -110,7 +116,7 @@ def _normalize_endpoints(value: object) -> tuple[Endpoint, ...]:
     if isinstance(value, tuple) and value and all(isinstance(item, Endpoint) for item in value):
         return value
     if isinstance(value, (str, list, tuple)):
-        return parse_endpoints(value, DEFAULT_PORT)  # type: ignore[arg-type]
+        return parse_endpoints(value, DEFAULT_PORT, allow_unix=True)  # type: ignore[arg-type]
     raise EndpointError(
         f"The etcd endpoints ({value!r}) must be a string like '127.0.0.1:2379,10.0.0.2:2379' or a list of them."
     )

@@ -81,6 +81,11 @@ def diagnose_dial_failure(details: str, tls: bool) -> Diagnosis:
         return Diagnosis(
             DialFailure.UNREACHABLE, "nothing listens there (connection refused); start etcd or fix the endpoint"
         )
+    if "no such file or directory" in text:
+        return Diagnosis(
+            DialFailure.UNREACHABLE,
+            "no unix socket exists at that path; start etcd with --listen-client-urls unix://... there or fix the path",
+        )
     if any(marker in text for marker in ("certificate", "tls handshake", "ssl handshake", "tsi_", "ssl_error")):
         return Diagnosis(
             DialFailure.TLS,

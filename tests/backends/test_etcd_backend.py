@@ -492,6 +492,32 @@ def test_invalid_settings_are_rejected_eagerly_with_a_sentence(settings, fragmen
     assert fragment in str(raised.value) and str(raised.value).endswith(".")
 
 
+def test_a_unix_socket_endpoint_carries_reads_writes_watches_and_leases(start_etcd, prefix):
+    server = start_etcd(unix_socket=True)
+    with EtcdBackend(EtcdConfig(server.unix_endpoint, request_timeout=5.0)) as backend:
+        watch = backend.watch_prefix(prefix)
+        revision = backend.put(prefix + "k", b"over a unix socket")
+        assert backend.get(prefix + "k").kv.mod_revision == revision
+        assert [event.revision for event in collect(watch, 1, timeout=5)] == [revision]
+        lease = backend.grant(5)
+        assert backend.keepalive(lease.id) == 5.0
+        watch.cancel()
+
+
+def test_a_missing_unix_socket_is_one_line_naming_the_path(tmp_path):
+    endpoint = f"unix://{tmp_path}/no-etcd.sock"
+    with EtcdBackend(EtcdConfig(endpoint, dial_timeout=1.0, request_timeout=2.0)) as backend:
+        with pytest.raises(BackendConnectionError) as raised:
+            backend.get("/k")
+    message = str(raised.value)
+    assert f"unix:{tmp_path}/no-etcd.sock" in message and "no unix socket exists" in message and "\n" not in message
+
+
+def test_tls_settings_with_a_unix_socket_endpoint_are_refused_in_one_sentence(tmp_path):
+    with pytest.raises(EndpointError, match="unix: socket"):
+        EtcdConfig(f"unix://{tmp_path}/etcd.sock,https://etcd-0:2379")
+
+
 def test_endpoints_default_to_port_2379_and_https_implies_tls():
     config = EtcdConfig("etcd-0, https://etcd-1:2380")
     assert [(e.host, e.port) for e in config.endpoints] == [("etcd-0", 2379), ("etcd-1", 2380)]
@@ -740,6 +766,11 @@ def test_a_cancelled_rpc_after_close_is_translated_to_closed():
         ("last error: UNAVAILABLE: Unwrap failed (TSI_DATA_CORRUPTED)", DialFailure.TLS),
         ("last error: UNAVAILABLE: Handshake read failed (Socket closed)", DialFailure.UNREACHABLE),
         ("last error: UNAVAILABLE: Socket closed", DialFailure.UNREACHABLE),
+        (
+            "last error: FAILED_PRECONDITION: unix:/x.sock: connect failed: addr: unix:/x.sock error: No such file "
+            "or directory",
+            DialFailure.UNREACHABLE,
+        ),
     ],
 )
 def test_dial_failures_are_diagnosed(details, kind):
