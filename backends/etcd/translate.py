@@ -39,6 +39,8 @@ _LEASE_NOT_FOUND_TEXT = "requested lease not found"
 _RESPONSE_TOO_LARGE_TEXT = "received message larger than max"
 """grpcio's wording when a response passes our max_receive_message_length ("<where>: Received
 message larger than max (N vs. M)"); a Go server refusing a request says "grpc: received ..."."""
+_METADATA_TOO_LARGE_TEXT = "metadata size exceeds"
+"""grpcio's wording when a header block passes our max_metadata_size."""
 NOT_CONNECTED_PREFIX = "failed to connect to all addresses"
 """gRPC's wording when no connection existed: the request was never sent."""
 
@@ -163,6 +165,11 @@ def translate_rpc_error(
         return ProtocolError(
             f"{where} got a response larger than this client accepts ({details}); if that much data is "
             "expected under the prefix, raise max_response_bytes, otherwise check that the endpoint is etcd."
+        )
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED and _METADATA_TOO_LARGE_TEXT in text:
+        return ProtocolError(
+            f"{where} got response headers larger than this client accepts ({details}); etcd sends a few "
+            "hundred bytes of headers, so check that the endpoint is etcd and not a proxy or another service."
         )
     if code == grpc.StatusCode.CANCELLED:
         if closed:

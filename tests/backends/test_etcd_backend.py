@@ -731,6 +731,11 @@ def test_requests_never_sent_are_retried_even_when_not_resend_safe(etcd_server):
         ),
         (grpc.StatusCode.RESOURCE_EXHAUSTED, "CLIENT: Sent message larger than max (3145728 vs. 1572864)",
          ValueTooLargeError),
+        (
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            "Stream removed (received metadata size exceeds hard limit (24205 vs. 20480); x-pad-0:8039B)",
+            ProtocolError,
+        ),
         (grpc.StatusCode.OUT_OF_RANGE, "etcdserver: mvcc: required revision has been compacted", CompactedError),
         (grpc.StatusCode.UNIMPLEMENTED, "unknown service etcdserverpb.KV", ProtocolError),
         (grpc.StatusCode.CANCELLED, "Cancelled", BackendConnectionError),

@@ -1,7 +1,8 @@
 """A hostile or broken etcd endpoint against our grpcio client: one clear line, bounded memory.
 
 The servers here are real: a grpcio server implementing etcd's KV service (the ``etcd3``
-package's generated ``KVServicer``) that answers with an oversized response or never answers,
+package's generated ``KVServicer``) that answers with an oversized response, with a megabyte
+of headers, or never answers,
 a gRPC server without etcd's services, and plain TCP sockets that speak no HTTP/2. The client
 whose memory is measured runs in its own process, so only its own allocations count.
 """
@@ -45,6 +46,9 @@ class HostileKV(etcdrpc.KVServicer):
             return etcdrpc.RangeResponse(header=header)
         if self.mode == "silent":
             self.released.wait(30)
+            return etcdrpc.RangeResponse(header=header)
+        if self.mode == "headers":
+            context.set_trailing_metadata(tuple((f"x-pad-{i}", "a" * 8000) for i in range(128)))  # 1 MiB
             return etcdrpc.RangeResponse(header=header)
         value = b"x" * MIB
         kvs = [kv_pb2.KeyValue(key=b"/big/%d" % i, value=value, mod_revision=7) for i in range(HUGE_RESPONSE_MIB)]
@@ -161,6 +165,15 @@ def test_the_same_response_is_read_when_the_limit_allows_it():
         outcome = run_client(server.endpoint, 128 * MIB)
     assert outcome["error"] is None, outcome
     assert outcome["growth_kib"] > HUGE_RESPONSE_MIB * 1024, outcome
+
+
+def test_a_megabyte_of_response_headers_is_refused_in_one_line_naming_the_endpoint():
+    with GrpcServer(HostileKV("headers")) as server:
+        with EtcdBackend(EtcdConfig(server.endpoint, request_timeout=2.0, dial_timeout=1.0)) as backend:
+            with pytest.raises(ProtocolError) as raised:
+                backend.get("/k")
+    assert_one_clear_line(raised.value, server.endpoint)
+    assert "headers larger than this client accepts" in str(raised.value)
 
 
 def test_a_server_that_never_answers_gives_a_timeout_naming_the_endpoint_within_the_deadline():
