@@ -37,8 +37,8 @@ class EtcdConfig:
     """How to reach an etcd v3 cluster.
 
     ``endpoints`` may be given as ``"host:port,host:port"`` or a sequence of strings; it is
-    stored parsed. ``unix:///path/to/etcd.sock`` names a unix socket (without TLS). TLS is used when any endpoint is ``https://`` or any certificate path is
-    set; every endpoint then uses TLS.
+    stored parsed; ``unix:///path/to/etcd.sock`` names a unix socket (without TLS). TLS is used
+    when any endpoint is ``https://`` or any certificate path is set; every endpoint then uses TLS.
 
     Attributes:
         endpoints: the cluster members' client URLs, tried in order with failover.

@@ -164,7 +164,8 @@ def translate_rpc_error(
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED and _is_response_too_large(text):
         return ProtocolError(
             f"{where} got a response larger than this client accepts ({details}); if that much data is "
-            "expected under the prefix, raise max_response_bytes, otherwise check that the endpoint is etcd."
+            "expected, raise max_response_bytes (--rdzv-conf max_response_bytes=BYTES), otherwise check that "
+            "the endpoint is etcd."
         )
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED and _METADATA_TOO_LARGE_TEXT in text:
         return ProtocolError(

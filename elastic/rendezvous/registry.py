@@ -86,6 +86,7 @@ def _open_etcd(endpoint: str, options: Mapping[str, str]) -> OpenedBackend:
         user=options.get("user"),
         password=_secret(options, "password"),
         **_timeouts(options),
+        **_response_limit(options),
     )
     backend = EtcdBackend(config)
     backend.get("/")  # fail fast on a wrong endpoint or credentials, before any node state is written
@@ -183,6 +184,17 @@ def _check_removed_transport(options: Mapping[str, str]) -> None:
             f"--rdzv-conf etcd_transport={transport} was removed: the etcd client always uses grpcio; "
             "drop etcd_transport from --rdzv-conf."
         )
+
+
+def _response_limit(options: Mapping[str, str]) -> dict[str, int]:
+    """``max_response_bytes`` as an int (EtcdConfig checks its range); absent: the default."""
+    text = options.get("max_response_bytes")
+    if text is None:
+        return {}
+    try:
+        return {"max_response_bytes": int(text)}
+    except ValueError:
+        raise RendezvousConfigError(f"The rendezvous option max_response_bytes={text!r} must be bytes.") from None
 
 
 def _timeouts(options: Mapping[str, str]) -> dict[str, float]:

@@ -48,6 +48,7 @@ BACKEND_KEYS = {
     "token": "shared token of the built-in TCP store",
     "token_file": "file holding the TCP store token",
     "etcd_transport": "removed (the etcd client always uses grpcio); 'grpcio' is still accepted",
+    "max_response_bytes": "largest etcd response the client accepts, in bytes (default 33554432, 32 MiB)",
     "dial_timeout": "seconds to establish a connection",
     "request_timeout": "seconds one backend request may take",
     "read_timeout": "torch's c10d store timeout; alias of request_timeout",

@@ -1,9 +1,10 @@
-"""The removed ``etcd_transport`` rdzv-conf option: ``grpcio`` is accepted, anything else is one line."""
+"""etcd client options through --rdzv-conf: the removed ``etcd_transport`` and ``max_response_bytes``."""
 
 from __future__ import annotations
 
 import pytest
 
+from backends.errors import ProtocolError
 from elastic.rendezvous.errors import RendezvousConfigError
 from elastic.rendezvous.registry import open_backend
 from elastic.testing.etcd_server import ROOT_USER
@@ -29,3 +30,20 @@ def test_any_other_transport_is_a_one_line_config_error_saying_it_was_removed(et
     message = str(raised.value)
     assert "\n" not in message
     assert f"etcd_transport={transport} was removed" in message and "always uses grpcio" in message
+
+
+def test_max_response_bytes_from_rdzv_conf_bounds_the_client_and_a_bad_value_is_one_line(etcd_server):
+    credentials = {"user": ROOT_USER, "password": etcd_server.options.password}
+    opened = open_backend("etcd", etcd_server.endpoints, {**credentials, "max_response_bytes": "4096"})
+    try:
+        assert opened.backend.config.max_response_bytes == 4096
+        for index in range(40):
+            opened.backend.put(f"/registry-limit/{index:02d}", b"x" * 200)
+        with pytest.raises(ProtocolError, match="max_response_bytes"):
+            opened.backend.get_prefix("/registry-limit/")
+    finally:
+        opened.release()
+    for bad in ("lots", "0"):
+        with pytest.raises(RendezvousConfigError, match="max_response_bytes") as raised:
+            open_backend("etcd", etcd_server.endpoints, {**credentials, "max_response_bytes": bad})
+        assert "\n" not in str(raised.value)
