@@ -1,4 +1,5 @@
-"""Parse endpoint strings such as ``host:port``, ``[::1]:2379`` or ``https://etcd-0:2379,etcd-1:2379``."""
+"""Parse endpoint strings such as ``host:port``, ``[::1]:2379``, ``https://etcd-0:2379,etcd-1:2379``
+or (for etcd) ``unix:///run/etcd.sock``."""
 
 from __future__ import annotations
 
@@ -9,11 +10,14 @@ from dataclasses import dataclass
 from backends.errors import EndpointError
 
 _SCHEMES = ("http", "https")
+UNIX = "unix"
+"""The scheme of a unix socket endpoint; its ``host`` is the socket's absolute path, its port 0."""
 
 
 @dataclass(frozen=True)
 class Endpoint:
-    """One server address. ``scheme`` is ``https`` when the endpoint asked for TLS."""
+    """One server address. ``scheme`` is ``https`` when the endpoint asked for TLS, ``unix`` for
+    a unix socket (``host`` is then the socket's path)."""
 
     host: str
     port: int
@@ -21,7 +25,9 @@ class Endpoint:
 
     @property
     def netloc(self) -> str:
-        """``host:port`` with IPv6 hosts bracketed."""
+        """``host:port`` with IPv6 hosts bracketed; ``unix:/path`` for a unix socket (gRPC's target form)."""
+        if self.scheme == UNIX:
+            return f"{UNIX}:{self.host}"
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"{host}:{self.port}"
 
@@ -29,14 +35,20 @@ class Endpoint:
         return self.netloc
 
 
-def parse_endpoint(text: str, default_port: int) -> Endpoint:
+def parse_endpoint(text: str, default_port: int, *, allow_unix: bool = False) -> Endpoint:
     """Parse one endpoint.
 
+    Args:
+        allow_unix: also accept ``unix:///absolute/path`` (or ``unix:/absolute/path``).
+
     Raises:
-        EndpointError: the text is not ``[scheme://]host[:port]`` with a port in 1..65535.
+        EndpointError: the text is not ``[scheme://]host[:port]`` with a port in 1..65535 (or
+            an allowed unix socket path).
     """
     original = _redact(text)
     text = text.strip()
+    if text.lower().startswith(f"{UNIX}:"):
+        return _unix_endpoint(text[len(UNIX) + 1:], original, allow_unix)
     if "@" in text:
         raise EndpointError(
             f"The endpoint {original!r} has user info (credentials) in it; give the user as "
@@ -71,6 +83,18 @@ def parse_endpoint(text: str, default_port: int) -> Endpoint:
     return Endpoint(host, int(port_text), scheme)
 
 
+def _unix_endpoint(path: str, original: str, allow_unix: bool) -> Endpoint:
+    if not allow_unix:
+        raise EndpointError(f"The endpoint {original!r} is a unix socket; only etcd endpoints may be, use host:port.")
+    if path.startswith("//"):
+        path = path[2:]
+    if not path.startswith("/") or path.rstrip("/") == "" or any(ch in path for ch in "\0?#,"):
+        raise EndpointError(
+            f"The endpoint {original!r} needs an absolute socket path, e.g. unix:///run/etcd/etcd.sock."
+        )
+    return Endpoint(path, 0, UNIX)
+
+
 def _redact(text: str) -> str:
     """``text`` with any user info replaced by ``***`` and cut to about 100 characters, for messages."""
     if "@" in text:
@@ -79,7 +103,9 @@ def _redact(text: str) -> str:
     return text if len(text) <= 100 else f"{text[:100]}... ({len(text)} characters)"
 
 
-def parse_endpoints(text: str | list[str] | tuple[str, ...], default_port: int) -> tuple[Endpoint, ...]:
+def parse_endpoints(
+    text: str | list[str] | tuple[str, ...], default_port: int, *, allow_unix: bool = False
+) -> tuple[Endpoint, ...]:
     """Parse a comma-separated list (or a sequence) of endpoints; at least one is required.
 
     Raises:
@@ -89,7 +115,7 @@ def parse_endpoints(text: str | list[str] | tuple[str, ...], default_port: int) 
     items = [item for item in (part.strip() for part in items) if item]
     if not items:
         raise EndpointError("No endpoint given; expected host:port[,host:port...], e.g. 127.0.0.1:2379.")
-    return tuple(parse_endpoint(item, default_port) for item in items)
+    return tuple(parse_endpoint(item, default_port, allow_unix=allow_unix) for item in items)
 
 
 def is_loopback_only(host: str) -> bool:

@@ -13,7 +13,9 @@ Measures, in one run and on loopback:
                the closed key's absence: put my key, claim the closer if absent, count the
                round's keys, read the state prefix); torch has no transaction: n/a
   join16       16 threads joining at once with that txn: per-join latency, joins per second
-and prints p50 / p99 in milliseconds, ops/s, and the ratio of each p50 to TCPStore's.
+and prints p50 / p99 in milliseconds, ops/s, the CPU time this process spent per operation
+(for etcd that is the client alone, as the server is another process; for the built-in store it
+includes the in-process server) and the ratio of each p50 to TCPStore's.
 etcd is started from the local binary on free ports (or ETCD_ENDPOINTS when set).
 """
 
@@ -41,6 +43,8 @@ class Measurement:
 
     latencies: tuple[float, ...]
     ops_per_second: float
+    cpu_per_op: float
+    """CPU seconds of this process (all threads) per operation."""
 
     def percentile(self, fraction: float) -> float:
         ordered = sorted(self.latencies)
@@ -52,12 +56,12 @@ def timed(operation: Callable[[int], object], count: int) -> Measurement:
     for index in range(min(50, count)):
         operation(-index - 1)
     latencies = []
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     for index in range(count):
         begin = time.perf_counter()
         operation(index)
         latencies.append(time.perf_counter() - begin)
-    return Measurement(tuple(latencies), count / (time.perf_counter() - started))
+    return Measurement(tuple(latencies), count / (time.perf_counter() - started), (time.process_time() - cpu) / count)
 
 
 def contended(attempt: Callable[[], bool], threads: int, per_thread: int) -> Measurement:
@@ -78,11 +82,14 @@ def contended(attempt: Callable[[], bool], threads: int, per_thread: int) -> Mea
     for worker in workers:
         worker.start()
     barrier.wait()
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     for worker in workers:
         worker.join()
     elapsed = time.perf_counter() - started
-    return Measurement(tuple(value for slot in latencies for value in slot), sum(wins) / elapsed)
+    attempts = threads * per_thread
+    return Measurement(
+        tuple(value for slot in latencies for value in slot), sum(wins) / elapsed, (time.process_time() - cpu) / attempts
+    )
 
 
 # -- our backends ------------------------------------------------------------------------------
@@ -143,7 +150,7 @@ def measure_watch(writer: KVBackend, open_client: Callable[[], KVBackend], prefi
     with open_client() as watcher, watcher.watch_prefix(prefix) as watch:
         writer.put(prefix + "warm", b"w")
         watch.get(timeout=5)
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         for index in range(count):
             begin = time.perf_counter()
             writer.put(prefix + "k", str(index).encode())
@@ -151,7 +158,7 @@ def measure_watch(writer: KVBackend, open_client: Callable[[], KVBackend], prefi
             if not events:
                 raise RuntimeError("A watch event did not arrive within 5 s.")
             latencies.append(time.perf_counter() - begin)
-    return Measurement(tuple(latencies), count / (time.perf_counter() - started))
+    return Measurement(tuple(latencies), count / (time.perf_counter() - started), (time.process_time() - cpu) / count)
 
 
 # -- torch's TCPStore ---------------------------------------------------------------------------
@@ -195,7 +202,7 @@ OPERATIONS = ("get", "put", "cas", "cas16", "watch", "join", "join16")
 
 def report(columns: dict[str, dict[str, Measurement] | None]) -> None:
     baseline = columns.get("torch TCPStore") or {}
-    print(f"\n{'operation':<8} {'backend':<16} {'p50 ms':>8} {'p99 ms':>8} {'ops/s':>9} {'p50 / TCPStore':>15}")
+    print(f"\n{'operation':<8} {'backend':<16} {'p50 ms':>8} {'p99 ms':>8} {'ops/s':>9} {'cpu ms/op':>10} {'p50 / TCPStore':>15}")
     for operation in OPERATIONS:
         for name, results in columns.items():
             if not results or operation not in results:
@@ -206,8 +213,9 @@ def report(columns: dict[str, dict[str, Measurement] | None]) -> None:
             reference = baseline.get(operation)
             ratio = f"{p50 / reference.percentile(0.5):.2f}x" if reference else "-"
             print(f"{operation:<8} {name:<16} {p50 * 1e3:8.3f} {measurement.percentile(0.99) * 1e3:8.3f} "
-                  f"{measurement.ops_per_second:9.0f} {ratio:>15}")
-    print("(cas16 ops/s counts successful writes; p50/p99 are per attempt)")
+                  f"{measurement.ops_per_second:9.0f} {measurement.cpu_per_op * 1e3:10.3f} {ratio:>15}")
+    print("(cas16 ops/s counts successful writes; p50/p99 and cpu are per attempt;\n"
+          " cpu is this process's CPU time: etcd's client alone, the built-in store's client and server)")
 
 
 def main() -> None:

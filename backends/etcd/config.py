@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from backends.endpoints import Endpoint, parse_endpoints
+from backends.endpoints import UNIX, Endpoint, parse_endpoints
+from backends.etcd.channel_options import DEFAULT_MAX_RESPONSE_BYTES
 from backends.errors import EndpointError
 from backends.retry import RetryPolicy
 
@@ -17,11 +18,12 @@ log = logging.getLogger(__name__)
 DEFAULT_PORT = 2379
 """etcd's client port, used when an endpoint names none."""
 
-TRANSPORTS = ("builtin", "grpcio")
-"""How the client talks gRPC: our own HTTP/2 client, or the grpcio library."""
-
 MAX_VALUE_BYTES = 1024 * 1024
 """Largest value we send; etcd's own request limit (``--max-request-bytes``) is 1.5 MiB by default."""
+
+
+_MAX_MESSAGE_BYTES = 2**31 - 1 - 512 * 1024
+"""gRPC message limits are C ints; the send limit adds etcd's 512 KiB overhead to max_value_bytes."""
 
 
 def _default_retry() -> RetryPolicy:
@@ -35,8 +37,8 @@ class EtcdConfig:
     """How to reach an etcd v3 cluster.
 
     ``endpoints`` may be given as ``"host:port,host:port"`` or a sequence of strings; it is
-    stored parsed. TLS is used when any endpoint is ``https://`` or any certificate path is
-    set; every endpoint then uses TLS.
+    stored parsed; ``unix:///path/to/etcd.sock`` names a unix socket (without TLS). TLS is used
+    when any endpoint is ``https://`` or any certificate path is set; every endpoint then uses TLS.
 
     Attributes:
         endpoints: the cluster members' client URLs, tried in order with failover.
@@ -49,10 +51,9 @@ class EtcdConfig:
         request_timeout: seconds one call may take in all, including failover and retries.
         watch_reconnect_timeout: seconds a lost watch keeps trying to resume before failing.
         max_value_bytes: largest value a write accepts (checked before sending).
+        max_response_bytes: largest response accepted (32 MiB by default); a larger one fails
+            the call with a :class:`~backends.errors.ProtocolError` instead of taking memory.
         retry: backoff between rounds over the endpoints, for requests safe to resend.
-        transport: ``"builtin"`` (default): our own HTTP/2 gRPC client, about half the client
-            CPU per call of grpcio (see :mod:`backends.etcd.transport`); ``"grpcio"``: the
-            grpcio library's channels.
 
     Raises (from the constructor):
         EndpointError: an endpoint, a timeout, the credentials or a certificate path is invalid.
@@ -68,8 +69,8 @@ class EtcdConfig:
     request_timeout: float = 5.0
     watch_reconnect_timeout: float = 30.0
     max_value_bytes: int = MAX_VALUE_BYTES
+    max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
     retry: RetryPolicy = field(default_factory=_default_retry)
-    transport: str = "builtin"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "endpoints", _normalize_endpoints(self.endpoints))
@@ -77,15 +78,21 @@ class EtcdConfig:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not value > 0:
                 raise EndpointError(f"The etcd {name} ({value!r}) must be a positive number of seconds.")
-        if not isinstance(self.max_value_bytes, int) or self.max_value_bytes <= 0:
-            raise EndpointError(f"The etcd max_value_bytes ({self.max_value_bytes!r}) must be a positive integer.")
-        if self.transport not in TRANSPORTS:
-            raise EndpointError(
-                f"Unknown etcd transport {self.transport!r}; use one of: {', '.join(TRANSPORTS)}."
-            )
+        for name in ("max_value_bytes", "max_response_bytes"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or not 0 < value <= _MAX_MESSAGE_BYTES:
+                raise EndpointError(
+                    f"The etcd {name} ({value!r}) must be a positive integer of at most {_MAX_MESSAGE_BYTES} bytes."
+                )
         _check_credentials(self.user, self.password)
         _check_certificates(self.ca_cert, self.client_cert, self.client_key)
-        if self.user is not None and not self.tls:
+        if self.tls and any(endpoint.scheme == UNIX for endpoint in self.endpoints):  # type: ignore[union-attr]
+            raise EndpointError(
+                f"The etcd endpoints {self.endpoint_list} mix TLS with a unix: socket, which is not supported; "
+                "use https:// host:port endpoints for TLS, or a unix: socket without certificates."
+            )
+        networked = any(endpoint.scheme != UNIX for endpoint in self.endpoints)  # type: ignore[union-attr]
+        if self.user is not None and not self.tls and networked:
             log.warning(
                 "The etcd password of user %r goes to %s over plain http, readable by anyone on the "
                 "network path; use https:// endpoints (or --rdzv-conf protocol=https) with cacert=.",
@@ -109,7 +116,7 @@ def _normalize_endpoints(value: object) -> tuple[Endpoint, ...]:
     if isinstance(value, tuple) and value and all(isinstance(item, Endpoint) for item in value):
         return value
     if isinstance(value, (str, list, tuple)):
-        return parse_endpoints(value, DEFAULT_PORT)  # type: ignore[arg-type]
+        return parse_endpoints(value, DEFAULT_PORT, allow_unix=True)  # type: ignore[arg-type]
     raise EndpointError(
         f"The etcd endpoints ({value!r}) must be a string like '127.0.0.1:2379,10.0.0.2:2379' or a list of them."
     )

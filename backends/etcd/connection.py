@@ -19,16 +19,14 @@ stubs (the etcd v3 gRPC API) directly instead.
 
 from __future__ import annotations
 
-import abc
 import dataclasses
 import logging
 import math
-import ssl
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Callable, Iterator, TypeVar
 
 import grpc
 from etcd3 import etcdrpc
@@ -43,9 +41,9 @@ from backends.errors import (
     EndpointError,
     ProtocolError,
 )
+from backends.etcd.channel_options import ChannelLimits, channel_options, request_limit
 from backends.etcd.config import EtcdConfig
 from backends.etcd.translate import DialFailure, RequestNotSent, translate_rpc_error
-from backends.etcd.transport import NativeChannel, tls_context
 from backends.retry import RetryPolicy
 
 log = logging.getLogger(__name__)
@@ -58,19 +56,6 @@ _SHUTDOWN = grpc.ChannelConnectivity.SHUTDOWN
 
 _POLLER_PERIOD = 0.2
 """How often gRPC's Python connectivity poller wakes (grpc/_channel.py)."""
-
-_CHANNEL_OPTIONS = (
-    ("grpc.max_receive_message_length", -1),
-    # Find a restarted member within a second (gRPC's default backoff grows to 120 s).
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 1000),
-    # Notice a silently dead connection under a long-lived watch. etcd refuses pings more
-    # often than every 5 s (--grpc-keepalive-min-time), so stay above that.
-    ("grpc.keepalive_time_ms", 10_000),
-    ("grpc.keepalive_timeout_ms", 5_000),
-)
-
 
 @dataclass(frozen=True)
 class CallOptions:
@@ -85,29 +70,45 @@ class CallOptions:
         return {"timeout": self.timeout, "metadata": self.metadata, "wait_for_ready": False}
 
 
-class EndpointChannel(abc.ABC):
-    """One endpoint: its stubs, its auth token, and how it connects (one subclass per transport)."""
+class EndpointChannel:
+    """One endpoint: its grpcio channel and stubs, its auth token, and its connectivity state."""
 
-    def __init__(self, endpoint: Endpoint, channel: Any) -> None:
+    def __init__(
+        self, endpoint: Endpoint, credentials: grpc.ChannelCredentials | None, options: tuple[tuple[str, int], ...]
+    ) -> None:
         self.endpoint = endpoint
-        self.channel = channel
-        self.kv = etcdrpc.KVStub(channel)
-        self.lease = etcdrpc.LeaseStub(channel)
-        self.watch = etcdrpc.WatchStub(channel)
-        self.auth = etcdrpc.AuthStub(channel)
+        target = endpoint.netloc
+        if credentials is None:
+            self.channel = grpc.insecure_channel(target, options=options)
+        else:
+            self.channel = grpc.secure_channel(target, credentials, options=options)
+        self.kv = etcdrpc.KVStub(self.channel)
+        self.lease = etcdrpc.LeaseStub(self.channel)
+        self.watch = etcdrpc.WatchStub(self.channel)
+        self.auth = etcdrpc.AuthStub(self.channel)
         self.token: str | None = None
         self._token_lock = threading.Lock()  # held only to read or swap the token, never across a call
         self.authenticating = threading.Lock()  # one Authenticate call at a time per endpoint
+        self._state = grpc.ChannelConnectivity.IDLE
+        self._state_changed = threading.Condition()
+        self.channel.subscribe(self._on_state, try_to_connect=False)
 
     def __str__(self) -> str:
         return str(self.endpoint)
 
-    @abc.abstractmethod
     def dial(self, timeout: float) -> bool:
         """Connect unless connected; False when still connecting after ``timeout`` (nothing answered).
 
-        A failed connect is left to the next call, which then fails at once with the reason.
+        A failed connect is left to the next call, which then fails at once with gRPC's reason.
         """
+        if self._state in (_READY, _FAILED):
+            return True
+        kick = grpc.channel_ready_future(self.channel)  # starts connecting an idle channel
+        try:
+            with self._state_changed:
+                return self._state_changed.wait_for(lambda: self._state in (_READY, _FAILED, _SHUTDOWN), timeout)
+        finally:
+            kick.cancel()
 
     def forget_token(self, stale: str | None) -> None:
         """Drop the token if it is still ``stale`` (another thread may have refreshed it)."""
@@ -118,10 +119,8 @@ class EndpointChannel(abc.ABC):
     def token_or_authenticate(self, authenticate: Callable[[], str]) -> str:
         """The current token, or a new one from ``authenticate()`` (one caller at a time does it).
 
-        The Authenticate call runs without the token lock: the built-in transport answers
-        calls from its reader thread, which may drop a stale token meanwhile (forget_token)
-        while handling a watch refused for auth; waiting for that lock there would block the
-        very reader that delivers the Authenticate response.
+        The Authenticate call runs without the token lock, so the watch hub's reader may drop a
+        stale token (forget_token, on a watch refused for auth) without waiting for a slow call.
         """
         token = self.token
         if token is not None:
@@ -135,53 +134,12 @@ class EndpointChannel(abc.ABC):
                     self.token = token
             return token
 
-    @abc.abstractmethod
-    def close(self) -> None:
-        """Close the channel; calls in flight end with CANCELLED (then BackendClosedError)."""
-
-
-class BuiltinEndpointChannel(EndpointChannel):
-    """An endpoint on the built-in HTTP/2 transport (:mod:`backends.etcd.transport`)."""
-
-    def __init__(self, endpoint: Endpoint, tls: ssl.SSLContext | None, dial_timeout: float) -> None:
-        super().__init__(endpoint, NativeChannel(endpoint, tls, dial_timeout=dial_timeout))
-
-    def dial(self, timeout: float) -> bool:
-        return self.channel.dial(timeout)
-
-    def close(self) -> None:
-        self.channel.close()
-
-
-class GrpcioEndpointChannel(EndpointChannel):
-    """An endpoint on a grpcio channel, whose connectivity state it follows."""
-
-    def __init__(self, endpoint: Endpoint, credentials: grpc.ChannelCredentials | None) -> None:
-        target = endpoint.netloc
-        if credentials is None:
-            channel = grpc.insecure_channel(target, options=_CHANNEL_OPTIONS)
-        else:
-            channel = grpc.secure_channel(target, credentials, options=_CHANNEL_OPTIONS)
-        super().__init__(endpoint, channel)
-        self._state = grpc.ChannelConnectivity.IDLE
-        self._state_changed = threading.Condition()
-        self.channel.subscribe(self._on_state, try_to_connect=False)
-
-    def dial(self, timeout: float) -> bool:
-        if self._state in (_READY, _FAILED):
-            return True
-        kick = grpc.channel_ready_future(self.channel)  # starts connecting an idle channel
-        try:
-            with self._state_changed:
-                return self._state_changed.wait_for(lambda: self._state in (_READY, _FAILED, _SHUTDOWN), timeout)
-        finally:
-            kick.cancel()
-
     def close(self) -> None:
         """Stop watching the state and close the channel once gRPC's state poller has let go.
 
-        gRPC polls a subscribed channel's state from a thread that wakes every 0.2 s; closing the
-        channel under it makes that thread die with "Channel closed!". So the close is deferred.
+        Calls in flight end with CANCELLED (then BackendClosedError). gRPC polls a subscribed
+        channel's state from a thread that wakes every 0.2 s; closing the channel under it makes
+        that thread die with "Channel closed!". So the close is deferred.
         """
         self.channel.unsubscribe(self._on_state)
         closer = threading.Timer(_POLLER_PERIOD * 1.5, self.channel.close)
@@ -412,27 +370,11 @@ def persistent_policy(policy: RetryPolicy, budget: float) -> RetryPolicy:
 
 
 def _endpoint_channels(config: EtcdConfig) -> list[EndpointChannel]:
-    """One channel per endpoint, on the configured transport. Raises EndpointError for bad TLS files."""
+    """One channel per endpoint. Raises EndpointError for unreadable TLS files."""
     endpoints: tuple[Endpoint, ...] = config.endpoints  # type: ignore[assignment]
-    if config.transport == "grpcio":
-        credentials = _channel_credentials(config) if config.tls else None
-        return [GrpcioEndpointChannel(endpoint, credentials) for endpoint in endpoints]
-    tls = _tls_context(config) if config.tls else None
-    return [BuiltinEndpointChannel(endpoint, tls, config.dial_timeout) for endpoint in endpoints]
-
-
-def _tls_context(config: EtcdConfig) -> ssl.SSLContext:
-    def name(path: str | Path | None) -> str | None:
-        return None if path is None else str(path)
-
-    try:
-        return tls_context(name(config.ca_cert), name(config.client_cert), name(config.client_key))
-    except (ssl.SSLError, OSError) as error:
-        raise EndpointError(
-            f"Cannot load the etcd TLS files (ca_cert={name(config.ca_cert)!r}, client_cert="
-            f"{name(config.client_cert)!r}, client_key={name(config.client_key)!r}): {error}. "
-            "They must be PEM files; the key must match the certificate."
-        ) from error
+    credentials = _channel_credentials(config) if config.tls else None
+    options = channel_options(ChannelLimits(request_limit(config.max_value_bytes), config.max_response_bytes))
+    return [EndpointChannel(endpoint, credentials, options) for endpoint in endpoints]
 
 
 def _channel_credentials(config: EtcdConfig) -> grpc.ChannelCredentials:

@@ -20,7 +20,7 @@ from etcd3 import etcdrpc
 
 from backends.errors import BackendClosedError, BackendConnectionError, BackendTimeoutError
 from backends.etcd.connection import CallOptions, EndpointChannel
-from backends.etcd.transport import RequestQueue
+from backends.etcd.request_queue import RequestQueue
 
 log = logging.getLogger(__name__)
 

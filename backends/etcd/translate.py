@@ -36,6 +36,11 @@ _AUTH_TEXTS = (
 _TOO_LARGE_TEXTS = ("request is too large", "larger than max", "message larger")
 _COMPACTED_TEXT = "required revision has been compacted"
 _LEASE_NOT_FOUND_TEXT = "requested lease not found"
+_RESPONSE_TOO_LARGE_TEXT = "received message larger than max"
+"""grpcio's wording when a response passes our max_receive_message_length ("<where>: Received
+message larger than max (N vs. M)"); a Go server refusing a request says "grpc: received ..."."""
+_METADATA_TOO_LARGE_TEXT = "metadata size exceeds"
+"""grpcio's wording when a header block passes our max_metadata_size."""
 NOT_CONNECTED_PREFIX = "failed to connect to all addresses"
 """gRPC's wording when no connection existed: the request was never sent."""
 
@@ -77,6 +82,11 @@ def diagnose_dial_failure(details: str, tls: bool) -> Diagnosis:
     if "connection refused" in text:
         return Diagnosis(
             DialFailure.UNREACHABLE, "nothing listens there (connection refused); start etcd or fix the endpoint"
+        )
+    if "no such file or directory" in text:
+        return Diagnosis(
+            DialFailure.UNREACHABLE,
+            "no unix socket exists at that path; start etcd with --listen-client-urls unix://... there or fix the path",
         )
     if any(marker in text for marker in ("certificate", "tls handshake", "ssl handshake", "tsi_", "ssl_error")):
         return Diagnosis(
@@ -151,11 +161,27 @@ def translate_rpc_error(
             f"{where} did not complete{budget}; whether it applied is unknown. "
             "Check etcd's health and load, or raise request_timeout."
         )
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED and _is_response_too_large(text):
+        return ProtocolError(
+            f"{where} got a response larger than this client accepts ({details}); if that much data is "
+            "expected, raise max_response_bytes (--rdzv-conf max_response_bytes=BYTES), otherwise check that "
+            "the endpoint is etcd."
+        )
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED and _METADATA_TOO_LARGE_TEXT in text:
+        return ProtocolError(
+            f"{where} got response headers larger than this client accepts ({details}); etcd sends a few "
+            "hundred bytes of headers, so check that the endpoint is etcd and not a proxy or another service."
+        )
     if code == grpc.StatusCode.CANCELLED:
         if closed:
             return BackendClosedError(f"{where} was interrupted because the client was closed.")
         return BackendConnectionError(f"{where} was cancelled ({details}); retry it.")
     return _translate_server_error(code, details, where, requested_revision)
+
+
+def _is_response_too_large(text: str) -> bool:
+    """Whether a RESOURCE_EXHAUSTED text is grpcio refusing a response (not the server a request)."""
+    return _RESPONSE_TOO_LARGE_TEXT in text and not text.startswith("grpc:")
 
 
 def _translate_server_error(code: grpc.StatusCode, details: str, where: str, requested_revision: int) -> BackendError:

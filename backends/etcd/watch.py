@@ -8,9 +8,8 @@ request thread, and gRPC wakes every blocked stream reader every 100 ms; with a 
 watch, a process hosting a few hundred rendezvous nodes spent its CPU on those wake-ups, not
 on etcd (profiled at 1024 simulated nodes). With one stream, a new watch is one request
 message and a cancel another, and every response is routed by its watch id into that watch's
-:class:`~backends.api.QueueWatch`: on the built-in transport directly from the connection's
-reader thread (:meth:`~backends.etcd.transport.StreamCall.listen`), on grpcio by the hub's
-own thread iterating the stream. The hub's thread also reopens a broken stream either way.
+:class:`~backends.api.QueueWatch` by the hub's own thread iterating the stream, which also
+reopens a broken stream.
 
 Routing: etcd answers creates in the order it received them (its server handles one stream's
 requests in order and sends create confirmations through one ordered control channel, and
@@ -54,7 +53,7 @@ from backends.errors import (
 from backends.etcd.connection import CallOptions, EndpointChannel, EtcdConnection, persistent_policy
 from backends.etcd.convert import encode_key, prefix_range_end, watch_event
 from backends.etcd.translate import translate_watch_cancel
-from backends.etcd.transport import RequestQueue
+from backends.etcd.request_queue import RequestQueue
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +140,6 @@ class WatchStream:
         self.pending: collections.deque[WatchRegistration] = collections.deque()
         self.by_id: dict[int, WatchRegistration] = {}
         self.id_of: dict[WatchRegistration, int] = {}
-        self.listening = hasattr(call, "listen")  # the built-in transport hands responses to the hub directly
         self.expired = False
         self.renewing_token = False  # ended on purpose, to re-create its watches with a new token
         self._closed = False
@@ -311,9 +309,6 @@ class WatchHub:
         call = channel.watch.Watch(requests, metadata=options.metadata, wait_for_ready=False)
         token = next((value for name, value in options.metadata if name == "token"), None)
         stream = WatchStream(call, requests, channel, token)
-        answered = threading.Event()
-        if stream.listening:
-            call.listen(lambda response: self._on_response(response, stream, answered), answered.set)
         with self._lock:
             if self._closed or not self._live:
                 stream.close()
@@ -325,10 +320,7 @@ class WatchHub:
             self._stream = stream
             count = len(stream.pending)
         try:
-            if stream.listening:
-                self._await_first_response(stream, answered, options.timeout)
-            else:
-                self._handle(self._first_response(stream, options.timeout), stream)
+            self._handle(self._first_response(stream, options.timeout), stream)
         except BaseException:
             with self._lock:
                 if self._stream is stream:
@@ -337,26 +329,6 @@ class WatchHub:
             raise
         log.debug("etcd watch stream opened on %s carrying %d watches", channel, count)
         return stream
-
-    def _await_first_response(self, stream: WatchStream, answered: threading.Event, timeout: float) -> None:
-        """The built-in transport's :meth:`_first_response`: responses are handled as they arrive."""
-        answered.wait(timeout)
-        if stream.call.ended:
-            stream.call.wait_end(0)  # raises the call's error, if it failed
-            raise BackendConnectionError(f"etcd at {stream.channel} closed the watch stream before confirming a watch.")
-        if not answered.is_set():
-            stream.expire()
-            raise BackendTimeoutError(f"etcd at {stream.channel} did not confirm a watch within {timeout:.3g}s.")
-
-    def _on_response(self, response: Any, stream: WatchStream, answered: threading.Event) -> None:
-        """A response of the built-in transport, on its reader thread (see StreamCall.listen)."""
-        try:
-            self._handle(response, stream)
-        except Exception:  # a bug must not end the connection's reader
-            log.exception("etcd watch stream: internal error while handling a response")
-            stream.call.cancel()
-        finally:
-            answered.set()
 
     def _first_response(self, stream: WatchStream, timeout: float) -> Any:
         timer = threading.Timer(timeout, stream.expire)
@@ -380,11 +352,8 @@ class WatchHub:
     def _pump(self, stream: WatchStream) -> None:
         """Route responses until the stream breaks; returns to resume, raises to fail every watch."""
         try:
-            if stream.listening:
-                stream.call.wait_end()
-            else:
-                for response in stream.call:
-                    self._handle(response, stream)
+            for response in stream.call:
+                self._handle(response, stream)
         except grpc.RpcError as error:
             if self._stopped.is_set() or stream.renewing_token or self._connection.closed:
                 return

@@ -419,7 +419,7 @@ def _dynamic(sources: _Sources, backend: str, endpoint: str, max_nodes: int,
     run_id = _run_id(sources)
     if backend.startswith("etcd"):
         try:
-            parse_endpoints(endpoint, ETCD_DEFAULT_PORT)
+            parse_endpoints(endpoint, ETCD_DEFAULT_PORT, allow_unix=True)
         except EndpointError as error:
             raise _fail(where, _sentence_tail(error)) from error
     elif "," in endpoint:

@@ -67,12 +67,13 @@ def open_backend(name: str, endpoint: str, options: Mapping[str, str]) -> Opened
 
 
 def _open_etcd(endpoint: str, options: Mapping[str, str]) -> OpenedBackend:
+    _check_removed_transport(options)
     try:
         from backends.etcd import EtcdBackend, EtcdConfig
     except ImportError as error:
         raise RendezvousConfigError(
             f"The etcd backend's client is missing ({error}); reinstall etcd-elastic: it depends on "
-            "python3-etcd3, grpcio, protobuf and hpack."
+            "python3-etcd3, grpcio and protobuf."
         ) from error
     endpoints = endpoint
     if options.get("protocol", "").lower() == "https" and "://" not in endpoint:
@@ -84,8 +85,8 @@ def _open_etcd(endpoint: str, options: Mapping[str, str]) -> OpenedBackend:
         client_key=options.get("key"),
         user=options.get("user"),
         password=_secret(options, "password"),
-        transport=options.get("etcd_transport", "builtin"),
         **_timeouts(options),
+        **_response_limit(options),
     )
     backend = EtcdBackend(config)
     backend.get("/")  # fail fast on a wrong endpoint or credentials, before any node state is written
@@ -170,6 +171,30 @@ def _is_local(host: str) -> bool:
     except OSError:
         return False
     return bool(target & (mine | {"127.0.0.1", "::1"}))
+
+
+def _check_removed_transport(options: Mapping[str, str]) -> None:
+    """``etcd_transport`` chose between grpcio and a built-in HTTP/2 client, which is gone.
+
+    ``grpcio`` is what the client uses, so it stays accepted; anything else gets one line.
+    """
+    transport = options.get("etcd_transport")
+    if transport is not None and transport.strip().lower() != "grpcio":
+        raise RendezvousConfigError(
+            f"--rdzv-conf etcd_transport={transport} was removed: the etcd client always uses grpcio; "
+            "drop etcd_transport from --rdzv-conf."
+        )
+
+
+def _response_limit(options: Mapping[str, str]) -> dict[str, int]:
+    """``max_response_bytes`` as an int (EtcdConfig checks its range); absent: the default."""
+    text = options.get("max_response_bytes")
+    if text is None:
+        return {}
+    try:
+        return {"max_response_bytes": int(text)}
+    except ValueError:
+        raise RendezvousConfigError(f"The rendezvous option max_response_bytes={text!r} must be bytes.") from None
 
 
 def _timeouts(options: Mapping[str, str]) -> dict[str, float]:

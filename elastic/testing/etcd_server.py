@@ -72,6 +72,8 @@ class EtcdServerOptions:
         auth_token_ttl: etcd's ``--auth-token-ttl``, seconds an unused auth token lives (None:
             etcd's default, 300 s); short values test token expiry.
         startup_timeout: seconds to wait for ``/health`` to answer.
+        unix_socket: also serve clients on a unix socket (binary mode; see
+            :attr:`BinaryEtcdServer.unix_endpoint`).
     """
 
     auth: bool = False
@@ -81,6 +83,7 @@ class EtcdServerOptions:
     max_request_bytes: int | None = None
     auth_token_ttl: int | None = None
     startup_timeout: float = 30.0
+    unix_socket: bool = False
 
     @property
     def uses_tls(self) -> bool:
@@ -189,6 +192,12 @@ class BinaryEtcdServer(EtcdServer):
         return f"{scheme}://127.0.0.1:{self.client_port}"
 
     @property
+    def unix_endpoint(self) -> str:
+        """The unix socket endpoint (with ``unix_socket=True``). etcd names a unix listener
+        ``host:port`` and creates it in its working directory, which is :attr:`workdir`."""
+        return f"unix://{self.workdir}/localhost:{self.client_port}"
+
+    @property
     def pid(self) -> int | None:
         """PID of the running etcd, or None when stopped."""
         return self._process.pid if self.running else None  # type: ignore[union-attr]
@@ -205,6 +214,7 @@ class BinaryEtcdServer(EtcdServer):
             try:
                 self._process = subprocess.Popen(
                     [self.binary, *self._arguments()],  # type: ignore[list-item]
+                    cwd=self.workdir,
                     stdin=subprocess.DEVNULL,
                     stdout=log_file,
                     stderr=subprocess.STDOUT,
@@ -259,7 +269,9 @@ class BinaryEtcdServer(EtcdServer):
         args = [
             "--name=test",
             f"--data-dir={self.data_dir}",
-            f"--listen-client-urls={client_url}",
+            f"--listen-client-urls={client_url}" + (
+                f",unix://localhost:{self.client_port}" if self.options.unix_socket else ""
+            ),
             f"--advertise-client-urls={client_url}",
             f"--listen-peer-urls={peer_url}",
             f"--initial-advertise-peer-urls={peer_url}",
@@ -471,7 +483,7 @@ class EtcdHarness(BackendHarness):
     name = "etcd"
 
     def __init__(self, server: EtcdServer, **client_settings: Any) -> None:
-        """``client_settings``: extra :class:`EtcdConfig` fields of every client (e.g. ``transport``)."""
+        """``client_settings``: extra :class:`EtcdConfig` fields of every client (e.g. ``max_response_bytes``)."""
         self.server = server
         self._client_settings = client_settings
         self._clients: list[EtcdBackend] = []

@@ -54,3 +54,32 @@ def test_an_empty_list_is_rejected():
 def test_netloc_brackets_ipv6_hosts():
     assert Endpoint("::1", 1).netloc == "[::1]:1"
     assert str(Endpoint("h", 2)) == "h:2"
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("unix:///run/etcd/etcd.sock", Endpoint("/run/etcd/etcd.sock", 0, "unix")),
+        ("unix:/run/etcd.sock", Endpoint("/run/etcd.sock", 0, "unix")),
+        (" UNIX:///tmp/w/localhost:2379 ", Endpoint("/tmp/w/localhost:2379", 0, "unix")),
+    ],
+)
+def test_unix_socket_endpoints_parse_where_allowed_and_name_grpcs_target(text, expected):
+    endpoint = parse_endpoint(text, 2379, allow_unix=True)
+    assert endpoint == expected
+    assert endpoint.netloc == f"unix:{expected.host}" == str(endpoint)
+
+
+@pytest.mark.parametrize(
+    "text, allow_unix, says",
+    [
+        ("unix:///run/etcd.sock", False, "only etcd endpoints"),
+        ("unix:relative.sock", True, "absolute socket path"),
+        ("unix://", True, "absolute socket path"),
+        ("unix:///", True, "absolute socket path"),
+        ("unix:///run/a?b", True, "absolute socket path"),
+    ],
+)
+def test_unix_socket_endpoints_that_cannot_work_raise_a_sentence(text, allow_unix, says):
+    with pytest.raises(EndpointError, match=says):
+        parse_endpoint(text, 2379, allow_unix=allow_unix)

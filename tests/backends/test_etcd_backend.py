@@ -129,12 +129,9 @@ def test_a_watch_resumes_after_an_etcd_restart_without_losing_or_repeating_event
     ]
 
 
-@pytest.mark.parametrize("transport", ["builtin", "grpcio"])
-def test_a_paused_etcd_times_calls_out_and_the_client_and_its_watch_carry_on_once_it_resumes(
-    start_etcd, prefix, transport
-):
+def test_a_paused_etcd_times_calls_out_and_the_client_and_its_watch_carry_on_once_it_resumes(start_etcd, prefix):
     server = start_etcd()
-    with server.connect(transport=transport, request_timeout=1.0, dial_timeout=1.0) as backend:
+    with server.connect(request_timeout=1.0, dial_timeout=1.0) as backend:
         watch = backend.watch_prefix(prefix)
         first = backend.put(prefix + "a", b"1")
         assert [event.revision for event in collect(watch, 1, timeout=5)] == [first]
@@ -485,12 +482,40 @@ def test_malformed_endpoints_raise_endpoint_error(endpoints):
         ({"client_cert": "/nonexistent.crt"}, "key"),
         ({"ca_cert": "/nonexistent/ca.crt"}, "ca_cert"),
         ({"max_value_bytes": 0}, "max_value_bytes"),
+        ({"max_response_bytes": 2**31}, "max_response_bytes"),
+        ({"max_response_bytes": True}, "max_response_bytes"),
     ],
 )
 def test_invalid_settings_are_rejected_eagerly_with_a_sentence(settings, fragment):
     with pytest.raises(EndpointError) as raised:
         EtcdConfig("127.0.0.1:2379", **settings)
     assert fragment in str(raised.value) and str(raised.value).endswith(".")
+
+
+def test_a_unix_socket_endpoint_carries_reads_writes_watches_and_leases(start_etcd, prefix):
+    server = start_etcd(unix_socket=True)
+    with EtcdBackend(EtcdConfig(server.unix_endpoint, request_timeout=5.0)) as backend:
+        watch = backend.watch_prefix(prefix)
+        revision = backend.put(prefix + "k", b"over a unix socket")
+        assert backend.get(prefix + "k").kv.mod_revision == revision
+        assert [event.revision for event in collect(watch, 1, timeout=5)] == [revision]
+        lease = backend.grant(5)
+        assert backend.keepalive(lease.id) == 5.0
+        watch.cancel()
+
+
+def test_a_missing_unix_socket_is_one_line_naming_the_path(tmp_path):
+    endpoint = f"unix://{tmp_path}/no-etcd.sock"
+    with EtcdBackend(EtcdConfig(endpoint, dial_timeout=1.0, request_timeout=2.0)) as backend:
+        with pytest.raises(BackendConnectionError) as raised:
+            backend.get("/k")
+    message = str(raised.value)
+    assert f"unix:{tmp_path}/no-etcd.sock" in message and "no unix socket exists" in message and "\n" not in message
+
+
+def test_tls_settings_with_a_unix_socket_endpoint_are_refused_in_one_sentence(tmp_path):
+    with pytest.raises(EndpointError, match="unix: socket"):
+        EtcdConfig(f"unix://{tmp_path}/etcd.sock,https://etcd-0:2379")
 
 
 def test_endpoints_default_to_port_2379_and_https_implies_tls():
@@ -537,12 +562,12 @@ def test_tls_with_ca_and_client_certificate_works_and_missing_pieces_give_clear_
 
 
 def test_dropping_a_stale_token_does_not_wait_for_an_authenticate_call_in_flight():
-    # The built-in transport's reader thread drops stale tokens (a watch refused for auth) and
-    # also delivers the Authenticate response: it must never wait for the authenticating caller.
+    # The watch hub's reader drops stale tokens (a watch refused for auth): it must never wait
+    # for a caller's Authenticate call in flight.
     from backends.endpoints import Endpoint
-    from backends.etcd.connection import BuiltinEndpointChannel
+    from backends.etcd.connection import EndpointChannel
 
-    channel = BuiltinEndpointChannel(Endpoint("127.0.0.1", dead_port()), None, 1.0)
+    channel = EndpointChannel(Endpoint("127.0.0.1", dead_port()), None, ())
     channel.token = "stale"
     channel.forget_token("stale")
     in_call, dropped = threading.Event(), threading.Event()
@@ -578,6 +603,23 @@ def test_the_servers_own_request_limit_is_translated(start_etcd, prefix):
             backend.put(prefix + "big", b"x" * 64 * 1024)
         assert "too large" in str(raised.value)
         assert backend.get(prefix + "big").kv is None
+
+
+def test_a_prefix_read_above_max_response_bytes_is_refused_and_the_default_holds_thousands_of_joins(
+    etcd_server, prefix
+):
+    # 2000 join-record-sized values (~600 KB in one response): over a 256 KiB limit, well
+    # under the default one.
+    record = b'{"v":1,"node":"%05d","addr":"10.0.0.1","port":29500,"lws":8,"role":"default"}' + b" " * 180
+    with etcd_server.connect() as writer:
+        for index in range(2000):
+            writer.put(f"{prefix}nodes/{index:05d}", record % index)
+    with etcd_server.connect(max_response_bytes=256 * 1024) as small:
+        with pytest.raises(ProtocolError) as raised:
+            small.get_prefix(prefix)
+    assert "max_response_bytes" in str(raised.value) and "\n" not in str(raised.value)
+    with etcd_server.connect() as default:
+        assert len(default.get_prefix(prefix).kvs) == 2000
 
 
 def test_lease_ttl_is_rounded_up_to_whole_seconds_and_keepalive_reports_it(client, prefix):
@@ -682,6 +724,18 @@ def test_requests_never_sent_are_retried_even_when_not_resend_safe(etcd_server):
             "grpc: received message larger than max (2097160 vs. 2097152)",
             ValueTooLargeError,
         ),
+        (
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            "Stream removed (CLIENT: Received message larger than max (100665116 vs. 4194304))",
+            ProtocolError,
+        ),
+        (grpc.StatusCode.RESOURCE_EXHAUSTED, "CLIENT: Sent message larger than max (3145728 vs. 1572864)",
+         ValueTooLargeError),
+        (
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            "Stream removed (received metadata size exceeds hard limit (24205 vs. 20480); x-pad-0:8039B)",
+            ProtocolError,
+        ),
         (grpc.StatusCode.OUT_OF_RANGE, "etcdserver: mvcc: required revision has been compacted", CompactedError),
         (grpc.StatusCode.UNIMPLEMENTED, "unknown service etcdserverpb.KV", ProtocolError),
         (grpc.StatusCode.CANCELLED, "Cancelled", BackendConnectionError),
@@ -717,6 +771,11 @@ def test_a_cancelled_rpc_after_close_is_translated_to_closed():
         ("last error: UNAVAILABLE: Unwrap failed (TSI_DATA_CORRUPTED)", DialFailure.TLS),
         ("last error: UNAVAILABLE: Handshake read failed (Socket closed)", DialFailure.UNREACHABLE),
         ("last error: UNAVAILABLE: Socket closed", DialFailure.UNREACHABLE),
+        (
+            "last error: FAILED_PRECONDITION: unix:/x.sock: connect failed: addr: unix:/x.sock error: No such file "
+            "or directory",
+            DialFailure.UNREACHABLE,
+        ),
     ],
 )
 def test_dial_failures_are_diagnosed(details, kind):

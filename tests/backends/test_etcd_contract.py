@@ -16,13 +16,3 @@ class TestEtcdContract(BackendContract):
         harness = EtcdHarness(etcd_server)
         yield harness
         harness.close()
-
-
-class TestEtcdContractOnGrpcio(BackendContract):
-    """The same contract on the grpcio transport (``EtcdConfig(transport="grpcio")``)."""
-
-    @pytest.fixture
-    def harness(self, etcd_server):
-        harness = EtcdHarness(etcd_server, transport="grpcio")
-        yield harness
-        harness.close()
