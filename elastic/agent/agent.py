@@ -27,7 +27,6 @@ from elastic.agent.failures import first_failure, signal_name
 from elastic.agent.lifeline import Lifeline
 from elastic.agent.metrics import AgentMetrics
 from elastic.agent.store_host import StoreHost
-from elastic.agent.worker_env import python_executable
 from elastic.agent.workers import GroupState, GroupStatus, WorkerGroup
 from elastic.launch.config import LaunchConfig
 from elastic.rendezvous.decisions import MembershipChange
