@@ -311,7 +311,11 @@ class ElasticAgent:
             return None
         if action is AgentAction.RESTART_FOR_MEMBERSHIP:
             self._stop_group()
-            self._report_failure(state)  # our workers may have failed first (the change is our peers' rejoin)
+            if self.handler.membership_change()[0] is MembershipChange.NODES_WAITING:
+                # Our workers may have failed first, and the change is our peers' rejoin: report it
+                # (the closer decides). A failure beside a lost member or our own lost lease is that
+                # loss's consequence (collectives broken by a peer that moved on) and is not reported.
+                self._report_failure(state)
             self._membership_restart = True  # its cause is recorded once the next round says it
             self.attempt += 1
             return None

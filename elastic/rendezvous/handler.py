@@ -508,12 +508,14 @@ class RendezvousHandler:
         except OSError as error:
             raise RendezvousError(f"Rendezvous {self.settings.run_id}: node {self.node_id} cannot listen on a "
                                   f"master port on {self.node_addr}: {error}") from error
-        value = records.encode_join(JoinRecord(self.node_id, self.node_addr, self._reservation.port,
-                                               self.local_world_size, self.role, self._failed_round,
-                                               self._failed_at))
+        value = b""
 
         def send() -> JoinOutcome:
-            lease = self._ensure_session().lease_id
+            nonlocal value
+            lease = self._ensure_session().lease_id  # may drop a failure report: see _ensure_session
+            value = records.encode_join(JoinRecord(self.node_id, self.node_addr, self._reservation.port,
+                                                   self.local_world_size, self.role, self._failed_round,
+                                                   self._failed_at))
             previous = self._attempt.key if self._attempt is not None else None
             txn = join_txn(self.keys, forming, self.node_id, value, lease, previous, expected_round)
             return read_join(self._backend.txn(txn), self.keys.closer(forming), expected_round is not None)
@@ -527,6 +529,7 @@ class RendezvousHandler:
                         self.settings.run_id, self.node_id, forming)
             self._session.close(revoke=False)  # type: ignore[union-attr]
             self._session = None
+            self._failed_round = None  # the membership ended with the lease (see _ensure_session)
             outcome = send()
         if outcome.joined:
             self._attempt = JoinAttempt(forming, self.keys.node(forming, self.node_id), value, outcome.count,
@@ -809,8 +812,15 @@ class RendezvousHandler:
         return {joiner.node_id: joiner for joiner in (_joiner(kv) for kv in read.kvs)}, read.revision
 
     def _ensure_session(self) -> Session:
+        """The live session, or a new one. Replacing one the server expired also drops a pending
+        failure report: this node's membership ended with its lease, and its workers' failure
+        that follows is that loss's consequence (its peers moved on), not a failure to charge."""
         if self._session is None or not self._session.alive:
             if self._session is not None:
+                if self._session.lost.is_set() and self._failed_round is not None:
+                    log.info("Rendezvous %s: node %s lost its lease; its workers' failure in round %d is not "
+                             "reported as its own", self.settings.run_id, self.node_id, self._failed_round)
+                    self._failed_round = None
                 self._session.close(revoke=False)
             session = self._backend.session(self.settings.lease_ttl, name=f"{self.settings.run_id}/{self.node_id}",
                                             outage_limit=self.settings.store_outage_timeout)
