@@ -50,6 +50,9 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+MIN_ENDPOINT_SHARE = 1.0
+"""Seconds an endpoint gets at least, within a call's deadline, before a resendable call moves on."""
+
 _READY = grpc.ChannelConnectivity.READY
 _FAILED = grpc.ChannelConnectivity.TRANSIENT_FAILURE
 _SHUTDOWN = grpc.ChannelConnectivity.SHUTDOWN
@@ -232,16 +235,27 @@ class EtcdConnection:
             yield index, self._channels[index]
 
     def _round(self, operation: str, invoke: Invoke[T], resend_safe: bool, deadline: float) -> T:
+        """One pass over the endpoints, the current one first.
+
+        A request that may be resent gives each endpoint only its share of what is left of the
+        deadline (at least :data:`MIN_ENDPOINT_SHARE` s), so a member that hangs (stopped, its disk
+        stalled) does not take the whole call: the call moves on to the next member. An endpoint
+        that timed out or dropped the connection loses its place as the current one, so the next
+        call, a write included, starts elsewhere.
+        """
         failures: list[BackendError] = []
+        share = max((deadline - time.monotonic()) / len(self._channels), MIN_ENDPOINT_SHARE)
         for index, channel in self._rotation():
             self.check_open(operation)
             if deadline - time.monotonic() <= 0:
                 break
+            attempt_deadline = min(deadline, time.monotonic() + share) if resend_safe else deadline
             try:
-                result = self._call_on(channel, operation, invoke, deadline)
+                result = self._call_on(channel, operation, invoke, attempt_deadline)
             except RequestNotSent as error:
                 failures.append(error)
             except (BackendConnectionError, BackendTimeoutError) as error:
+                self._demote(index, error)
                 if not resend_safe or self._closed:
                     raise
                 failures.append(error)
@@ -252,6 +266,13 @@ class EtcdConnection:
                 return result
             log.debug("etcd %s: endpoint %s failed: %s", operation, channel, failures[-1])
         raise self._round_failure(operation, failures)
+
+    def _demote(self, index: int, error: BackendError) -> None:
+        """Move the current endpoint on past ``index`` after it failed a sent request."""
+        if index == self._current and len(self._channels) > 1:
+            self._current = (index + 1) % len(self._channels)
+            log.info("etcd: endpoint %s failed (%s); trying %s first from now on", self._channels[index], error,
+                     self._channels[self._current])
 
     def _round_failure(self, operation: str, failures: list[BackendError]) -> BackendError:
         if not failures:

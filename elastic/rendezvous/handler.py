@@ -30,6 +30,7 @@ reads, waits on watches with deadlines, and writes.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import os
@@ -271,18 +272,18 @@ class RendezvousHandler:
                 lease = self._backend.grant(cooldown)
                 self._backend.put(self.keys.excluded(self.node_id), records.encode_exclusion(reason, cooldown),
                                   lease=lease.id)
-            self._backend_call(mark)
+            self._backend_call(mark, retry=True)
             log.warning("Rendezvous %s: node %s is excluded for %gs: %s", self.settings.run_id, self.node_id,
                         cooldown, reason)
 
     def is_closed(self) -> bool:
         """Whether the rendezvous was closed for good. Raises RendezvousConnectionError."""
-        return self._backend_call(lambda: self._read_state().closed)
+        return self._backend_call(lambda: self._read_state().closed, retry=True)
 
     def set_closed(self, reason: str = RendezvousClosedError.JOB_FINISHED) -> None:
         """Close the rendezvous for every node (job finished or failed for good). Idempotent."""
         record = records.encode_closed(records.ClosedRecord(reason))
-        self._backend_call(lambda: self._backend.put_if(self.keys.closed, record, ABSENT))
+        self._backend_call(lambda: self._backend.put_if(self.keys.closed, record, ABSENT), retry=True)
 
     def num_nodes_waiting(self) -> int:
         """Nodes waiting for the next round that justify a restart; 0 before the first round. No I/O."""
@@ -774,6 +775,11 @@ class RendezvousHandler:
             watch.cancel()
         return watch
 
+    def _log_retry(self, attempt: int, error: BaseException) -> None:
+        if attempt == 1 or attempt % 10 == 0:
+            log.warning("Rendezvous %s: node %s: the store failed (%s); retrying (attempt %d)",
+                        self.settings.run_id, self.node_id, error, attempt + 1)
+
     def _signal(self, change: MembershipChange, reason: str) -> None:
         """Tell the monitor of the round this node is in (if any) about a change seen by the session."""
         monitor = self._monitor
@@ -893,8 +899,13 @@ class RendezvousHandler:
             f"Start more nodes or raise --rdzv-conf join_timeout."
         )
 
-    def _backend_call(self, call):
+    def _backend_call(self, call, retry: bool = False):
+        """Run ``call``; with ``retry``, again after transient store failures for up to the join
+        timeout (the call must be safe to repeat). Raises RendezvousConnectionError."""
         try:
+            if retry:
+                policy = dataclasses.replace(self._retry, total_timeout=self.settings.join_timeout)
+                return policy.run(call, on_retry=self._log_retry)
             return call()
         except BackendError as error:
             raise RendezvousConnectionError(f"Rendezvous {self.settings.run_id}: backend failed: {error}") from error

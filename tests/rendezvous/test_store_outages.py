@@ -140,3 +140,16 @@ def test_a_member_stops_training_blind_once_the_outage_reaches_store_outage_time
     change, reason = handlers[0].membership_change()
     assert change is MembershipChange.STORE_UNREACHABLE and "store_outage_timeout=1s" in reason
     store.start(renew_leases=True)
+
+
+def test_closing_the_rendezvous_waits_out_an_outage_instead_of_failing(store, make_node):
+    handler = make_node(nodes=1)
+    handler.next_rendezvous()
+    store.stop()
+    timer = threading.Timer(1.0, lambda: store.start(renew_leases=True))
+    timer.start()
+    try:
+        handler.set_closed()
+    finally:
+        timer.join()
+    assert handler.is_closed()
