@@ -207,6 +207,11 @@ TODAY: dict[tuple[str, str], tuple[str, bool]] = {
     ("partition", TORCHRUN): (
         "7 of 9 runs re-formed once more after growing back (worlds 2->1->2->2, a restart charged by torch's "
         "agent); 2 of 9 passed", False),
+    ("single-member-restart", TORCHRUN): (
+        "flaky, 1 of 3 full runs: torch's agent on one node trained to the last step but never exited "
+        "(cause not found yet); not strict", False),
+    ("corrupt-state", TORCHRUN): (
+        "flaky, 1 of 3 full runs, in the same run as the hang above; not strict", False),
     ("agent-sigstop", TORCHRUN): (
         "two re-formations (worlds 2->2->2, 6 of 6 runs) instead of one, a restart charged by torch's agent", True),
 }
