@@ -38,6 +38,7 @@ from pathlib import Path
 import grpc
 from etcd3 import etcdrpc
 
+from elastic.testing.freeze import freeze
 from elastic.testing.etcd_server import (
     NO_BINARY_HINT,
     EtcdServerError,
@@ -176,8 +177,8 @@ class EtcdCluster:
         pid = self.pid(member)
         if pid is None:
             raise EtcdServerError(f"etcd member {member.name} is not running; it cannot be paused.")
-        os.kill(pid, signal.SIGSTOP)
         self._paused.add(member.name)
+        freeze(pid)
         log.info("Paused etcd member %s (pid %d)", member.name, pid)
 
     def resume(self, member: MemberSpec) -> None:

@@ -8,8 +8,6 @@ server-side limits, and the translation of gRPC errors.
 from __future__ import annotations
 
 import http.server
-import os
-import signal
 import socket
 import threading
 import time
@@ -37,6 +35,7 @@ from backends.etcd import EtcdBackend, EtcdConfig
 from backends.etcd.connection import EtcdConnection
 from backends.etcd.convert import prefix_range_end
 from backends.etcd.translate import DialFailure, RequestNotSent, diagnose_dial_failure, translate_rpc_error
+from elastic.testing.freeze import freeze, thaw
 from elastic.testing.etcd_server import EtcdServerOptions, find_etcdctl_binary, start_etcd_server
 
 pytestmark = pytest.mark.etcd
@@ -135,14 +134,15 @@ def test_a_paused_etcd_times_calls_out_and_the_client_and_its_watch_carry_on_onc
         watch = backend.watch_prefix(prefix)
         first = backend.put(prefix + "a", b"1")
         assert [event.revision for event in collect(watch, 1, timeout=5)] == [first]
-        os.kill(server.pid, signal.SIGSTOP)  # alive to TCP, silent to gRPC
+        pid = server.pid
+        freeze(pid)  # alive to TCP, silent to gRPC; returns once every thread has stopped
         try:
             started = time.monotonic()
             with pytest.raises(BackendTimeoutError):
                 backend.get(prefix + "a")
             assert time.monotonic() - started < 3.0
         finally:
-            os.kill(server.pid, signal.SIGCONT)
+            thaw(pid)
         second = backend.put(prefix + "b", b"2")
         assert backend.get(prefix + "b").kv.mod_revision == second
         assert [event.revision for event in collect(watch, 1, timeout=10)] == [second]

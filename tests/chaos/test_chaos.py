@@ -36,6 +36,7 @@ from etcd3 import etcdrpc
 import chaoslib
 from chaoslib import ELASTICRUN, LEASE_TTL, TORCHRUN, ChaosJob
 from elastic.testing.etcd_cluster import EtcdCluster
+from elastic.testing.freeze import freeze
 from elastic.testing.netns import NamespaceLink
 
 pytestmark = [pytest.mark.slow, pytest.mark.chaos, pytest.mark.etcd, pytest.mark.timeout(420)]
@@ -143,7 +144,7 @@ def stop_agent(ctx: Context) -> Timeline:
     """SIGSTOP agent b (not its worker) for 2 x TTL: its lease expires on the server."""
     pid = ctx.job.agents["b"].pid
     at = time.time()
-    os.kill(pid, signal.SIGSTOP)
+    freeze(pid)
     try:
         time.sleep(2 * LEASE_TTL)
     finally:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+import time
 
 import grpc
 import pytest
@@ -119,3 +120,23 @@ def _alive(pid: int) -> bool:
             return stat.read().split(") ")[-1][0] != "Z"
     except OSError:
         return False
+
+
+def test_freeze_returns_once_every_thread_is_stopped_and_thaw_resumes_them():
+    from elastic.testing.freeze import freeze, thaw, thread_states
+
+    code = "import threading, time\nfor _ in range(3): threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\nprint(flush=True)\ntime.sleep(60)"
+    process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    try:
+        process.stdout.readline()  # the threads are started
+        freeze(process.pid)
+        assert thread_states(process.pid) == ["T"] * 4
+        thaw(process.pid)
+        for _ in range(100):
+            if "T" not in thread_states(process.pid):
+                break
+            time.sleep(0.01)
+        assert "T" not in thread_states(process.pid)
+    finally:
+        process.kill()
+        process.wait()
