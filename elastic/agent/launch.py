@@ -55,6 +55,8 @@ def run(config: LaunchConfig) -> int:
             metrics = AgentMetrics(run_id=config.run_id, node=getattr(handler, "node_id", socket.gethostname()))
             if hasattr(handler, "on_progress"):
                 handler.on_progress = lambda progress: metrics.set_rendezvous_joined(progress and progress.joined)
+            if hasattr(handler, "store_outage"):
+                metrics.watch_store_outage(handler.store_outage)
             store_host = StoreHost(python_executable(os.environ), os.environ) if config.rdzv_backend != "static" else None
             if store_host is not None:
                 cleanup.callback(store_host.close)
@@ -68,7 +70,7 @@ def run(config: LaunchConfig) -> int:
             if config.metrics_port is not None:
                 server = MetricsServer(config.metrics_port, config.metrics_addr, registry=metrics.registry,
                                        health=lambda: health(agent.healthy, getattr(handler, "progress", None),
-                                                             agent.spares()))
+                                                             agent.spares(), _store_outage(handler)))
                 cleanup.callback(server.stop)
                 server.start()  # it logs where it serves
         except (RendezvousError, AgentError, ValueError) as error:
@@ -108,14 +110,25 @@ def _open_lifeline(config: LaunchConfig, cleanup: ExitStack) -> Lifeline | None:
     return lifeline
 
 
-def health(healthy: bool, progress: WaitSnapshot | None, spares: int = 0) -> tuple[bool, str]:
+def health(healthy: bool, progress: WaitSnapshot | None, spares: int = 0, store_outage: float = 0.0) -> tuple[bool, str]:
     """``/healthz``'s answer: stopped, waiting for a rendezvous (with its counts), or running
-    (with the spares waiting beyond a full round, if any)."""
+    (with the spares waiting beyond a full round, if any).
+
+    A store outage is said but stays healthy (200): the workers train on without the store, and
+    a liveness probe that restarted the pod would turn a control-plane outage into lost work.
+    """
     if not healthy:
         return False, "stopped"
+    outage = f"; store unreachable for {store_outage:.0f}s" if store_outage > 0 else ""
     if progress is not None:
-        return True, f"waiting for rendezvous ({progress.counts_text()})"
-    return True, f"running; spares: {spares}" if spares else "running"
+        return True, f"waiting for rendezvous ({progress.counts_text()}){outage}"
+    return True, (f"running; spares: {spares}" if spares else "running") + outage
+
+
+def _store_outage(handler: object) -> float:
+    """The handler's store outage in seconds (0.0 for handlers that do not track one)."""
+    outage = getattr(handler, "store_outage", None)
+    return outage() if outage is not None else 0.0
 
 
 def _install_signal_handlers(names: tuple[str, ...]) -> None:

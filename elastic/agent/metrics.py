@@ -57,6 +57,7 @@ __all__ = [
     "ROUND_DURATION_SECONDS",
     "ROUNDS_TOTAL",
     "SPARES",
+    "STORE_OUTAGE_SECONDS",
     "WORKER_EXITS_TOTAL",
     "WORKER_STATES",
     "WORKERS",
@@ -75,6 +76,7 @@ RENDEZVOUS_JOINED_NODES = "elastic_rendezvous_joined_nodes"
 RESTARTS_TOTAL = "elastic_restarts_total"
 WORKERS = "elastic_workers"
 WORKER_EXITS_TOTAL = "elastic_worker_exits_total"
+STORE_OUTAGE_SECONDS = "elastic_store_outage_seconds"
 
 WORKER_STATES = ("running", "succeeded", "failed")
 # A round takes from tens of milliseconds (everyone present) to the last-call window or the
@@ -125,6 +127,11 @@ class AgentMetrics:
             "Local worker exits: exitcode set for a normal exit, signal (name) when killed.",
             ("exitcode", "signal"), registry=r,
         )
+        self.store_outage = Gauge(
+            STORE_OUTAGE_SECONDS,
+            "Seconds the store has not answered this node's keepalives (0 while it answers); the workers "
+            "train on until store_outage_timeout.", registry=r,
+        )
         self.info.labels(run_id=run_id, node=node).set(1)
         for cause in RestartCause:
             self.restarts.labels(cause=cause.value)  # exported as 0 from the start
@@ -135,6 +142,10 @@ class AgentMetrics:
         self.rounds.inc()
         self.round_duration.observe(duration_s)
         self.members.set(members)
+
+    def watch_store_outage(self, seconds: Callable[[], float]) -> None:
+        """Read ``elastic_store_outage_seconds`` from ``seconds()`` at each scrape (no polling thread)."""
+        self.store_outage.set_function(seconds)
 
     def set_nodes_waiting(self, count: int, spares: int = 0) -> None:
         self.nodes_waiting.set(count)

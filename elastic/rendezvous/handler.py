@@ -295,6 +295,11 @@ class RendezvousHandler:
         monitor = self._monitor
         return monitor.num_rejoining if monitor is not None else 0
 
+    def store_outage(self) -> float:
+        """Seconds the store has not answered this node's keepalives (0.0 while it answers). No I/O."""
+        session = self._session
+        return session.outage if session is not None else 0.0
+
     def num_spares(self) -> int:
         """Nodes waiting as spares beyond this node's full round; 0 when there is room. No I/O."""
         monitor = self._monitor

@@ -622,3 +622,48 @@ def test_a_restarted_agent_stops_what_its_dead_predecessor_left_before_starting_
     assert stderr.index("left by an earlier agent") < stderr.index("started 1 default worker(s)")
     second.proc.send_signal(signal.SIGTERM)
     assert second.wait(timeout=30) == 143, second.stderr
+
+
+def test_an_etcd_outage_keeps_the_workers_training_and_shows_in_healthz_and_metrics(procs, reports, tmp_path):
+    """Static stability seen from outside: etcd down for 3 lease TTLs (stopped, then started on its
+    data), the workers all-reduce on, /healthz stays 200 and names the outage, the gauge counts
+    it, and nothing restarts: etcd extends every lease when it starts (a frozen single member
+    would instead expire them as it wakes: the chaos suite's leader-pause row)."""
+    from elastic.testing.etcd_server import EtcdServerOptions, start_etcd_server
+
+    port, stop_file = free_port(), tmp_path / "stop"
+    with start_etcd_server(EtcdServerOptions()) as server:
+        agent = procs.elasticrun("--nnodes=1", "--nproc-per-node=2", f"--metrics-port={port}", "--max-restarts=0",
+                                 "--rdzv-backend", "etcd", "--rdzv-endpoint", server.endpoints, "--rdzv-id", run_id(),
+                                 "--rdzv-conf", FAST_CONF, "--local-addr", "127.0.0.1", *loop_args(reports, stop_file))
+        reports.wait_for("the workers' first all-reduce", allreduces_at(2), [agent])
+        stopped_at = time.time()
+        server.stop()
+        try:
+            deadline = time.monotonic() + 3 * LEASE_TTL
+            reason = ""
+            while time.monotonic() < deadline:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as health:
+                    assert health.status == 200
+                    reason = json.loads(health.read())["reason"]
+                time.sleep(0.2)
+            assert re.fullmatch(r"running; store unreachable for [1-9][0-9]*s", reason), reason
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as metrics:
+                gauge = re.search(r"^elastic_store_outage_seconds ([0-9.e+]+)$", metrics.read().decode(), re.M)
+            assert gauge is not None and float(gauge[1]) >= LEASE_TTL, gauge
+            reports.wait_for("all-reduces during the outage", allreduces_at(2, after=stopped_at + 2 * LEASE_TTL), [agent])
+        finally:
+            server.start()
+        deadline = time.monotonic() + RUN_TIMEOUT
+        while True:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as health:
+                reason = json.loads(health.read())["reason"]
+            if reason == "running" or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert reason == "running"
+        stop_file.touch()
+        assert agent.wait() == 0, agent.stderr
+    assert "the store has not answered a keepalive" in agent.stderr
+    assert {r["restart_count"] for r in reports.events("allreduce")} == {0}
+    assert len({r["pid"] for r in reports.events("started")}) == 2, agent.stderr  # the same two workers throughout

@@ -25,6 +25,7 @@ from elastic.agent.metrics import (
     ROUND_DURATION_SECONDS,
     ROUNDS_TOTAL,
     SPARES,
+    STORE_OUTAGE_SECONDS,
     WORKER_EXITS_TOTAL,
     WORKERS,
     AgentMetrics,
@@ -152,7 +153,8 @@ def test_only_the_documented_series_are_exported_without_created_timestamps(agen
     families = parse_exposition(render(agent_metrics.registry).decode())
 
     documented = {AGENT_INFO, ROUNDS_TOTAL, ROUND_DURATION_SECONDS, MEMBERS, NODES_WAITING, SPARES,
-                  EXCLUDED, RENDEZVOUS_JOINED_NODES, RESTARTS_TOTAL, WORKERS, WORKER_EXITS_TOTAL}
+                  EXCLUDED, RENDEZVOUS_JOINED_NODES, RESTARTS_TOTAL, WORKERS, WORKER_EXITS_TOTAL,
+                  STORE_OUTAGE_SECONDS}
     assert set(families) == documented
     assert not [name for f in families.values() for (name, _) in f["samples"] if name.endswith("_created")]
 
@@ -208,6 +210,16 @@ def test_agent_metrics_follow_rounds_restarts_and_worker_exits(agent_metrics):
     assert sample(families, WORKER_EXITS_TOTAL, exitcode="1", signal="") == 1
     assert sample(families, WORKER_EXITS_TOTAL, exitcode="", signal="SIGKILL") == 1
     assert sample(families, WORKER_EXITS_TOTAL, exitcode="", signal="SIGTERM") == 1
+
+
+def test_the_store_outage_gauge_is_read_from_its_source_at_each_scrape(agent_metrics):
+    assert sample(parse_exposition(render(agent_metrics.registry).decode()), STORE_OUTAGE_SECONDS) == 0
+    outage = [0.0]
+    agent_metrics.watch_store_outage(lambda: outage[0])
+    outage[0] = 12.5
+    assert sample(parse_exposition(render(agent_metrics.registry).decode()), STORE_OUTAGE_SECONDS) == 12.5
+    outage[0] = 0.0
+    assert sample(parse_exposition(render(agent_metrics.registry).decode()), STORE_OUTAGE_SECONDS) == 0
 
 
 def test_an_unknown_restart_cause_is_rejected(agent_metrics):
@@ -330,3 +342,24 @@ def test_the_server_thread_is_a_daemon_and_ends_on_stop(agent_metrics):
         assert thread.daemon
     thread.join(timeout=TIMEOUT)
     assert not thread.is_alive()
+
+
+@pytest.mark.parametrize(
+    ("healthy", "joined", "spares", "outage", "expected"),
+    [
+        (True, None, 0, 0.0, (True, "running")),
+        (True, None, 2, 0.0, (True, "running; spares: 2")),
+        (True, None, 0, 7.4, (True, "running; store unreachable for 7s")),
+        (True, None, 1, 30.0, (True, "running; spares: 1; store unreachable for 30s")),
+        (True, 1, 0, 0.0, (True, "waiting for rendezvous (1 of 2)")),
+        (True, 1, 0, 12.0, (True, "waiting for rendezvous (1 of 2); store unreachable for 12s")),
+        (False, None, 0, 12.0, (False, "stopped")),
+    ],
+)
+def test_healthz_says_an_outage_but_stays_healthy(healthy, joined, spares, outage, expected):
+    from elastic.agent.launch import health
+    from elastic.rendezvous.progress import WaitSnapshot
+
+    progress = None if joined is None else WaitSnapshot(run_id="r", node_id="n", round=1, joined=joined, min_nodes=2, max_nodes=2,
+                                                       expected=None, seconds_left=60.0)
+    assert health(healthy, progress, spares, outage) == expected
