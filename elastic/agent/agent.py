@@ -104,6 +104,7 @@ class ElasticAgent:
         self.restarts_used = 0
         self._unsettled: _UnsettledFailure | None = None
         self._membership_restart = False
+        self._outage_seen: float | None = None  # when the store was last seen not answering
         self.attempt = 0
         self.healthy = True
         self.node_id: str = getattr(handler, "node_id", host)
@@ -228,6 +229,7 @@ class ElasticAgent:
                 self.metrics.set_nodes_waiting(self.handler.num_nodes_waiting(), self.spares())
                 self.metrics.set_workers(running=len(state.running), succeeded=0,
                                          failed=len(state.failures))
+            in_outage = self._in_store_outage()
             grace_over = True
             if state.status is GroupStatus.FAILED and change is None:
                 if grace_deadline is None:
@@ -237,7 +239,7 @@ class ElasticAgent:
                     group.stop()
                 grace_over = self._clock() >= grace_deadline
             view = AgentView(state.status, change, self.restarts_used, self.config.max_restarts, grace_over,
-                             self._would_exclude(group))
+                             self._would_exclude(group), in_outage)
             action = decide(view)
             if action is AgentAction.KEEP_RUNNING:
                 continue
@@ -251,6 +253,15 @@ class ElasticAgent:
             if change is not None:
                 self._report_change(change, reason)
             return action, group.poll()
+
+    def _in_store_outage(self) -> bool:
+        """Whether the store does not answer now, or did not within the last lease TTL + 1 s (the
+        grace a failure gets to show its cause)."""
+        outage = self.handler.store_outage() if hasattr(self.handler, "store_outage") else 0.0
+        now = self._clock()
+        if outage > 0:
+            self._outage_seen = now
+        return self._outage_seen is not None and now - self._outage_seen <= self.lease_ttl + 1.0
 
     def _would_exclude(self, group: WorkerGroup) -> bool:
         policy = self._exclusion
@@ -317,6 +328,13 @@ class ElasticAgent:
                 # loss's consequence (collectives broken by a peer that moved on) and is not reported.
                 self._report_failure(state)
             self._membership_restart = True  # its cause is recorded once the next round says it
+            self.attempt += 1
+            return None
+        if action is AgentAction.RESTART_FOR_OUTAGE:
+            self._stop_group()
+            log.warning("Run %s node %s: workers failed while the store did not answer; restarting them without "
+                        "charging --max-restarts (the rejoin waits for the store)", self.handler.get_run_id(), self.host)
+            self._membership_restart = True
             self.attempt += 1
             return None
         if action is AgentAction.STOP_BLIND:

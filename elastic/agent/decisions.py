@@ -27,6 +27,9 @@ class AgentAction(enum.Enum):
     rendezvous for the exclusion cooldown so the others go on without it.
     STOP_BLIND: the store has not answered for ``store_outage_timeout``: stop the workers rather
     than train on blind, and exit 1 (a restart could not rejoin without the store).
+    RESTART_FOR_OUTAGE: workers failed while the store did not answer (or within the grace period
+    after): restart without reporting the failure, so it is not charged (the rejoin waits for
+    the store).
     """
 
     KEEP_RUNNING = "keep_running"
@@ -38,6 +41,7 @@ class AgentAction(enum.Enum):
     AWAIT_MEMBERSHIP = "await_membership"
     EXCLUDE = "exclude"
     STOP_BLIND = "stop_blind"
+    RESTART_FOR_OUTAGE = "restart_for_outage"
 
 
 @dataclass(frozen=True)
@@ -51,13 +55,16 @@ class AgentView:
     grace_over: bool = True
     exclude: bool = False
     """Whether a failure of this node's workers now would exclude it (see :func:`should_exclude`)."""
+    store_outage: bool = False
+    """Whether the store is not answering, or stopped answering within the grace period."""
 
 
 def decide(view: AgentView) -> AgentAction:
     """Local results come first (a finished or failed group), then the membership signal.
 
     A failure that coincides with a membership change is the change's consequence (a peer's
-    death breaks the collectives) and does not count against ``--max-restarts``.
+    death breaks the collectives) and does not count against ``--max-restarts``; nor does one
+    that coincides with a store outage, whether or not restarts remain.
     """
     if view.group is GroupStatus.SUCCEEDED:
         return AgentAction.FINISH
@@ -66,6 +73,8 @@ def decide(view: AgentView) -> AgentAction:
     if view.group in (GroupStatus.FAILED, GroupStatus.STOPPED):
         if view.membership is MembershipChange.CLOSED:
             return AgentAction.STOP_CLOSED
+        if view.store_outage and view.group is GroupStatus.FAILED and view.membership is None:
+            return AgentAction.RESTART_FOR_OUTAGE
         # Peers rejoining (their workers failed on ours) do not clear us; a lost member would.
         if view.exclude and view.group is GroupStatus.FAILED and view.membership in (None, MembershipChange.NODES_WAITING):
             return AgentAction.EXCLUDE if view.grace_over else AgentAction.AWAIT_MEMBERSHIP

@@ -35,6 +35,24 @@ def test_decide(group, membership, used, maximum, grace_over, expected):
     assert decide(AgentView(group, membership, used, maximum, grace_over)) is expected
 
 
+@pytest.mark.parametrize(
+    "group, membership, used, maximum, exclude, expected",
+    [
+        (FAIL, None, 0, 3, False, A.RESTART_FOR_OUTAGE),  # not charged
+        (FAIL, None, 3, 3, False, A.RESTART_FOR_OUTAGE),  # whether or not restarts remain
+        (FAIL, None, 0, 3, True, A.RESTART_FOR_OUTAGE),  # nor counted toward exclusion
+        (FAIL, LOST, 0, 3, False, A.RESTART_FOR_MEMBERSHIP),  # the server's word comes first
+        (FAIL, CLOSED, 0, 3, False, A.STOP_CLOSED),
+        (FAIL, BLIND, 0, 3, False, A.STOP_BLIND),
+        (RUN, None, 0, 3, False, A.KEEP_RUNNING),  # an outage alone restarts nothing
+        (OK, None, 0, 3, False, A.FINISH),
+    ],
+)
+def test_a_failure_during_a_store_outage_is_not_charged(group, membership, used, maximum, exclude, expected):
+    view = AgentView(group, membership, used, maximum, grace_over=True, exclude=exclude, store_outage=True)
+    assert decide(view) is expected
+
+
 # -- bad-node exclusion ---------------------------------------------------------------------------
 @pytest.mark.parametrize("in_a_row, max_failures, world, min_nodes, exclude, why", [
     (5, 0, 3, 2, False, "off by default"),

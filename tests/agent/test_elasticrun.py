@@ -667,3 +667,34 @@ def test_an_etcd_outage_keeps_the_workers_training_and_shows_in_healthz_and_metr
     assert "the store has not answered a keepalive" in agent.stderr
     assert {r["restart_count"] for r in reports.events("allreduce")} == {0}
     assert len({r["pid"] for r in reports.events("started")}) == 2, agent.stderr  # the same two workers throughout
+
+
+def test_a_worker_failure_during_an_etcd_outage_is_not_charged(procs, reports, tmp_path):
+    """With --max-restarts=0, a worker that fails while etcd is down is restarted, uncharged,
+    once etcd is back (the rejoin waits for it), and the job finishes."""
+    from elastic.testing.etcd_server import EtcdServerOptions, start_etcd_server
+
+    port, trigger = free_port(), tmp_path / "fail"
+    with start_etcd_server(EtcdServerOptions()) as server:
+        agent = procs.elasticrun("--nnodes=1", "--nproc-per-node=1", f"--metrics-port={port}", "--max-restarts=0",
+                                 "--rdzv-backend", "etcd", "--rdzv-endpoint", server.endpoints, "--rdzv-id", run_id(),
+                                 "--rdzv-conf", FAST_CONF, "--local-addr", "127.0.0.1",
+                                 script("fail_on_file.py"), str(reports.path), str(trigger))
+        reports.wait_for("the worker", lambda records: len(records) >= 1, [agent])
+        server.stop()
+        try:
+            deadline = time.monotonic() + RUN_TIMEOUT
+            reason = ""
+            while "store unreachable" not in reason:
+                assert time.monotonic() < deadline and agent.proc.poll() is None, agent.stderr
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as health:
+                    reason = json.loads(health.read())["reason"]
+                time.sleep(0.2)
+            trigger.touch()
+            reports.wait_for("the crash", lambda records: any(r["event"] == "crash" for r in records), [agent])
+            time.sleep(1.0)  # the agent restarts and waits in the rejoin for etcd
+        finally:
+            server.start()
+        assert agent.wait() == 0, agent.stderr
+    assert [r["event"] for r in reports.all()] == ["started", "crash", "started", "finished"]
+    assert "workers failed while the store did not answer" in agent.stderr
