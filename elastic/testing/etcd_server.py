@@ -595,10 +595,20 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-def _fast_tmpdir() -> str | None:
-    """``/dev/shm`` when writable (etcd fsyncs every write; tmpfs keeps tests fast), else the default."""
-    shm = "/dev/shm"
-    return shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else None
+FAST_TMPDIR_MIN_FREE = 1 << 30
+"""Bytes ``/dev/shm`` must have free to hold a test etcd's data (its WAL alone preallocates 64 MiB)."""
+
+
+def _fast_tmpdir(shm: str = "/dev/shm") -> str | None:
+    """``/dev/shm`` when writable with :data:`FAST_TMPDIR_MIN_FREE` free (etcd fsyncs every write;
+    tmpfs keeps tests fast), else the default temporary directory."""
+    if not (os.path.isdir(shm) and os.access(shm, os.W_OK)):
+        return None
+    try:
+        stat = os.statvfs(shm)
+    except OSError:
+        return None
+    return shm if stat.f_bavail * stat.f_frsize >= FAST_TMPDIR_MIN_FREE else None
 
 
 def _kill_and_remove(processes: list["subprocess.Popen[bytes]"], workdir: Path) -> None:
@@ -650,7 +660,19 @@ def _wait_healthy(server: EtcdServer, url: str, timeout: float, process: "subpro
 
 
 def _tail(server: EtcdServer) -> str:
-    return server.log_tail() if isinstance(server, (BinaryEtcdServer, DockerEtcdServer)) else ""
+    """The server's last log lines; for an empty log, what may explain it (a full disk writes none)."""
+    if not isinstance(server, (BinaryEtcdServer, DockerEtcdServer)):
+        return ""
+    tail = server.log_tail()
+    if tail.strip() or not isinstance(server, BinaryEtcdServer):
+        return tail
+    try:
+        stat = os.statvfs(server.workdir)
+        free = f"{stat.f_bavail * stat.f_frsize // (1 << 20)} MiB free"
+    except OSError as error:
+        free = f"free space unknown: {error}"
+    return (f"(etcd wrote nothing to {server.log_path}; {free} in {server.workdir}; "
+            f"command: {server.binary} {' '.join(server._arguments())})")
 
 
 def _enable_auth(server: EtcdServer, password: str) -> None:

@@ -169,3 +169,25 @@ def test_stopping_a_container_pauses_it_and_starting_it_unpauses(monkeypatch):
     server.stop()
     server.close()
     assert log == ["pause", "unpause", "healthy", "pause", "unpause", "remove force=True"]
+
+
+def test_an_etcd_that_exits_without_a_word_is_reported_with_the_free_space_and_its_command(tmp_path):
+    silent = tmp_path / "etcd"
+    silent.write_text("#!/bin/sh\nexit 1\n")
+    silent.chmod(0o755)
+    with pytest.raises(etcd_server.EtcdServerError) as raised:
+        etcd_server.BinaryEtcdServer(binary=str(silent))
+    message = str(raised.value)
+    assert message.startswith("etcd exited with code 1 during startup:\n(etcd wrote nothing to ")
+    assert " MiB free in " in message and f"command: {silent} --name=test" in message
+
+
+@pytest.mark.parametrize(("free", "expected"), [(1 << 40, "/dev/shm"), (100 << 20, None)])
+def test_etcd_data_goes_to_dev_shm_only_when_it_has_room(monkeypatch, free, expected):
+    class Stat:
+        f_bavail, f_frsize = free // 4096, 4096
+
+    monkeypatch.setattr(etcd_server.os, "statvfs", lambda path: Stat())
+    monkeypatch.setattr(etcd_server.os.path, "isdir", lambda path: True)
+    monkeypatch.setattr(etcd_server.os, "access", lambda path, mode: True)
+    assert etcd_server._fast_tmpdir() == expected
