@@ -33,6 +33,8 @@ import psutil
 HERE = Path(__file__).parent
 TRAIN = HERE / "workers" / "train.py"
 
+WITH_STACKS = Path(__file__).with_name("with_stacks.py")
+"""Runs a launcher module with a SIGUSR1 stack dump (faulthandler)."""
 ELASTICRUN = "elasticrun"
 TORCHRUN = "torchrun"
 LAUNCHERS = (ELASTICRUN, TORCHRUN)
@@ -277,11 +279,11 @@ class ChaosJob:
                   f"--local-addr={local_addr}", f"--log-dir={self.workdir / ('logs-' + node)}"]
         script = [str(TRAIN), str(self.out_dir), f"--steps={self.steps}", f"--step-seconds={self.step_seconds}"]
         if self.launcher == ELASTICRUN:
-            return [sys.executable, "-m", "elastic.run", *common, f"--rdzv-endpoint={endpoints}",
+            return [sys.executable, str(WITH_STACKS), "elastic.run", *common, f"--rdzv-endpoint={endpoints}",
                     f"--rdzv-conf={RDZV_CONF}", f"--event-log={self.workdir / (node + '.events.jsonl')}", *script]
         if self.launcher == TORCHRUN:
             plain = ",".join(item.split("://", 1)[-1] for item in endpoints.split(","))
-            return [sys.executable, "-m", "torch.distributed.run", *common, f"--rdzv-endpoint={plain}",
+            return [sys.executable, str(WITH_STACKS), "torch.distributed.run", *common, f"--rdzv-endpoint={plain}",
                     f"--rdzv-conf={TORCHRUN_CONF}", *script]
         raise ValueError(f"Unknown launcher {self.launcher!r}.")
 
@@ -325,7 +327,8 @@ class ChaosJob:
         return False
 
     def wait_exit(self, timeout: float) -> dict[str, int | None]:
-        """Each agent's exit code (None: still running after ``timeout`` seconds in all)."""
+        """Each agent's exit code (None: still running after ``timeout`` seconds in all; its
+        threads' stacks are then dumped to its stderr, see :meth:`hang_stacks`)."""
         deadline = time.monotonic() + timeout
         codes: dict[str, int | None] = {}
         for node, agent in self.agents.items():
@@ -333,7 +336,24 @@ class ChaosJob:
                 codes[node] = agent.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 codes[node] = None
+        hung = [agent for node, agent in self.agents.items() if codes[node] is None]
+        for agent in hung:
+            agent.proc.send_signal(signal.SIGUSR1)  # with_stacks.py: faulthandler dumps every thread
+        if hung:
+            time.sleep(1.0)
         return codes
+
+    def hang_stacks(self) -> str:
+        """The thread stacks of the agents that did not exit (dumped by :meth:`wait_exit`)."""
+        dumps = []
+        for node, agent in self.agents.items():
+            text = agent.stderr()
+            start = text.find("Thread 0x")
+            if start == -1:
+                start = text.find("Current thread 0x")
+            if start != -1:
+                dumps.append(f"--- agent {node} stacks:\n{text[start:start + 12000]}")
+        return "\n".join(dumps)
 
     def leftovers(self, grace: float = 5.0) -> list[str]:
         """Processes this job started (agents, workers, helpers) still alive ``grace`` s after now."""

@@ -264,7 +264,8 @@ def run(scenario: Scenario, launcher: str, ctx_cluster: EtcdCluster, job: ChaosJ
     problems = judge(scenario, launcher, job, codes, found)
     if scenario.name == "corrupt-state":
         problems += judge_corrupt_state(job)
-    assert not problems, ("\n".join(problems) + f"\nfigures: {found.line()}\n" + job.stderr_tails())
+    assert not problems, ("\n".join(problems) + f"\nfigures: {found.line()}\n" + job.stderr_tails()
+                          + job.hang_stacks())
 
 
 def judge(scenario: Scenario, launcher: str, job: ChaosJob, codes: dict, found: chaoslib.Figures) -> list[str]:

@@ -1,0 +1,18 @@
+"""Run a module as ``python -m`` would, with every thread's stack dumped to stderr on SIGUSR1.
+
+    python with_stacks.py MODULE ARGS...
+
+The chaos suite starts both launchers through this, so an agent that never exits can be asked
+where it hangs before it is killed (the launchers themselves are unchanged; neither handles
+SIGUSR1 unless told to).
+"""
+
+import faulthandler
+import runpy
+import signal
+import sys
+
+faulthandler.register(signal.SIGUSR1, all_threads=True)
+module = sys.argv[1]
+sys.argv = [module, *sys.argv[2:]]
+runpy.run_module(module, run_name="__main__", alter_sys=True)
