@@ -37,6 +37,26 @@ def find_helm() -> str | None:
     return os.environ.get("HELM") or shutil.which("helm")
 
 
+def helm_or_fail() -> str:
+    """Path of a helm v3 binary: $HELM, a v3 helm on PATH, or the pinned helm installed on first
+    use into the user's cache (elastic.testing.helm). Fails the calling test with one line when none."""
+    import pytest
+
+    from elastic.testing.helm import HELM_VERSION, HelmInstallError, cache_dir, ensure_helm
+
+    path = find_helm()
+    if path is not None:
+        version = helm_version(path)
+        if version.startswith(HELM_MAJOR):
+            return path
+        print(f"{path} is helm {version}; using the pinned helm {HELM_VERSION} instead")
+    try:
+        return str(ensure_helm())
+    except HelmInstallError as error:
+        pytest.fail(f"The chart tests need helm v3 and could not install the pinned {HELM_VERSION} into "
+                    f"{cache_dir()}: {error}. {INSTALL_HINT}.", pytrace=False)
+
+
 def helm_version(helm: str) -> str:
     return subprocess.run([helm, "version", "--template", "{{.Version}}"], capture_output=True, text=True,
                           check=True, timeout=30).stdout.strip()

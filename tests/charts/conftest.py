@@ -4,25 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from chartlib import HELM_MAJOR, INSTALL_HINT, Manifests, PROFILES, find_helm, helm_version, render
-from elastic.testing.helm import HELM_VERSION, HelmInstallError, cache_dir, ensure_helm
+from chartlib import PROFILES, Manifests, helm_or_fail, render
 
 
 @pytest.fixture(scope="session")
 def helm() -> str:
-    """Path of a helm v3 binary: $HELM, a v3 helm on PATH, or the pinned helm installed on first
-    use into the user's cache (elastic.testing.helm). Fails the tests with one line when none."""
-    path = find_helm()
-    if path is not None:
-        version = helm_version(path)
-        if version.startswith(HELM_MAJOR):
-            return path
-        print(f"{path} is helm {version}; using the pinned helm {HELM_VERSION} instead")
-    try:
-        return str(ensure_helm())
-    except HelmInstallError as error:
-        pytest.fail(f"The chart tests need helm v3 and could not install the pinned {HELM_VERSION} into "
-                    f"{cache_dir()}: {error}. {INSTALL_HINT}.", pytrace=False)
+    """A helm v3 binary (see :func:`chartlib.helm_or_fail`); the tests fail, never skip, without one."""
+    return helm_or_fail()
 
 
 @pytest.fixture(scope="session")

@@ -12,11 +12,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "charts"))
 
 from chartlib import (  # noqa: E402
-    FULLNAME,
-    INSTALL_HINT,
     PROFILES,
     container,
-    find_helm,
+    helm_or_fail,
     helm_template,
     pod_labels,
     render,
@@ -29,10 +27,7 @@ ALL_PROFILES = (None, *PROFILES)
 
 @pytest.fixture(scope="module")
 def helm() -> str:
-    path = find_helm()
-    if path is None:
-        pytest.fail(f"The chart tests need helm v3: {INSTALL_HINT}.", pytrace=False)
-    return path
+    return helm_or_fail()
 
 
 @pytest.fixture(scope="module")
