@@ -313,18 +313,16 @@ def run_job(job: Job) -> NoReturn:
         raise
     except BaseException as error:  # noqa: BLE001 - printed as the interpreter would
         _interrupted = isinstance(error, KeyboardInterrupt)
-        sys.excepthook(type(error), error, _user_traceback(error.__traceback__))
+        error.__traceback__ = _user_traceback(error.__traceback__)  # the hook prints this one
+        sys.excepthook(type(error), error, error.__traceback__)
         raise SystemExit(1) from None
     raise SystemExit(0)
 
 
 def _user_traceback(tb):  # type: ignore[no-untyped-def]
-    """The traceback from the first frame that is not the template's (BOOT's and this module's)."""
-    ours = {__file__, "<string>"}
-    skipped = 0
-    while tb is not None and tb.tb_frame.f_code.co_filename in ours and (
-            skipped == 0 or tb.tb_frame.f_code.co_filename == __file__):
-        tb, skipped = tb.tb_next, skipped + 1
+    """The traceback from the first frame that is not this module's (it starts at run_job)."""
+    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+        tb = tb.tb_next
     return tb
 
 

@@ -172,6 +172,7 @@ class Template:
         self.proc: subprocess.Popen | None = None
         self.started_at = 0.0
         self.ready_after: float | None = None
+        self.ready_info: dict = {}  # the ready message: the thread counts of the check
         self._chan: socket.socket | None = None
         self._cond = threading.Condition()
         self._fork_lock = threading.Lock()
@@ -357,6 +358,7 @@ class Template:
     def _apply(self, message: dict) -> None:
         op = message.get("op")
         if op == "ready":
+            self.ready_info = message
             self._set(TemplateState.READY)
         elif op == "refused":
             self._set(TemplateState.REFUSED, str(message.get("reason", "no reason given"))[:2000])

@@ -6,6 +6,8 @@ file the test reads. Each test uses its own run id; every process it starts (age
 workers, a store) is stopped by PID at the end, whatever happened.
 
 Rendezvous settings are shrunk to keep the file fast: ``lease_ttl=2,last_call_timeout=1``.
+With ``ELASTIC_TEST_PREWARM=1`` every agent runs with ``--prewarm`` (workers forked from
+pre-warmed templates): the file must pass both ways.
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ import pytest
 pytestmark = pytest.mark.slow
 
 WORKERS = Path(__file__).parent / "workers"
-ELASTICRUN = [sys.executable, "-m", "elastic.run"]
+ELASTICRUN = [sys.executable, "-m", "elastic.run",
+              *(["--prewarm"] if os.environ.get("ELASTIC_TEST_PREWARM") == "1" else [])]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 LEASE_TTL = 2.0
 LAST_CALL = 1.0
