@@ -21,6 +21,7 @@ from __future__ import annotations
 import atexit
 import builtins
 import ctypes
+import gc
 import os
 import runpy
 import selectors
@@ -99,6 +100,7 @@ def _prepare(chan: socket.socket, path0: str, modules: list[str]) -> bool:
     if reason is not None:
         _send(chan, {"op": "refused", "reason": reason})
         return False
+    gc.freeze()  # the imports' objects: no collection in a worker touches (and copies) their pages
     _send(chan, {"op": "ready", "pid": os.getpid(), "os_threads_before_fork": probe.os_threads_before_fork,
                  "os_threads_after_fork": probe.os_threads_after_fork})
     return True
