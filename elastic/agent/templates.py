@@ -381,8 +381,16 @@ class Template:
     def _died(self) -> None:
         """The socket closed: the template exited (or was closed). Its forked workers die of
         their parent-death signal; report each as killed once it is gone."""
-        code = self.proc.poll() if self.proc is not None else None
-        self._set(TemplateState.DEAD, f"it exited ({code})" if code is not None else "its socket closed")
+        code = None
+        if self.proc is not None:
+            try:
+                code = self.proc.wait(timeout=1.0)  # its socket closed: it is exiting
+            except subprocess.TimeoutExpired:
+                pass
+        why = f"it exited ({code})" if code is not None else "its socket closed"
+        if self.state is TemplateState.STARTING:  # it never got ready: a new one would not either
+            self._set(TemplateState.REFUSED, f"{why} before it was ready (its stderr is the agent's)")
+        self._set(TemplateState.DEAD, why)
         with self._cond:
             orphans, self._children = list(self._children.values()), {}
             self._cond.notify_all()
@@ -449,9 +457,9 @@ class TemplatePool:
             try:
                 return template.fork(job, stdio, argv=argv)
             except TemplateError as error:
-                log.warning("%s; starting the worker normally.", error)
                 state = template.state
-                if state is not TemplateState.DEAD:
+                if state is not TemplateState.DEAD:  # a dead one is reported below, once
+                    log.warning("%s; starting the worker normally.", error)
                     return None
         if state is TemplateState.STARTING:
             log.warning("%s: the worker template is not ready after %.0fs; starting the worker normally.",

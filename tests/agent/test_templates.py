@@ -285,6 +285,17 @@ def test_a_template_that_cannot_import_a_module_is_refused(templates, caplog):
     assert any("cannot import no_such_module_here: ModuleNotFoundError" in r.getMessage() for r in caplog.records)
 
 
+def test_a_template_that_exits_before_it_is_ready_is_refused_not_replaced(templates, caplog):
+    config = templates.config(REPORT, modules=(templates.module("exits", "import os; os._exit(3)"),))
+    pool = templates.pool(config)
+    with caplog.at_level(logging.WARNING):
+        _, state = templates.run(config, pool)
+        _, state = templates.run(config, pool, attempt=1)
+    assert state.status is GroupStatus.SUCCEEDED and report_of(templates)["ppid"] == os.getpid()
+    refusals = [r.getMessage() for r in caplog.records if "template" in r.getMessage()]
+    assert len(refusals) == 1 and "it exited (3) before it was ready" in refusals[0]
+
+
 def test_a_dead_template_is_replaced_and_its_worker_reported_killed(templates, caplog):
     config = templates.config("import time; time.sleep(60)")
     pool = templates.pool(config)
