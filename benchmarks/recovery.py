@@ -234,7 +234,10 @@ def node_freeze(job: Job) -> float:
         job.start_agent()
     job.wait_for("world of 3", full_world(3))
     frozen_at = job.freeze_agent(2)
-    job.wait_for("world of 2 after the freeze", full_world(2, after=frozen_at))
+    try:
+        job.wait_for("world of 2 after the freeze", full_world(2, after=frozen_at))
+    finally:
+        job.kill_agent(2)  # a frozen agent would never take the stop file
     return min(allreduce_times(job.records(), 2, frozen_at)) - frozen_at
 
 
