@@ -236,6 +236,18 @@ def test_a_module_entrypoint_runs_as_python_dash_m(templates):
     assert report["argv"] == [str(templates.tmp / "worker.py"), "x"] and report["path0"] == str(templates.tmp)
 
 
+def test_a_run_path_entrypoint_runs_the_bootstrap_as_python_dash_c(templates):
+    config = templates.config(REPORT, kind="run_path", args=("x",))
+    pool = templates.pool(config)
+    _, state = templates.run(config, pool)
+    forked = report_of(templates)
+    _, state2 = templates.run(config, None, attempt=1)
+    normal = report_of(templates)
+    assert state.status is state2.status is GroupStatus.SUCCEEDED and forked["ppid"] == pool.templates()[0].pid
+    for key in ("argv", "path0", "name", "file"):  # (the cwd: the pool was given the test's)
+        assert forked[key] == normal[key], key
+
+
 @pytest.mark.parametrize("body, code, stderr_has", [
     ("import sys; sys.exit(3)", 3, None),
     ("import sys; sys.exit('bye')", 1, "bye"),
