@@ -152,7 +152,8 @@ def serve(chan: socket.socket) -> Job | None:
             for message in messages:
                 if message.get("op") != "fork":
                     continue
-                count = int(message.get("fds", 0))
+                count = message.get("fds", 0)
+                count = count if isinstance(count, int) and 0 <= count <= _MAX_FDS else 0
                 fds, received[:] = received[:count], received[count:]
                 job = _fork(chan, message, fds, selector, children, pidfd_open)
                 if job is not None:
@@ -167,6 +168,7 @@ def serve(chan: socket.socket) -> Job | None:
 def _fork(chan: socket.socket, message: dict[str, Any], fds: list[int], selector: selectors.BaseSelector,
           children: dict[int, int | None], pidfd_open: Callable[[int], int] | None) -> Job | None:
     """Fork one worker; in the child, return its job (everything of the template's closed)."""
+    template = os.getpid()
     try:
         job = _job(message, fds)
         pid = os.fork()
@@ -176,7 +178,7 @@ def _fork(chan: socket.socket, message: dict[str, Any], fds: list[int], selector
         _send(chan, {"op": "error", "error": f"{type(error).__name__}: {error}"[:2000]})
         return None
     if pid == 0:
-        _detach(chan, selector, children)
+        _detach(chan, selector, children, template)
         return job
     for fd in fds:
         os.close(fd)  # the child has them; kept here, the agent's pipes would never see EOF
@@ -206,13 +208,14 @@ def _report_exit(chan: socket.socket, children: dict[int, int | None], pid: int,
     _send(chan, {"op": "exited", "pid": pid, "code": os.waitstatus_to_exitcode(status)})
 
 
-def _detach(chan: socket.socket, selector: selectors.BaseSelector, children: dict[int, int | None]) -> None:
+def _detach(chan: socket.socket, selector: selectors.BaseSelector, children: dict[int, int | None],
+            template: int) -> None:
     """In the forked child, before anything else: a session of its own (as ``start_new_session``),
     the parent-death signal (the template), and none of the template's descriptors."""
     os.setsid()
     if _set_pdeathsig is not None:
         _set_pdeathsig()
-        if os.getppid() == 1:  # the template died before prctl: the signal would never come
+        if os.getppid() != template:  # the template died before prctl: the signal would never come
             os.kill(os.getpid(), signal.SIGKILL)
     for pidfd in children.values():
         if pidfd is not None:
