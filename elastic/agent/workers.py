@@ -225,9 +225,9 @@ class WorkerGroup:
                     f"({' '.join(self._argv(worker))}): {exc}"
                 ) from exc
         log.info(
-            "Run %s attempt %d: started %d %s worker(s) %s; logs in %s",
+            "Run %s attempt %d: started %d %s worker(s) %s%s; logs in %s",
             self.rdzv.run_id, self.attempt, len(self._workers), self.config.role,
-            self.pids(), self.log_dir,
+            self.pids(), self._forked_note(), self.log_dir,
         )
 
     def __enter__(self) -> WorkerGroup:
@@ -390,6 +390,10 @@ class WorkerGroup:
             self._prefix_template, self.config.role, worker.global_rank, worker.local_rank
         )
         worker.output.start_pumps(proc, prefix, worker.local_rank)
+
+    def _forked_note(self) -> str:
+        forked = sum(isinstance(w.proc, ForkedWorker) for w in self._workers)
+        return f" ({forked} forked from pre-warmed templates)" if self._templates is not None else ""
 
     def _fork(self, worker: _Worker, env: dict[str, str], std: dict[str, object]) -> ForkedWorker | None:
         """The worker forked from its pre-warmed template, or None: start it normally."""
