@@ -236,7 +236,10 @@ class Template:
             try:
                 with self._cond:
                     self._pending.append(worker)
-                socket.send_fds(self._chan, [encode(message)], fds)
+                frame = encode(message)
+                sent = socket.send_fds(self._chan, [frame], fds)  # the descriptors ride on the first byte
+                if sent < len(frame):
+                    self._chan.sendall(frame[sent:])
                 answer = self._answer(timeout)
             except (OSError, TemplateWireError) as error:
                 self._abandon(worker, parent_ends)
