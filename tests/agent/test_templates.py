@@ -217,6 +217,15 @@ def test_a_worker_is_forked_from_its_template_and_sees_what_python_would_give_it
         assert (report["name"], report["file"]) == ("__main__", str(templates.tmp / "worker.py"))
 
 
+def test_a_large_environment_reaches_the_forked_worker_whole(templates, monkeypatch):
+    for i in range(4):  # more than one socket buffer in all: sent in pieces (exec takes <128 KiB a variable)
+        monkeypatch.setenv(f"LARGE_{i}", "x" * 100_000)
+    config = templates.config(REPORT + "\nassert sum(len(os.environ[f'LARGE_{i}']) for i in range(4)) == 400_000\n")
+    pool = templates.pool(config)
+    _, state = templates.run(config, pool)
+    assert state.status is GroupStatus.SUCCEEDED and report_of(templates)["ppid"] == pool.templates()[0].pid
+
+
 def test_a_template_serves_the_next_attempt_too(templates):
     config = templates.config(REPORT)
     pool = templates.pool(config)
