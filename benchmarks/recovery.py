@@ -10,7 +10,10 @@ all-reduces (``tests/agent/workers/allreduce.py``) and notes each one's wall tim
   node_freeze   3 nodes running; SIGSTOP one whole node (its lease expires; the survivors'
                 collective hangs until their agents restart them) → first all-reduce of the 2
   worker_crash  2 nodes; one worker exits 1 on its first attempt (``--max-restarts 1``)
-                → first all-reduce of the restarted group
+                → first all-reduce of the restarted group. With ``--nnodes 2:3`` every
+                re-formed round below 3 nodes waits the 1 s last call for more nodes.
+  worker_crash_fixed  the same with ``--nnodes 2``: the round closes when both rejoin, so
+                this is the restart itself (stop, rendezvous, start, gloo bootstrap)
   scale_up      2 nodes running; a third agent is started
                 → first all-reduce at world size 3 (includes the third launcher's own start)
 
@@ -56,7 +59,7 @@ import psutil
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(REPO, "tests", "agent", "workers", "allreduce.py")
-CASES = ("node_loss", "node_freeze", "worker_crash", "scale_up")
+CASES = ("node_loss", "node_freeze", "worker_crash", "worker_crash_fixed", "scale_up")
 LAUNCHERS = ("elasticrun/etcd", "elasticrun/etcd+prewarm", "elasticrun/c10d", "torchrun/c10d")
 PREWARM = "+prewarm"
 OPTIONAL = ("elasticrun/c10d+prewarm",)
@@ -93,6 +96,7 @@ class Job:
     workdir: str
     max_restarts: int = 3
     worker_args: tuple[str, ...] = ()
+    nnodes: str = "2:3"
     run_id: str = field(default_factory=lambda: f"bench-{uuid.uuid4().hex[:8]}")
     port: int = field(default_factory=free_port)
     agents: list[subprocess.Popen] = field(default_factory=list)
@@ -102,7 +106,7 @@ class Job:
         self.stop_file = os.path.join(self.workdir, f"{self.run_id}.stop")
 
     def argv(self) -> list[str]:
-        common = ["--nnodes=2:3", "--nproc-per-node=1", f"--max-restarts={self.max_restarts}",
+        common = [f"--nnodes={self.nnodes}", "--nproc-per-node=1", f"--max-restarts={self.max_restarts}",
                   "--rdzv-id", self.run_id, "--local-addr", "127.0.0.1", "--monitor-interval", "0.1"]
         worker = [WORKER, self.reports, "--loop", "--stop-file", self.stop_file, "--max-seconds", "120",
                   *self.worker_args]
@@ -265,14 +269,15 @@ def scale_up(job: Job) -> float:
 
 def measure(case: str, launcher: str, etcd_endpoint: str, workdir: str) -> float:
     """One measurement; every process it started is gone when it returns."""
-    if case == "worker_crash":
+    if case in ("worker_crash", "worker_crash_fixed"):
         job = Job(launcher, etcd_endpoint, workdir, max_restarts=1,
-                  worker_args=("--crash-rank", "1", "--crash-restart", "0", "--crash-after", "1.0"))
+                  worker_args=("--crash-rank", "1", "--crash-restart", "0", "--crash-after", "1.0"),
+                  nnodes="2" if case == "worker_crash_fixed" else "2:3")
     else:
         job = Job(launcher, etcd_endpoint, workdir)
     try:
         cases = {"node_loss": node_loss, "node_freeze": node_freeze, "worker_crash": worker_crash,
-                 "scale_up": scale_up}
+                 "worker_crash_fixed": worker_crash, "scale_up": scale_up}
         return cases[case](job)
     finally:
         job.stop()
@@ -280,14 +285,14 @@ def measure(case: str, launcher: str, etcd_endpoint: str, workdir: str) -> float
 
 def table(results: dict[tuple[str, str], list[float]], cases: list[str], launchers: list[str]) -> str:
     widths = {name: max(17, len(name) + 2) for name in launchers}
-    header = f"{'case':<13}" + "".join(f"{name:>{widths[name]}}" for name in launchers)
+    header = f"{'case':<19}" + "".join(f"{name:>{widths[name]}}" for name in launchers)
     ours = [name for name in launchers if not name.startswith("torchrun")]
     if "torchrun/c10d" in launchers:
         header += "".join(f"{name.split('/')[1] + '/torchrun':>24}" for name in ours)
     lines = ["recovery: event -> first all-reduce of the new group, median seconds", header]
     for case in cases:
         medians = {name: statistics.median(results[case, name]) if results[case, name] else None for name in launchers}
-        row = f"{case:<13}" + "".join(f"{medians[name]:>{widths[name]}.2f}" if medians[name] is not None
+        row = f"{case:<19}" + "".join(f"{medians[name]:>{widths[name]}.2f}" if medians[name] is not None
                                       else f"{'failed':>{widths[name]}}" for name in launchers)
         theirs = medians.get("torchrun/c10d")
         for name in ours if "torchrun/c10d" in launchers else []:
@@ -341,10 +346,10 @@ def main(argv: list[str] | None = None) -> int:
                         seconds = measure(case, launcher, endpoint, workdir)
                     except (RuntimeError, subprocess.TimeoutExpired) as error:
                         failures += 1
-                        print(f"  run {repetition + 1} {case:<12} {launcher:<16} FAILED: {error}", file=sys.stderr)
+                        print(f"  run {repetition + 1} {case:<18} {launcher:<23} FAILED: {error}", file=sys.stderr)
                         continue
                     results[case, launcher].append(seconds)
-                    print(f"  run {repetition + 1} {case:<12} {launcher:<16} {seconds:.2f}s", file=sys.stderr)
+                    print(f"  run {repetition + 1} {case:<18} {launcher:<23} {seconds:.2f}s", file=sys.stderr)
         print(table(results, args.cases, args.launchers))
     if failures:
         print(f"{failures} measurement(s) failed; agent logs and worker reports kept in {workdir}", file=sys.stderr)
