@@ -31,8 +31,8 @@ import pytest
 pytestmark = pytest.mark.slow
 
 WORKERS = Path(__file__).parent / "workers"
-ELASTICRUN = [sys.executable, "-m", "elastic.run",
-              *(["--prewarm"] if os.environ.get("ELASTIC_TEST_PREWARM") == "1" else [])]
+PREWARM = os.environ.get("ELASTIC_TEST_PREWARM") == "1"
+ELASTICRUN = [sys.executable, "-m", "elastic.run", *(["--prewarm"] if PREWARM else [])]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 LEASE_TTL = 2.0
 LAST_CALL = 1.0
@@ -514,7 +514,11 @@ def test_worker_environment_equals_torchruns_key_by_key(procs, tmp_path):
 
     for local_rank in (0, 1):
         theirs, ours = dumps["torchrun"][local_rank], dumps["elasticrun"][local_rank]
-        assert ours["cmdline"] == theirs["cmdline"][:3] + [str(tmp_path / "elasticrun")]
+        if PREWARM:  # a forked worker's /proc/<pid>/cmdline is its template's (README: --prewarm)
+            assert ours["cmdline"][:3] == theirs["cmdline"][:2] + ["-c"]
+            assert "elastic.agent.template_main" in ours["cmdline"][3]
+        else:
+            assert ours["cmdline"] == theirs["cmdline"][:3] + [str(tmp_path / "elasticrun")]
         theirs_env, ours_env = theirs["env"], ours["env"]
         assert set(ours_env) == set(theirs_env), set(ours_env) ^ set(theirs_env)
         for key, form in BY_FORM.items():
