@@ -1,10 +1,10 @@
 """Launcher overhead: ``elasticrun`` against ``torchrun``, same flags, same run.
 
-Run:  python benchmarks/launch.py [--repetitions 5] [--nproc 2] [--json FILE]
+Run:  python benchmarks/launch.py [--repetitions 5] [--nproc 2] [--import-torch] [--json FILE]
 
-Each repetition runs ``--standalone --nproc-per-node=N workers/noop.py`` under both launchers
-(``python -m elastic.run`` and ``python -m torch.distributed.run``, alternating which goes first)
-and measures, from the moment the launcher process is created:
+Each repetition runs ``--standalone --nproc-per-node=N workers/noop.py`` under three launchers
+(``python -m elastic.run``, the same with ``--prewarm``, and ``python -m torch.distributed.run``,
+rotating which goes first) and measures, from the moment the launcher process is created:
 
   first worker    wall time until the first worker started (each noop worker notes its start
                   time before any import but json/os/sys): the launcher's own overhead
@@ -13,8 +13,13 @@ and measures, from the moment the launcher process is created:
                   launcher's teardown: exit barrier, store shutdown)
   agent peak RSS  the launcher process alone (psutil, sampled every 5 ms), workers excluded
   wait4 maxrss    ru_maxrss from os.wait4: the largest of the launcher and the workers it reaped
+  templates RSS   the peak of the summed RSS of the ``--prewarm`` templates (the launcher's
+                  children running ``elastic.agent.template_main``); 0 for the others
+  workers ready   with ``--import-torch``: until the last worker finished ``import torch``
 
-and prints the medians, and the ratio ours / torchrun of each.
+and prints the medians, and the ratio ours / torchrun of each. ``--import-torch`` is what a real
+worker pays; without it the workers import nothing, and ``--prewarm`` waits for its templates'
+torch import before the first fork.
 """
 
 from __future__ import annotations
@@ -36,8 +41,10 @@ REPO = os.path.dirname(HERE)
 NOOP = os.path.join(HERE, "workers", "noop.py")
 LAUNCHERS = {
     "elasticrun": [sys.executable, "-m", "elastic.run"],
+    "prewarm": [sys.executable, "-m", "elastic.run", "--prewarm"],
     "torchrun": [sys.executable, "-m", "torch.distributed.run"],
 }
+TEMPLATE_MARK = "elastic.agent.template_main"
 SAMPLE_S = 0.005
 RUN_TIMEOUT_S = 120.0
 
@@ -51,22 +58,41 @@ class Sample:
     completion_s: float
     agent_peak_rss_mib: float
     wait4_maxrss_mib: float
+    templates_rss_mib: float
+    workers_ready_s: float
 
 
-def launch_once(name: str, nproc: int, workdir: str) -> Sample:
+def templates_rss(agent: psutil.Process) -> int:
+    """The summed RSS of the agent's template children (0 without --prewarm)."""
+    total = 0
+    try:
+        children = agent.children()
+    except psutil.Error:
+        return 0
+    for child in children:
+        try:
+            if TEMPLATE_MARK in " ".join(child.cmdline()):
+                total += child.memory_info().rss
+        except psutil.Error:
+            pass
+    return total
+
+
+def launch_once(name: str, nproc: int, workdir: str, import_torch: bool = False) -> Sample:
     """Run one launcher to completion and measure it.
 
     Raises:
         RuntimeError: the launcher failed, timed out, or not every worker reported.
     """
     out = os.path.join(workdir, f"{name}-{time.monotonic_ns()}.jsonl")
-    argv = LAUNCHERS[name] + ["--standalone", f"--nproc-per-node={nproc}", NOOP, out]
+    argv = LAUNCHERS[name] + ["--standalone", f"--nproc-per-node={nproc}", NOOP, out,
+                              *(["--import", "torch"] if import_torch else [])]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PET_", "TORCHELASTIC_"))}
     env["LOGLEVEL"] = "WARNING"
     started_wall, started = time.time(), time.monotonic()
     proc = subprocess.Popen(argv, env=env, cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE)
-    agent, peak = psutil.Process(proc.pid), 0
+    agent, peak, templates_peak, sampled = psutil.Process(proc.pid), 0, 0, 0
     deadline = started + RUN_TIMEOUT_S
     status = rusage = None
     while time.monotonic() < deadline:
@@ -74,6 +100,9 @@ def launch_once(name: str, nproc: int, workdir: str) -> Sample:
             peak = max(peak, agent.memory_info().rss)
         except psutil.Error:
             pass
+        if name == "prewarm" and sampled % 10 == 0:  # every ~50 ms: listing children costs more
+            templates_peak = max(templates_peak, templates_rss(agent))
+        sampled += 1
         pid, status, rusage = os.wait4(proc.pid, os.WNOHANG)
         if pid:
             break
@@ -89,15 +118,19 @@ def launch_once(name: str, nproc: int, workdir: str) -> Sample:
     if proc.returncode != 0:
         raise RuntimeError(f"{name} exited {proc.returncode}: {stderr[-2000:]}")
     with open(out) as reports:
-        starts = sorted(json.loads(line)["started"] for line in reports if line.strip())
+        records = [json.loads(line) for line in reports if line.strip()]
+    starts = sorted(r["started"] for r in records)
     if len(starts) != nproc:
         raise RuntimeError(f"{name}: {len(starts)} of {nproc} workers reported")
+    ready = max((r.get("ready", r["started"]) for r in records))
     return Sample(
         first_worker_s=starts[0] - started_wall,
         all_workers_s=starts[-1] - started_wall,
         completion_s=completion,
         agent_peak_rss_mib=peak / 2**20,
         wait4_maxrss_mib=rusage.ru_maxrss / 1024,  # KiB on Linux
+        templates_rss_mib=templates_peak / 2**20,
+        workers_ready_s=ready - started_wall,
     )
 
 
@@ -105,18 +138,23 @@ def median_of(samples: list[Sample], field: str) -> float:
     return statistics.median(getattr(sample, field) for sample in samples)
 
 
-def report(results: dict[str, list[Sample]], nproc: int, repetitions: int) -> str:
+def report(results: dict[str, list[Sample]], nproc: int, repetitions: int, import_torch: bool = False) -> str:
     rows = [("first worker started (s)", "first_worker_s", "{:.3f}"),
             ("all workers started (s)", "all_workers_s", "{:.3f}"),
+            *([("workers ready, torch imported (s)", "workers_ready_s", "{:.3f}")] if import_torch else []),
             ("completion (s)", "completion_s", "{:.3f}"),
             ("agent peak RSS (MiB)", "agent_peak_rss_mib", "{:.1f}"),
+            ("templates peak RSS (MiB)", "templates_rss_mib", "{:.1f}"),
             ("wait4 maxrss (MiB)", "wait4_maxrss_mib", "{:.1f}")]
-    lines = [f"--standalone --nproc-per-node={nproc} noop.py, median of {repetitions} runs each",
-             f"{'metric':<26} {'elasticrun':>11} {'torchrun':>11} {'ours/theirs':>12}"]
+    worker = "noop.py --import torch" if import_torch else "noop.py"
+    lines = [f"--standalone --nproc-per-node={nproc} {worker}, median of {repetitions} runs each",
+             f"{'metric':<34} {'elasticrun':>11} {'--prewarm':>11} {'torchrun':>11} {'ours/theirs':>12} "
+             f"{'prewarm/theirs':>15}"]
     for label, field, form in rows:
-        ours, theirs = median_of(results["elasticrun"], field), median_of(results["torchrun"], field)
-        ratio = ours / theirs if theirs else float("nan")
-        lines.append(f"{label:<26} {form.format(ours):>11} {form.format(theirs):>11} {ratio:>11.2f}x")
+        ours, warm, theirs = (median_of(results[name], field) for name in ("elasticrun", "prewarm", "torchrun"))
+        ratios = [f"{value / theirs:.2f}x" if theirs else "n/a" for value in (ours, warm)]
+        lines.append(f"{label:<34} {form.format(ours):>11} {form.format(warm):>11} {form.format(theirs):>11} "
+                     f"{ratios[0]:>12} {ratios[1]:>15}")
     return "\n".join(lines)
 
 
@@ -124,6 +162,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repetitions", type=int, default=5, help="runs per launcher (default 5)")
     parser.add_argument("--nproc", type=int, default=2, help="workers per run (default 2)")
+    parser.add_argument("--import-torch", action="store_true", help="workers import torch and note when done")
     parser.add_argument("--json", help="also write every sample to this file")
     args = parser.parse_args(argv)
     if args.repetitions < 1 or args.nproc < 1:
@@ -136,15 +175,17 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, list[Sample]] = {name: [] for name in LAUNCHERS}
     with tempfile.TemporaryDirectory(prefix="bench-launch-") as workdir:
         for repetition in range(args.repetitions):
-            order = list(LAUNCHERS) if repetition % 2 == 0 else list(reversed(LAUNCHERS))
+            names = list(LAUNCHERS)
+            order = names[repetition % len(names):] + names[:repetition % len(names)]
             for name in order:
-                sample = launch_once(name, args.nproc, workdir)
+                sample = launch_once(name, args.nproc, workdir, args.import_torch)
                 results[name].append(sample)
                 print(f"  run {repetition + 1} {name:<10} first worker {sample.first_worker_s:.3f}s  "
-                      f"completion {sample.completion_s:.3f}s  agent RSS {sample.agent_peak_rss_mib:.1f} MiB",
+                      f"ready {sample.workers_ready_s:.3f}s  completion {sample.completion_s:.3f}s  "
+                      f"agent RSS {sample.agent_peak_rss_mib:.1f} MiB  templates {sample.templates_rss_mib:.1f} MiB",
                       file=sys.stderr)
     sys.stderr.flush()
-    print(report(results, args.nproc, args.repetitions))
+    print(report(results, args.nproc, args.repetitions, args.import_torch))
     if args.json:
         with open(args.json, "w") as out:
             json.dump({name: [asdict(s) for s in samples] for name, samples in results.items()}, out, indent=1)

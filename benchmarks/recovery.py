@@ -7,8 +7,13 @@ all-reduces (``tests/agent/workers/allreduce.py``) and notes each one's wall tim
 
   node_loss     3 nodes running; SIGKILL one whole node (agent and worker, not the store host)
                 → first all-reduce of the 2 survivors
+  node_freeze   3 nodes running; SIGSTOP one whole node (its lease expires; the survivors'
+                collective hangs until their agents restart them) → first all-reduce of the 2
   worker_crash  2 nodes; one worker exits 1 on its first attempt (``--max-restarts 1``)
-                → first all-reduce of the restarted group
+                → first all-reduce of the restarted group. With ``--nnodes 2:3`` every
+                re-formed round below 3 nodes waits the 1 s last call for more nodes.
+  worker_crash_fixed  the same with ``--nnodes 2``: the round closes when both rejoin, so
+                this is the restart itself (stop, rendezvous, start, gloo bootstrap)
   scale_up      2 nodes running; a third agent is started
                 → first all-reduce at world size 3 (includes the third launcher's own start)
 
@@ -16,6 +21,8 @@ Launchers, all with the same liveness budget (a silent node is dead after 2 s) a
 call, in one run:
 
   elasticrun/etcd   ``--rdzv-backend etcd``  ``--rdzv-conf lease_ttl=2,last_call_timeout=1``
+  elasticrun/etcd+prewarm  the same with ``--prewarm``: workers forked from templates that
+                    imported torch (``elasticrun/c10d+prewarm`` likewise, on request)
   elasticrun/c10d   ``--rdzv-backend c10d``  (the first node hosts the built-in store), same conf
   torchrun/c10d     ``--rdzv-backend c10d``  ``--rdzv-conf last_call_timeout=1,
                     keep_alive_interval=1,keep_alive_max_attempt=2``, with
@@ -52,8 +59,10 @@ import psutil
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(REPO, "tests", "agent", "workers", "allreduce.py")
-CASES = ("node_loss", "worker_crash", "scale_up")
-LAUNCHERS = ("elasticrun/etcd", "elasticrun/c10d", "torchrun/c10d")
+CASES = ("node_loss", "node_freeze", "worker_crash", "worker_crash_fixed", "scale_up")
+LAUNCHERS = ("elasticrun/etcd", "elasticrun/etcd+prewarm", "elasticrun/c10d", "torchrun/c10d")
+PREWARM = "+prewarm"
+OPTIONAL = ("elasticrun/c10d+prewarm",)
 # torchrun as shipped: workers share the rendezvous TCPStore, so a restarted gloo group can read
 # the previous attempt's addresses and fail (pytorch/pytorch#135712). Opt-in: it rarely recovers.
 TORCHRUN_SHARED = "torchrun/c10d-shared-store"
@@ -87,6 +96,7 @@ class Job:
     workdir: str
     max_restarts: int = 3
     worker_args: tuple[str, ...] = ()
+    nnodes: str = "2:3"
     run_id: str = field(default_factory=lambda: f"bench-{uuid.uuid4().hex[:8]}")
     port: int = field(default_factory=free_port)
     agents: list[subprocess.Popen] = field(default_factory=list)
@@ -96,17 +106,19 @@ class Job:
         self.stop_file = os.path.join(self.workdir, f"{self.run_id}.stop")
 
     def argv(self) -> list[str]:
-        common = ["--nnodes=2:3", "--nproc-per-node=1", f"--max-restarts={self.max_restarts}",
+        common = [f"--nnodes={self.nnodes}", "--nproc-per-node=1", f"--max-restarts={self.max_restarts}",
                   "--rdzv-id", self.run_id, "--local-addr", "127.0.0.1", "--monitor-interval", "0.1"]
         worker = [WORKER, self.reports, "--loop", "--stop-file", self.stop_file, "--max-seconds", "120",
                   *self.worker_args]
         ours_conf = f"lease_ttl={LIVENESS_S},last_call_timeout={LAST_CALL_S}"
-        if self.launcher == "elasticrun/etcd":
+        launcher = self.launcher.removesuffix(PREWARM)
+        prewarm = ["--prewarm"] if self.launcher.endswith(PREWARM) else []
+        if launcher == "elasticrun/etcd":
             head = ["-m", "elastic.run", "--rdzv-backend", "etcd", "--rdzv-endpoint", self.etcd_endpoint,
-                    "--rdzv-conf", ours_conf]
-        elif self.launcher == "elasticrun/c10d":
+                    "--rdzv-conf", ours_conf, *prewarm]
+        elif launcher == "elasticrun/c10d":
             head = ["-m", "elastic.run", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{self.port}",
-                    "--rdzv-conf", ours_conf]
+                    "--rdzv-conf", ours_conf, *prewarm]
         else:
             conf = f"last_call_timeout={LAST_CALL_S},keep_alive_interval=1,keep_alive_max_attempt={LIVENESS_S}"
             head = ["-m", "torch.distributed.run", "--rdzv-backend", "c10d",
@@ -124,7 +136,7 @@ class Job:
         with log:
             self.agents.append(subprocess.Popen(self.argv(), cwd=REPO, env=env, stdin=subprocess.DEVNULL,
                                                 stdout=log, stderr=log))
-        if len(self.agents) == 1 and self.launcher.endswith("c10d"):
+        if len(self.agents) == 1 and self.launcher.removesuffix(PREWARM).endswith("c10d"):
             wait_for_port(self.port, time.monotonic() + WAIT_S)
         return started
 
@@ -160,6 +172,22 @@ class Job:
         psutil.wait_procs(tree, timeout=10)
         self.agents[index].wait(timeout=10)
         return killed_at
+
+    def freeze_agent(self, index: int) -> float:
+        """SIGSTOP agent ``index`` and all its descendants, as a machine that hangs; returns the
+        wall time. :meth:`stop` kills them (SIGKILL works on stopped processes)."""
+        try:
+            root = psutil.Process(self.agents[index].pid)
+            tree = [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            tree = []
+        frozen_at = time.time()
+        for proc in tree:
+            try:
+                proc.send_signal(signal.SIGSTOP)
+            except psutil.NoSuchProcess:
+                pass
+        return frozen_at
 
     def stop(self) -> None:
         """Let the workers stop together, give the agents a moment, then kill what is left (by PID)."""
@@ -205,6 +233,18 @@ def node_loss(job: Job) -> float:
     return min(allreduce_times(job.records(), 2, killed_at)) - killed_at
 
 
+def node_freeze(job: Job) -> float:
+    for _ in range(3):
+        job.start_agent()
+    job.wait_for("world of 3", full_world(3))
+    frozen_at = job.freeze_agent(2)
+    try:
+        job.wait_for("world of 2 after the freeze", full_world(2, after=frozen_at))
+    finally:
+        job.kill_agent(2)  # a frozen agent would never take the stop file
+    return min(allreduce_times(job.records(), 2, frozen_at)) - frozen_at
+
+
 def worker_crash(job: Job) -> float:
     for _ in range(2):
         job.start_agent()
@@ -229,32 +269,35 @@ def scale_up(job: Job) -> float:
 
 def measure(case: str, launcher: str, etcd_endpoint: str, workdir: str) -> float:
     """One measurement; every process it started is gone when it returns."""
-    if case == "worker_crash":
+    if case in ("worker_crash", "worker_crash_fixed"):
         job = Job(launcher, etcd_endpoint, workdir, max_restarts=1,
-                  worker_args=("--crash-rank", "1", "--crash-restart", "0", "--crash-after", "1.0"))
+                  worker_args=("--crash-rank", "1", "--crash-restart", "0", "--crash-after", "1.0"),
+                  nnodes="2" if case == "worker_crash_fixed" else "2:3")
     else:
         job = Job(launcher, etcd_endpoint, workdir)
     try:
-        return {"node_loss": node_loss, "worker_crash": worker_crash, "scale_up": scale_up}[case](job)
+        cases = {"node_loss": node_loss, "node_freeze": node_freeze, "worker_crash": worker_crash,
+                 "worker_crash_fixed": worker_crash, "scale_up": scale_up}
+        return cases[case](job)
     finally:
         job.stop()
 
 
 def table(results: dict[tuple[str, str], list[float]], cases: list[str], launchers: list[str]) -> str:
     widths = {name: max(17, len(name) + 2) for name in launchers}
-    header = f"{'case':<13}" + "".join(f"{name:>{widths[name]}}" for name in launchers)
+    header = f"{'case':<19}" + "".join(f"{name:>{widths[name]}}" for name in launchers)
     ours = [name for name in launchers if not name.startswith("torchrun")]
     if "torchrun/c10d" in launchers:
-        header += "".join(f"{name.split('/')[1] + '/torchrun':>16}" for name in ours)
+        header += "".join(f"{name.split('/')[1] + '/torchrun':>24}" for name in ours)
     lines = ["recovery: event -> first all-reduce of the new group, median seconds", header]
     for case in cases:
         medians = {name: statistics.median(results[case, name]) if results[case, name] else None for name in launchers}
-        row = f"{case:<13}" + "".join(f"{medians[name]:>{widths[name]}.2f}" if medians[name] is not None
+        row = f"{case:<19}" + "".join(f"{medians[name]:>{widths[name]}.2f}" if medians[name] is not None
                                       else f"{'failed':>{widths[name]}}" for name in launchers)
         theirs = medians.get("torchrun/c10d")
         for name in ours if "torchrun/c10d" in launchers else []:
             ratio = medians[name] / theirs if medians[name] is not None and theirs else None
-            row += f"{ratio:>15.2f}x" if ratio is not None else f"{'n/a':>16}"
+            row += f"{ratio:>23.2f}x" if ratio is not None else f"{'n/a':>24}"
         lines.append(row)
     return "\n".join(lines)
 
@@ -273,8 +316,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.cases = [c for c in args.cases.split(",") if c]
     args.launchers = [name for name in args.launchers.split(",") if name]
     if args.quick:
-        args.repetitions, args.cases = 1, [c for c in args.cases if c != "scale_up"]
-    unknown = set(args.cases) - set(CASES) | set(args.launchers) - set(LAUNCHERS) - {TORCHRUN_SHARED}
+        args.repetitions, args.cases = 1, [c for c in args.cases if c in ("node_loss", "worker_crash")]
+    unknown = set(args.cases) - set(CASES) | set(args.launchers) - set(LAUNCHERS) - {TORCHRUN_SHARED, *OPTIONAL}
     if unknown or args.repetitions < 1:
         parser.error(f"unknown case or launcher {sorted(unknown)}, or --repetitions < 1")
     return args
@@ -303,10 +346,10 @@ def main(argv: list[str] | None = None) -> int:
                         seconds = measure(case, launcher, endpoint, workdir)
                     except (RuntimeError, subprocess.TimeoutExpired) as error:
                         failures += 1
-                        print(f"  run {repetition + 1} {case:<12} {launcher:<16} FAILED: {error}", file=sys.stderr)
+                        print(f"  run {repetition + 1} {case:<18} {launcher:<23} FAILED: {error}", file=sys.stderr)
                         continue
                     results[case, launcher].append(seconds)
-                    print(f"  run {repetition + 1} {case:<12} {launcher:<16} {seconds:.2f}s", file=sys.stderr)
+                    print(f"  run {repetition + 1} {case:<18} {launcher:<23} {seconds:.2f}s", file=sys.stderr)
         print(table(results, args.cases, args.launchers))
     if failures:
         print(f"{failures} measurement(s) failed; agent logs and worker reports kept in {workdir}", file=sys.stderr)

@@ -27,6 +27,7 @@ from elastic.agent.failures import first_failure, signal_name
 from elastic.agent.lifeline import Lifeline
 from elastic.agent.metrics import AgentMetrics
 from elastic.agent.store_host import StoreHost
+from elastic.agent.templates import TemplatePool
 from elastic.agent.workers import GroupState, GroupStatus, WorkerGroup
 from elastic.launch.config import LaunchConfig
 from elastic.rendezvous.decisions import MembershipChange
@@ -73,6 +74,7 @@ class ElasticAgent:
         lease_ttl: how long a dead peer takes to be noticed (the failure grace period).
         lifeline: keeps the PID file of live workers its watchdog and a restarted agent read
             (see :mod:`elastic.agent.lifeline`); None: no PID file.
+        templates: pre-warmed worker templates (``--prewarm``); None: workers start normally.
     """
 
     def __init__(
@@ -89,6 +91,7 @@ class ElasticAgent:
         store_host: StoreHost | None = None,
         exclusion: ExclusionPolicy | None = None,
         lifeline: Lifeline | None = None,
+        templates: TemplatePool | None = None,
     ) -> None:
         self.config = config
         self.handler = handler
@@ -99,6 +102,7 @@ class ElasticAgent:
         self._console = console if console is not None else sys.stderr
         self._clock = clock
         self._lifeline = lifeline
+        self._templates = templates
         self._group: WorkerGroup | None = None
         self._last_group: WorkerGroup | None = None
         self.restarts_used = 0
@@ -170,7 +174,7 @@ class ElasticAgent:
     def _start_group(self, info: RendezvousInfo) -> WorkerGroup | None:
         use_agent_store = self._serve_store(info)
         group = WorkerGroup(self.config, info, attempt=self.attempt, restart_count=self._restart_count(info),
-                            use_agent_store=use_agent_store, node_id=self.node_id)
+                            use_agent_store=use_agent_store, node_id=self.node_id, templates=self._templates)
         try:
             # Called from run(), in the agent's main thread, which lives as long as the agent: the
             # workers' parent-death signal follows the thread that forked them (lifeline.py).

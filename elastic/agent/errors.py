@@ -15,6 +15,7 @@ __all__ = [
     "MetricsServerError",
     "PidFileError",
     "StoreHostError",
+    "TemplateError",
     "WorkerStartError",
 ]
 
@@ -25,6 +26,11 @@ class AgentError(Exception):
 
 class WorkerStartError(AgentError, RuntimeError):
     """A worker process could not be started (e.g. ``--no-python`` with a missing command)."""
+
+
+class TemplateError(AgentError, RuntimeError):
+    """A worker template cannot start a worker: it was refused, died, or did not answer. The
+    agent then starts that worker the normal way."""
 
 
 class StoreHostError(AgentError, RuntimeError):

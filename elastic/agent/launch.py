@@ -25,6 +25,7 @@ from elastic.agent.lifeline import Lifeline, state_dir
 from elastic.agent.errors import AgentError
 from elastic.agent.metrics import AgentMetrics, MetricsServer
 from elastic.agent.store_host import StoreHost
+from elastic.agent.templates import TemplatePool
 from elastic.agent.worker_env import omp_threads_notice, python_executable
 from elastic.launch.config import LaunchConfig
 from elastic.rendezvous.errors import RendezvousError
@@ -61,12 +62,13 @@ def run(config: LaunchConfig) -> int:
             if store_host is not None:
                 cleanup.callback(store_host.close)
                 store_host.warm()  # imports torch while the rendezvous runs: warm if this node becomes master
+            templates = _start_templates(config, cleanup)
             lifeline = _open_lifeline(config, cleanup)
             exclusion = (ExclusionPolicy(settings.max_node_failures, settings.exclusion_cooldown, settings.min_nodes)
                          if settings.max_node_failures else None)
             agent = ElasticAgent(config, handler, host=socket.gethostname(), events=events, metrics=metrics,
                                  lease_ttl=settings.lease_ttl, store_host=store_host, lifeline=lifeline,
-                                 exclusion=exclusion)
+                                 exclusion=exclusion, templates=templates)
             if config.metrics_port is not None:
                 server = MetricsServer(config.metrics_port, config.metrics_addr, registry=metrics.registry,
                                        health=lambda: health(agent.healthy, getattr(handler, "progress", None),
@@ -95,6 +97,16 @@ def _with_standalone_store(config: LaunchConfig, cleanup: ExitStack) -> LaunchCo
     run_id = config.run_id if config.run_id not in ("", "none") else str(uuid.uuid4())
     return dataclasses.replace(config, rdzv_backend="tcp", rdzv_endpoint=server.endpoint, run_id=run_id,
                                rdzv_conf={**config.rdzv_conf, "token": token})
+
+
+def _start_templates(config: LaunchConfig, cleanup: ExitStack) -> TemplatePool | None:
+    """For ``--prewarm``: the worker templates, importing while the rendezvous runs."""
+    if not config.prewarm or not TemplatePool.serves(config.entrypoint):
+        return None
+    pool = TemplatePool(config, os.environ, python_executable(os.environ))
+    cleanup.callback(pool.close)
+    pool.start()  # from the main thread: the templates' parent-death signal follows it
+    return pool
 
 
 def _open_lifeline(config: LaunchConfig, cleanup: ExitStack) -> Lifeline | None:

@@ -53,6 +53,7 @@ __all__ = [
     "worker_ranks",
     "RUN_PATH_BOOTSTRAP",
     "omp_threads_notice",
+    "fixed_worker_env",
     "python_executable",
     "worker_argv",
     "worker_env",
@@ -135,30 +136,44 @@ def worker_env(
         raise ValueError(f"The restart count ({restart_count}) must not be negative.")
     ranks = worker_ranks(config, rdzv, local_rank)
 
-    env = dict(base)
+    env = fixed_worker_env(base, config, local_rank)
     env.update(
         {
             "RANK": str(ranks.rank),
-            "LOCAL_RANK": str(local_rank),
             "WORLD_SIZE": str(ranks.world_size),
-            "LOCAL_WORLD_SIZE": str(nproc),
             "GROUP_RANK": str(rdzv.group_rank),
             "GROUP_WORLD_SIZE": str(rdzv.group_world_size),
-            "ROLE_NAME": config.role,
             "ROLE_RANK": str(ranks.role_rank),
             "ROLE_WORLD_SIZE": str(ranks.role_world_size),
             "MASTER_ADDR": rdzv.master_addr,
             "MASTER_PORT": str(rdzv.master_port),
             "TORCHELASTIC_RESTART_COUNT": str(restart_count),
-            "TORCHELASTIC_MAX_RESTARTS": str(config.max_restarts),
             "TORCHELASTIC_RUN_ID": rdzv.run_id,
             "TORCHELASTIC_USE_AGENT_STORE": str(bool(use_agent_store)),
             "TORCHELASTIC_ERROR_FILE": error_file,
+        }
+    )
+    return env
+
+
+def fixed_worker_env(base: Mapping[str, str], config: LaunchConfig, local_rank: int) -> dict[str, str]:
+    """The part of :func:`worker_env` that no round or attempt changes: ``base`` plus
+    ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``ROLE_NAME``, ``TORCHELASTIC_MAX_RESTARTS``,
+    ``TORCHELASTIC_SIGNALS_TO_HANDLE``, ``TORCH_NCCL_ASYNC_ERROR_HANDLING`` and
+    ``OMP_NUM_THREADS``. A pre-warmed template imports its modules with it
+    (:mod:`elastic.agent.templates`), so what they read at import is what a worker would see."""
+    env = dict(base)
+    env.update(
+        {
+            "LOCAL_RANK": str(local_rank),
+            "LOCAL_WORLD_SIZE": str(config.nproc_per_node),
+            "ROLE_NAME": config.role,
+            "TORCHELASTIC_MAX_RESTARTS": str(config.max_restarts),
             "TORCHELASTIC_SIGNALS_TO_HANDLE": ",".join(config.signals_to_handle),
             "TORCH_NCCL_ASYNC_ERROR_HANDLING": base.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
         }
     )
-    if "OMP_NUM_THREADS" not in base and nproc > 1:
+    if "OMP_NUM_THREADS" not in base and config.nproc_per_node > 1:
         env["OMP_NUM_THREADS"] = "1"
     return env
 

@@ -44,6 +44,7 @@ from elastic.agent.output import (
     resolve_log_root,
 )
 from elastic.agent.proctree import ProcessLister, WorkerTrees
+from elastic.agent.templates import ForkedWorker, TemplatePool
 from elastic.agent.worker_env import python_executable, worker_argv, worker_env, worker_ranks
 from elastic.launch.config import LaunchConfig, Std
 
@@ -100,7 +101,7 @@ class _Worker:
     local_rank: int
     global_rank: int
     output: WorkerOutput
-    proc: subprocess.Popen | None = None
+    proc: subprocess.Popen | ForkedWorker | None = None
     watcher: threading.Thread | None = None
     exitcode: int | None = None
     exit_monotonic: float = 0.0
@@ -134,6 +135,8 @@ class WorkerGroup:
         node_id: this node's id in the rendezvous, naming its log directory (agents may share
             ``--log-dir``).
         process_lister: the process table stop() reads (default: ``/proc``; tests inject one).
+        templates: pre-warmed templates to fork workers from (``--prewarm``); a worker whose
+            template cannot serve starts the normal way.
 
     Raises:
         ValueError: bad counts, or ids that would put the logs outside the log root.
@@ -155,6 +158,7 @@ class WorkerGroup:
         line_prefix_template: str | None = None,
         node_id: str | None = None,
         process_lister: ProcessLister | None = None,
+        templates: TemplatePool | None = None,
     ) -> None:
         if config.nproc_per_node < 1:
             raise ValueError(f"The number of workers ({config.nproc_per_node}) must be positive.")
@@ -170,6 +174,7 @@ class WorkerGroup:
         self._console_out = console_stdout if console_stdout is not None else sys.stdout
         self._console_err = console_stderr if console_stderr is not None else sys.stderr
         self._prefix_template = line_prefix_template
+        self._templates = templates if templates is not None and templates.serves(config.entrypoint) else None
         self.log_dir = attempt_log_dir(
             log_root or resolve_log_root(config.log_dir), rdzv.run_id, attempt, node_id
         )
@@ -220,9 +225,9 @@ class WorkerGroup:
                     f"({' '.join(self._argv(worker))}): {exc}"
                 ) from exc
         log.info(
-            "Run %s attempt %d: started %d %s worker(s) %s; logs in %s",
+            "Run %s attempt %d: started %d %s worker(s) %s%s; logs in %s",
             self.rdzv.run_id, self.attempt, len(self._workers), self.config.role,
-            self.pids(), self.log_dir,
+            self.pids(), self._forked_note(), self.log_dir,
         )
 
     def __enter__(self) -> WorkerGroup:
@@ -363,17 +368,20 @@ class WorkerGroup:
             use_agent_store=self._use_agent_store,
         )
         with worker.output.stdio() as std:
-            worker.proc = proc = subprocess.Popen(
-                self._argv(worker),
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=std["stdout"],
-                stderr=std["stderr"],
-                start_new_session=True,
-                close_fds=True,
-                # Linux: SIGKILL when this thread's process dies (see elastic.agent.lifeline).
-                preexec_fn=parent_death_preexec(),
-            )
+            proc = self._fork(worker, env, std)
+            if proc is None:
+                proc = subprocess.Popen(
+                    self._argv(worker),
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=std["stdout"],
+                    stderr=std["stderr"],
+                    start_new_session=True,
+                    close_fds=True,
+                    # Linux: SIGKILL when this thread's process dies (see elastic.agent.lifeline).
+                    preexec_fn=parent_death_preexec(),
+                )
+            worker.proc = proc
         worker.watcher = threading.Thread(
             target=self._watch, args=(worker, proc), name=f"watch-{worker.local_rank}", daemon=True
         )
@@ -383,7 +391,19 @@ class WorkerGroup:
         )
         worker.output.start_pumps(proc, prefix, worker.local_rank)
 
-    def _watch(self, worker: _Worker, proc: subprocess.Popen) -> None:
+    def _forked_note(self) -> str:
+        forked = sum(isinstance(w.proc, ForkedWorker) for w in self._workers)
+        return f" ({forked} forked from pre-warmed templates)" if self._templates is not None else ""
+
+    def _fork(self, worker: _Worker, env: dict[str, str], std: dict[str, object]) -> ForkedWorker | None:
+        """The worker forked from its pre-warmed template, or None: start it normally."""
+        if self._templates is None:
+            return None
+        args = self._argv(worker)
+        substituted = args[len(args) - len(self.config.entrypoint.args):]  # every argv ends with them
+        return self._templates.fork(worker.local_rank, self._templates.job(env, substituted), std, args)
+
+    def _watch(self, worker: _Worker, proc: subprocess.Popen | ForkedWorker) -> None:
         code = proc.wait()
         with self._cond:  # stamped under the lock: exit order == the order polls see exits
             worker.exitcode = code

@@ -290,6 +290,17 @@ def _local_ranks(text: str | None, where: str) -> frozenset[int] | None:
     return frozenset(int(item) for item in items)
 
 
+def _modules(text: str | None, where: str) -> tuple[str, ...]:
+    """``--prewarm-modules``: dotted module names, comma-separated, at least one."""
+    names = tuple(name.strip() for name in (text or "").split(",") if name.strip())
+    if not names:
+        raise _fail(where, "name at least one module, e.g. torch or torch,numpy")
+    for name in names:
+        if not all(part.isidentifier() for part in name.split(".")):
+            raise _fail(where, f"{name!r} is not a module name (dotted identifiers, e.g. torch.distributed)")
+    return names
+
+
 def _signals(text: str | None, where: str) -> tuple[str, ...]:
     names: list[str] = []
     for item in (text or "").split(","):
@@ -542,6 +553,9 @@ def config_from_args(
     if not (role_text or "").strip():
         raise _fail(role_where, "the role name must not be empty")
     _warn_compat_only(sources, pending.append)
+    if entrypoint.kind == "command" and sources.switch("prewarm"):
+        pending.append(f"{_as_given(sources, 'prewarm')} is ignored with --no-python: the workers are not "
+                       "Python, so they start as usual")
     config = LaunchConfig(
         min_nodes=min_nodes,
         max_nodes=max_nodes,
@@ -564,6 +578,8 @@ def config_from_args(
         metrics_addr=_host_address(_optional_text(sources.text("metrics_addr")[0])) or "127.0.0.1",
         event_log=_optional_text(sources.text("event_log")[0]),
         dry_run=sources.switch("dry_run"),
+        prewarm=sources.switch("prewarm"),
+        prewarm_modules=_modules(*sources.text("prewarm_modules")),
         **rendezvous,
     )
     for message in pending:
@@ -635,6 +651,8 @@ def describe(config: LaunchConfig) -> str:
         ("metrics_port", str(config.metrics_port) if config.metrics_port else "off"),
         ("metrics_addr", config.metrics_addr),
         ("event_log", config.event_log or "off"),
+        ("prewarm", _yes_no(config.prewarm)),
+        ("prewarm_modules", ",".join(config.prewarm_modules)),
         ("dry_run", _yes_no(config.dry_run)),
     ]
     width = max(len(key) for key, _ in rows) + 1

@@ -77,6 +77,8 @@ class LaunchConfig:
         metrics_addr: the address the metrics port listens on (loopback unless asked).
         event_log: path of the JSON-lines event log (None: off).
         dry_run: print the resolved config and exit.
+        prewarm: fork workers from pre-warmed templates (:mod:`elastic.agent.templates`).
+        prewarm_modules: what the templates import (``--prewarm-modules``).
     """
 
     min_nodes: int
@@ -108,3 +110,5 @@ class LaunchConfig:
     metrics_addr: str = "127.0.0.1"
     event_log: str | None = None
     dry_run: bool = False
+    prewarm: bool = False
+    prewarm_modules: tuple[str, ...] = ("torch",)

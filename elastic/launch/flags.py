@@ -145,6 +145,12 @@ OPTIONS: tuple[Option, ...] = (
             "interface (default: 127.0.0.1, this machine only).", metavar="ADDR", default="127.0.0.1"),
     _option("--event-log", ADDITIONS, "Append structured events (rounds, restarts, failures) to FILE as "
             "JSON lines (default: off).", metavar="FILE"),
+    _option("--prewarm", ADDITIONS, "Fork each worker from a template process per local rank that has "
+            "already imported --prewarm-modules, so a (re)start costs a fork instead of an interpreter start "
+            "and torch's import. Python entrypoints only (not --no-python); a template that initialised CUDA "
+            "or started threads is refused and its workers start normally."),
+    _option("--prewarm-modules", ADDITIONS, "Comma-separated modules the --prewarm templates import.",
+            metavar="MODULE,...", default="torch"),
     _option("--dry-run", ADDITIONS, "Print the resolved configuration and exit without starting anything "
             "(no PET_ twin: a dry run is asked for each time).", env=False),
     _option("--event-log-handler", COMPAT, f"{_NO_EFFECT}: torch's event handlers need torch; use "

@@ -6,6 +6,8 @@ file the test reads. Each test uses its own run id; every process it starts (age
 workers, a store) is stopped by PID at the end, whatever happened.
 
 Rendezvous settings are shrunk to keep the file fast: ``lease_ttl=2,last_call_timeout=1``.
+With ``ELASTIC_TEST_PREWARM=1`` every agent runs with ``--prewarm`` (workers forked from
+pre-warmed templates): the file must pass both ways.
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ import pytest
 pytestmark = pytest.mark.slow
 
 WORKERS = Path(__file__).parent / "workers"
-ELASTICRUN = [sys.executable, "-m", "elastic.run"]
+PREWARM = os.environ.get("ELASTIC_TEST_PREWARM") == "1"
+ELASTICRUN = [sys.executable, "-m", "elastic.run", *(["--prewarm"] if PREWARM else [])]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 LEASE_TTL = 2.0
 LAST_CALL = 1.0
@@ -511,7 +514,11 @@ def test_worker_environment_equals_torchruns_key_by_key(procs, tmp_path):
 
     for local_rank in (0, 1):
         theirs, ours = dumps["torchrun"][local_rank], dumps["elasticrun"][local_rank]
-        assert ours["cmdline"] == theirs["cmdline"][:3] + [str(tmp_path / "elasticrun")]
+        if PREWARM:  # a forked worker's /proc/<pid>/cmdline is its template's (README: --prewarm)
+            assert ours["cmdline"][:3] == theirs["cmdline"][:2] + ["-c"]
+            assert "elastic.agent.template_main" in ours["cmdline"][3]
+        else:
+            assert ours["cmdline"] == theirs["cmdline"][:3] + [str(tmp_path / "elasticrun")]
         theirs_env, ours_env = theirs["env"], ours["env"]
         assert set(ours_env) == set(theirs_env), set(ours_env) ^ set(theirs_env)
         for key, form in BY_FORM.items():

@@ -14,6 +14,7 @@ import pytest
 from elastic.agent.worker_env import (
     OMP_NOTICE,
     RUN_PATH_BOOTSTRAP,
+    fixed_worker_env,
     omp_threads_notice,
     python_executable,
     worker_argv,
@@ -48,6 +49,18 @@ def env_for(base=None, cfg=None, info=None, local_rank=0, **kw):
     kw.setdefault("error_file", "/logs/error.json")
     kw.setdefault("use_agent_store", False)
     return worker_env(base or {}, cfg or config(), info or rdzv(), local_rank, **kw)
+
+
+def test_the_fixed_part_is_what_every_round_and_attempt_shares():
+    """What a pre-warmed template imports with: a subset of every attempt's environment."""
+    base = {"PATH": "/bin", "PYTHONPATH": "/src"}
+    fixed = fixed_worker_env(base, config(nproc=2), local_rank=1)
+    for info, restarts in ((rdzv(0, 1, port=1), 0), (rdzv(2, 3, run_id="j2", port=2), 5)):
+        env = env_for(base, config(nproc=2), info, local_rank=1, restart_count=restarts)
+        assert fixed.items() <= env.items()
+    assert set(fixed) - set(base) == {"LOCAL_RANK", "LOCAL_WORLD_SIZE", "ROLE_NAME", "TORCHELASTIC_MAX_RESTARTS",
+                                      "TORCHELASTIC_SIGNALS_TO_HANDLE", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+                                      "OMP_NUM_THREADS"}
 
 
 # -- ranks and sizes ---------------------------------------------------------------------------

@@ -1,7 +1,13 @@
-"""WorkerGroup with real processes: exits, signals, stopping whole trees, logs and the console."""
+"""WorkerGroup with real processes: exits, signals, stopping whole trees, logs and the console.
+
+Every test that takes the ``harness`` runs twice: workers started the normal way, and forked
+from pre-warmed templates (``--prewarm``, templates importing ``json`` so no test pays torch's
+import); both must behave the same.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -14,6 +20,7 @@ import uuid
 import psutil
 import pytest
 
+from elastic.agent.templates import ForkedWorker, TemplatePool
 from elastic.agent.workers import (
     GroupState,
     GroupStatus,
@@ -68,7 +75,9 @@ def wait_done(group: WorkerGroup, timeout: float = 20.0) -> GroupState:
 class Harness:
     """Builds groups for one test; stops every group and kills every recorded pid at the end."""
 
-    def __init__(self, tmp_path):
+    def __init__(self, tmp_path, prewarm: bool = False):
+        self.prewarm = prewarm
+        self.pools: list[TemplatePool] = []
         self.tmp = tmp_path
         self.out = tmp_path / "out"
         self.out.mkdir()
@@ -99,10 +108,16 @@ class Harness:
             run_id=self.run_id, round=0, group_rank=group_rank, group_world_size=group_rank + 1,
             master_addr="127.0.0.1", master_port=29999, members=(),
         )
+        environ = dict(os.environ, TEST_OUT=str(self.out))
+        pool = None
+        if self.prewarm:
+            pool = TemplatePool(dataclasses.replace(config, prewarm=True, prewarm_modules=("json",)),
+                                environ, sys.executable)
+            self.pools.append(pool)
+            pool.start()
         group = WorkerGroup(
-            config, info, attempt=attempt, log_root=self.log_root,
-            environ=dict(os.environ, TEST_OUT=str(self.out)),
-            line_prefix_template=line_prefix_template,
+            config, info, attempt=attempt, log_root=self.log_root, environ=environ,
+            line_prefix_template=line_prefix_template, templates=pool,
         )
         self.groups.append(group)
         return group
@@ -110,6 +125,8 @@ class Harness:
     def start(self, group: WorkerGroup) -> WorkerGroup:
         group.start()
         self.pids.update(group.pids().values())
+        if self.prewarm:  # really forked, not fallen back to a normal start
+            assert all(isinstance(w.proc, ForkedWorker) for w in group._workers)
         return group
 
     def marks(self, name: str, nproc: int, pids: bool = False) -> dict[int, str]:
@@ -127,11 +144,13 @@ class Harness:
         for pid in self.pids:
             if alive(pid):
                 psutil.Process(pid).kill()
+        for pool in self.pools:
+            pool.close()
 
 
-@pytest.fixture
-def harness(tmp_path):
-    h = Harness(tmp_path)
+@pytest.fixture(params=["normal", "prewarm"])
+def harness(tmp_path, request):
+    h = Harness(tmp_path, prewarm=request.param == "prewarm")
     try:
         yield h
     finally:

@@ -145,6 +145,7 @@ SPELLINGS = [
     ("--metrics-addr", "[::]", (), "metrics_addr", "::"),
     ("--event-log", "/tmp/events.jsonl", (), "event_log", "/tmp/events.jsonl"),
     ("--dry-run", None, (), "dry_run", True),
+    ("--prewarm-modules", "torch,numpy", (), "prewarm_modules", ("torch", "numpy")),
     ("--event-log-handler", "console", (), "event_log", None),
     ("--logs-specs", "custom", (), "event_log", None),
     ("--numa-binding", "node", (), "event_log", None),
@@ -221,6 +222,8 @@ TWINS = [
     ("PET_METRICS_PORT", "9100", (), "metrics_port", 9100),
     ("PET_METRICS_ADDR", "0.0.0.0", (), "metrics_addr", "0.0.0.0"),
     ("PET_EVENT_LOG", "/e.jsonl", (), "event_log", "/e.jsonl"),
+    ("PET_PREWARM", "1", (), "prewarm", True),
+    ("PET_PREWARM_MODULES", "torch.distributed", (), "prewarm_modules", ("torch.distributed",)),
 ]
 
 
@@ -508,6 +511,9 @@ BAD = [
     (("--metrics-port", "0", "t.py"), {}, "--metrics-port: '0' is not a whole number from 1 to 65535"),
     (("--numa-binding", "bogus", "t.py"), {}, "--numa-binding: 'bogus' is not one of node, socket"),
     (("--role", " ", "t.py"), {}, "--role: the role name must not be empty"),
+    (("--prewarm-modules", ",", "t.py"), {}, "--prewarm-modules: name at least one module"),
+    (("--prewarm-modules", "torch,os.path;rm", "t.py"), {}, "--prewarm-modules: 'os.path;rm' is not a module name"),
+    (("t.py",), {"PET_PREWARM": "sure"}, "--prewarm (from PET_PREWARM): 'sure' is not 1 or 0"),
     (("--bogus", "t.py"), {}, "--bogus: unknown flag (see elasticrun --help)"),
     (("--nproc", "2", "t.py"), {}, "--nproc: unknown flag; did you mean --nproc-per-node?"),
     (("--nnode=2", "t.py"), {}, "--nnode: unknown flag; did you mean --nnodes?"),
@@ -530,6 +536,18 @@ def test_bad_input_raises_one_line_naming_the_flag(argv, environ, starts):
     message = parse_error(*argv, environ=environ)
     assert message.startswith(starts)
     assert "\n" not in message
+
+
+def test_prewarm_is_off_by_default_and_imports_torch_when_on():
+    config = parse("t.py")
+    assert (config.prewarm, config.prewarm_modules) == (False, ("torch",))
+    assert parse("--prewarm", "t.py").prewarm_modules == ("torch",)
+
+
+def test_prewarm_with_no_python_is_accepted_with_one_warning():
+    config, warnings = parse_with_warnings("--prewarm", "--no-python", "t.sh")
+    assert config.prewarm and config.entrypoint.kind == "command"
+    assert warnings == ["--prewarm is ignored with --no-python: the workers are not Python, so they start as usual"]
 
 
 def test_parse_or_exit_prints_one_error_line_and_exits_2():

@@ -37,9 +37,11 @@ PROBE = HERE / "workers" / "probe.py"
 REPO = HERE.parents[1]
 
 ELASTICRUN = "elasticrun"
+PREWARMED = "elasticrun-prewarm"
+"""elasticrun with ``--prewarm``: workers forked from templates that imported torch."""
 PLUGIN = "torchrun-etcd-v3"
 C10D = "torchrun-c10d"
-LAUNCHERS = (ELASTICRUN, PLUGIN, C10D)
+LAUNCHERS = (ELASTICRUN, PREWARMED, PLUGIN, C10D)
 
 LEASE_TTL = 2
 LAST_CALL = 1
@@ -102,10 +104,10 @@ def launcher_argv(launcher: str, rdzv: Rendezvous, *, nnodes: str, nproc: str, m
     common = [f"--nnodes={nnodes}", f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}",
               "--monitor-interval=0.2", f"--rdzv-id={rdzv.run_id}", f"--log-dir={log_dir}"]
     credentials = f"user={rdzv.etcd_user},password={rdzv.etcd_password}"
-    if launcher == ELASTICRUN:
+    if launcher in (ELASTICRUN, PREWARMED):
         return [sys.executable, "-m", "elastic.run", *common, "--rdzv-backend=etcd",
                 f"--rdzv-endpoint={rdzv.etcd_endpoints}", f"--rdzv-conf={OURS_CONF},{credentials}",
-                "--local-addr=127.0.0.1"]
+                "--local-addr=127.0.0.1", *(["--prewarm"] if launcher == PREWARMED else [])]
     torchrun = [sys.executable, "-m", "torch.distributed.run", *common, "--local-addr=127.0.0.1"]
     if launcher == PLUGIN:
         endpoint = rdzv.etcd_endpoints.split(",")[0].split("://", 1)[-1]

@@ -1,6 +1,7 @@
-"""Several real agents, one scenario, three launchers: every rank of every attempt sees one world.
+"""Several real agents, one scenario, four launchers: every rank of every attempt sees one world.
 
-Each test runs one scenario under ``elasticrun --rdzv-backend=etcd``, under stock torchrun with
+Each test runs one scenario under ``elasticrun --rdzv-backend=etcd`` (with and without
+``--prewarm``), under stock torchrun with
 our plugin (``--rdzv-backend=etcd-v3``) and under stock torchrun with its own ``c10d`` backend
 (the reference), one after the other, against the session's real etcd. Workers
 (``workers/probe.py``) form a gloo group, all-reduce their ranks, all-gather a token and write
@@ -25,7 +26,7 @@ from typing import Callable
 import pytest
 
 import harness
-from harness import C10D, ELASTICRUN, LAUNCHERS, PLUGIN, Attempt, Job
+from harness import C10D, ELASTICRUN, LAUNCHERS, PLUGIN, PREWARMED, Attempt, Job
 
 pytestmark = [pytest.mark.slow, pytest.mark.etcd]
 
@@ -185,7 +186,7 @@ def test_a_worker_crash_on_one_node_restarts_every_rank_with_one_restart_count(t
         runs[launcher] = run_scenario(launcher, tmp_path, etcd_server, crash_drive, nnodes="2", max_restarts=3,
                                       probe_args=probe, nproc_of={"A": 1, "B": 1})
     judge(runs)
-    for launcher in (ELASTICRUN, PLUGIN):
+    for launcher in (ELASTICRUN, PREWARMED, PLUGIN):
         after = runs[launcher].phases["after the crash"]
         counts = set(harness.restart_counts(after).values())
         assert len(counts) == 1 and counts != {"0"}, (
@@ -285,5 +286,5 @@ def test_an_agent_stopped_with_sigterm_leaves_the_others_one_consistent_world(tm
             for launcher in LAUNCHERS}
     # C stops on a signal: elasticrun exits 143 (SIGTERM's), torchrun re-raises the signal's code.
     judge(runs, expected_codes=lambda launcher: {"A": 0, "B": 0, "C": runs[launcher].codes["C"]})
-    for launcher in (ELASTICRUN, PLUGIN):
+    for launcher in (ELASTICRUN, PREWARMED, PLUGIN):
         assert runs[launcher].codes["C"] not in (None, 0), f"{launcher}: C exited {runs[launcher].codes['C']}"

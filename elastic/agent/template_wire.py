@@ -1,0 +1,79 @@
+"""The messages between the agent and a worker template: length-prefixed JSON, bounded.
+
+A frame is a 4-byte big-endian length and that many bytes of UTF-8 JSON holding one object.
+:func:`encode` builds a frame; :class:`FrameReader` cuts a byte stream back into objects and
+refuses a frame longer than its bound before buffering it, so a peer cannot make the reader
+hold more than one bounded frame. Pure and stdlib-only: the template imports this before the
+user's modules, and the tests feed it bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from typing import Any, Mapping
+
+__all__ = ["MAX_FRAME_BYTES", "FrameReader", "TemplateWireError", "encode"]
+
+# A worker's environment, argv and paths: a few kilobytes to tens of kilobytes in practice.
+MAX_FRAME_BYTES = 1 << 20
+_HEADER = struct.Struct(">I")
+
+
+class TemplateWireError(ValueError):
+    """A frame that cannot be sent or read: too large, not JSON, or not a JSON object."""
+
+
+def encode(message: Mapping[str, Any], *, limit: int = MAX_FRAME_BYTES) -> bytes:
+    """One frame holding ``message``.
+
+    Raises:
+        TemplateWireError: the message is not JSON-serialisable or its frame exceeds ``limit``.
+    """
+    try:
+        body = json.dumps(message, separators=(",", ":")).encode()
+    except (TypeError, ValueError) as error:
+        raise TemplateWireError(f"The template message cannot be encoded: {error}") from error
+    if len(body) > limit:
+        raise TemplateWireError(f"The template message ({len(body)} bytes) exceeds {limit} bytes.")
+    return _HEADER.pack(len(body)) + body
+
+
+class FrameReader:
+    """Cuts a byte stream into messages; holds at most one frame (``limit`` bytes) plus a header.
+
+    Raises (from :meth:`feed`):
+        TemplateWireError: a frame announces more than ``limit`` bytes, or is not a JSON
+            object. The stream is then unusable: the caller drops the connection.
+    """
+
+    def __init__(self, limit: int = MAX_FRAME_BYTES) -> None:
+        self._limit = limit
+        self._buffer = bytearray()
+
+    def feed(self, data: bytes) -> list[dict[str, Any]]:
+        """Add bytes; return the messages they complete, in order."""
+        self._buffer += data
+        messages = []
+        while len(self._buffer) >= _HEADER.size:
+            (length,) = _HEADER.unpack_from(self._buffer)
+            if length > self._limit:
+                raise TemplateWireError(f"A template frame announces {length} bytes; the limit is {self._limit}.")
+            end = _HEADER.size + length
+            if len(self._buffer) < end:
+                break
+            body = bytes(self._buffer[_HEADER.size:end])
+            del self._buffer[:end]
+            try:
+                message = json.loads(body)
+            except (UnicodeDecodeError, ValueError) as error:
+                raise TemplateWireError(f"A template frame is not JSON: {error}") from error
+            if not isinstance(message, dict):
+                raise TemplateWireError(f"A template frame holds {type(message).__name__}, not an object.")
+            messages.append(message)
+        return messages
+
+    @property
+    def pending(self) -> int:
+        """Bytes received but not yet part of a complete frame."""
+        return len(self._buffer)

@@ -1,0 +1,503 @@
+"""Pre-warmed worker templates (``--prewarm``): a worker start costs a fork, not an interpreter start.
+
+The agent keeps, per local rank, a template process (:mod:`elastic.agent.template_main`) that
+has started Python and imported ``--prewarm-modules`` (default torch) with the worker
+environment's fixed part (:func:`~elastic.agent.worker_env.fixed_worker_env`). To start a
+worker, :meth:`Template.fork` sends the attempt's environment, argv, working directory and the
+worker's stdout/stderr descriptors (``SCM_RIGHTS``); the template forks, and the child becomes
+the worker. The agent drives it through :class:`ForkedWorker`, which looks like the
+``subprocess.Popen`` the rest of the agent knows (``pid``, ``poll``, ``wait``, ``returncode``,
+``send_signal``, ``kill``, piped ``stdout``/``stderr``).
+
+A template serves every attempt of the job: a fork leaves it unchanged, so re-using it costs
+nothing, while replacing it would cost a fresh import competing for CPU with the new workers.
+Only a template that died is replaced, started in the background at the next start (which
+starts that worker the normal way). A template that is refused (CUDA initialised, threads
+running: :mod:`elastic.agent.template_check`) or cannot import its modules is reported once
+and its rank starts normally from then on. Templates are the agent's children, in their own
+sessions, with the parent-death signal: start the pool from the agent's main thread.
+"""
+
+from __future__ import annotations
+
+import collections
+import enum
+import logging
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from typing import IO, Mapping
+
+import psutil
+
+from elastic.agent.errors import TemplateError
+from elastic.agent.lifeline import parent_death_preexec
+from elastic.agent.template_main import BOOT
+from elastic.agent.template_wire import FrameReader, TemplateWireError, encode
+from elastic.agent.worker_env import fixed_worker_env
+from elastic.launch.config import Entrypoint, LaunchConfig
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "PREWARMED_KINDS",
+    "ForkedWorker",
+    "Template",
+    "TemplatePool",
+    "TemplateSpec",
+    "TemplateState",
+    "WorkerJob",
+    "worker_path0",
+]
+
+# Entrypoints a template can run; ``command`` (``--no-python``) starts as always.
+PREWARMED_KINDS = ("script", "module", "run_path")
+# How long a start waits for a template still importing (it began before the rendezvous, so
+# waiting is never slower than starting a fresh interpreter) and for a fork's answer.
+READY_TIMEOUT_S = 120.0
+FORK_TIMEOUT_S = 10.0
+CLOSE_TIMEOUT_S = 5.0
+# After a template dies, how long its forked workers get to die of their parent-death signal.
+ORPHAN_WAIT_S = 5.0
+
+
+class TemplateState(enum.Enum):
+    """Where a template stands: ``STARTING`` → ``READY`` | ``REFUSED`` | ``DEAD``; ``READY`` →
+    ``DEAD``. ``REFUSED`` and ``DEAD`` are final."""
+
+    STARTING = "starting"
+    READY = "ready"
+    REFUSED = "refused"
+    DEAD = "dead"
+
+
+@dataclass(frozen=True)
+class TemplateSpec:
+    """How to start one template: the workers' interpreter, the modules to import, the
+    environment's fixed part, and the ``sys.path[0]`` the workers get."""
+
+    python: str
+    modules: tuple[str, ...]
+    env: Mapping[str, str]
+    path0: str
+
+
+@dataclass(frozen=True)
+class WorkerJob:
+    """What a forked worker becomes: the entrypoint (``${local_rank}`` already substituted),
+    its full environment, working directory and ``sys.path[0]``."""
+
+    kind: str
+    target: str
+    args: tuple[str, ...]
+    env: Mapping[str, str]
+    cwd: str
+    path0: str
+
+
+def worker_path0(entrypoint: Entrypoint, cwd: str) -> str:
+    """``sys.path[0]`` of ``python -u`` running ``entrypoint`` from ``cwd``: the script's real
+    directory, the working directory for ``-m``, ``''`` for ``-c`` (``--run-path``)."""
+    if entrypoint.kind == "script":
+        return os.path.dirname(os.path.realpath(os.path.join(cwd, entrypoint.target)))
+    if entrypoint.kind == "module":
+        return cwd
+    return ""
+
+
+class ForkedWorker:
+    """A worker forked by a template, driven like ``subprocess.Popen``.
+
+    Its exit code comes from the template (which reaps it), in ``Popen.returncode``'s
+    convention: ``-N`` for a signal. ``stdout``/``stderr`` are the read ends of piped streams.
+    """
+
+    def __init__(self, args: list[str], stdout: IO[bytes] | None, stderr: IO[bytes] | None) -> None:
+        self.args = args
+        self.stdout = stdout
+        self.stderr = stderr
+        self.pid = -1
+        self.returncode: int | None = None
+        self._done = threading.Event()
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        """The exit code, once the template reported it.
+
+        Raises:
+            subprocess.TimeoutExpired: not within ``timeout`` seconds.
+        """
+        if not self._done.wait(timeout):
+            raise subprocess.TimeoutExpired(self.args, timeout)
+        return self.returncode  # type: ignore[return-value]
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def _exited(self, code: int) -> None:
+        if self.returncode is None:
+            self.returncode = code
+            self._done.set()
+
+
+class Template:
+    """One template process and its control socket.
+
+    Args:
+        spec: how to start it.
+        label: how log lines name it (``Run <id> local rank <n>``).
+    """
+
+    def __init__(self, spec: TemplateSpec, label: str) -> None:
+        self.spec = spec
+        self.label = label
+        self.state = TemplateState.STARTING
+        self.reason = ""
+        self.proc: subprocess.Popen | None = None
+        self.started_at = 0.0
+        self.ready_after: float | None = None
+        self.ready_info: dict = {}  # the ready message: the thread counts of the check
+        self._chan: socket.socket | None = None
+        self._cond = threading.Condition()
+        self._fork_lock = threading.Lock()
+        self._pending: collections.deque[ForkedWorker] = collections.deque()
+        self._answers: collections.deque[dict] = collections.deque()
+        self._children: dict[int, ForkedWorker] = {}
+        self._reader: threading.Thread | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    def start(self) -> Template:
+        """Start the process (it imports in the background); returns self.
+
+        Raises:
+            TemplateError: the interpreter could not be started.
+        """
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.started_at = time.monotonic()
+        try:
+            self.proc = subprocess.Popen(
+                [self.spec.python, "-u", "-c", BOOT, str(theirs.fileno()), self.spec.path0, ",".join(self.spec.modules)],
+                env=dict(self.spec.env), stdin=subprocess.DEVNULL, pass_fds=(theirs.fileno(),),
+                start_new_session=True, close_fds=True, preexec_fn=parent_death_preexec(),
+            )  # fmt: skip
+        except OSError as error:
+            ours.close()
+            self._set(TemplateState.DEAD, str(error))
+            raise TemplateError(f"{self.label}: cannot start a worker template ({self.spec.python}): {error}") from error
+        finally:
+            theirs.close()
+        self._chan = ours
+        self._reader = threading.Thread(target=self._read, name=f"template-{self.proc.pid}", daemon=True)
+        self._reader.start()
+        return self
+
+    def wait_ready(self, timeout: float) -> TemplateState:
+        """Wait until the template is no longer starting, at most ``timeout`` seconds."""
+        with self._cond:
+            self._cond.wait_for(lambda: self.state is not TemplateState.STARTING, timeout)
+            return self.state
+
+    def fork(self, job: WorkerJob, stdio: Mapping[str, object], *, argv: list[str],
+             timeout: float = FORK_TIMEOUT_S) -> ForkedWorker:
+        """Fork a worker for ``job``. ``stdio`` holds ``Popen``-style ``stdout``/``stderr``
+        values (a file, a descriptor, ``subprocess.DEVNULL`` or ``subprocess.PIPE``); ``argv``
+        is the command line a normal start would have used (for messages).
+
+        Raises:
+            TemplateError: the template is not ready, died, refused the request, or did not
+                answer within ``timeout`` (then it is killed, and replaced at the next start).
+        """
+        with self._fork_lock:
+            if self.state is not TemplateState.READY or self._chan is None:
+                raise TemplateError(f"{self.label}: the template is {self.state.value}")
+            fds, mine, parent_ends = self._stdio_fds(stdio)
+            worker = ForkedWorker(argv, parent_ends.get("stdout"), parent_ends.get("stderr"))
+            message = {"op": "fork", "kind": job.kind, "target": job.target, "args": list(job.args),
+                       "env": dict(job.env), "cwd": job.cwd, "path0": job.path0, "fds": len(fds)}
+            try:
+                with self._cond:
+                    self._pending.append(worker)
+                frame = encode(message)
+                sent = socket.send_fds(self._chan, [frame], fds)  # the descriptors ride on the first byte
+                if sent < len(frame):
+                    self._chan.sendall(frame[sent:])
+                answer = self._answer(timeout)
+            except (OSError, TemplateWireError) as error:
+                self._abandon(worker, parent_ends)
+                raise TemplateError(f"{self.label}: cannot send the fork request: {error}") from error
+            finally:
+                for fd in mine:
+                    os.close(fd)
+            if answer is None or answer.get("op") != "forked":
+                self._abandon(worker, parent_ends)
+                if answer is None:
+                    self._kill(f"no answer to a fork request within {timeout:g}s")
+                why = answer.get("error", "no answer") if answer else f"no answer within {timeout:g}s"
+                raise TemplateError(f"{self.label}: the template could not fork: {why}")
+            return worker
+
+    def close(self, timeout: float = CLOSE_TIMEOUT_S) -> None:
+        """Close the socket (the template exits, its forked children die with it) and reap it."""
+        chan, self._chan = self._chan, None
+        if chan is not None:
+            try:
+                chan.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            chan.close()
+        if self.proc is not None:
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self._reader is not None:
+            self._reader.join(timeout=timeout)
+
+    def rss_bytes(self) -> int:
+        """The template's resident memory (0 when it is gone)."""
+        try:
+            return psutil.Process(self.pid).memory_info().rss if self.pid else 0
+        except psutil.Error:
+            return 0
+
+    # -- internals ---------------------------------------------------------------------------
+
+    @staticmethod
+    def _stdio_fds(stdio: Mapping[str, object]) -> tuple[list[int], list[int], dict[str, IO[bytes]]]:
+        """The descriptors to send (stdout, stderr), those to close once sent, and the
+        read ends of piped streams."""
+        fds, mine, parents = [], [], {}
+        for name in ("stdout", "stderr"):
+            value = stdio[name]
+            if value == subprocess.PIPE:
+                read_end, write_end = os.pipe()
+                parents[name] = open(read_end, "rb", buffering=0)  # noqa: SIM115 - the pump closes it
+                fds.append(write_end)
+                mine.append(write_end)
+            elif value == subprocess.DEVNULL:
+                fd = os.open(os.devnull, os.O_WRONLY)
+                fds.append(fd)
+                mine.append(fd)
+            elif isinstance(value, int):
+                fds.append(value)
+            else:
+                fds.append(value.fileno())  # type: ignore[attr-defined]
+        return fds, mine, parents
+
+    def _abandon(self, worker: ForkedWorker, parent_ends: Mapping[str, IO[bytes]]) -> None:
+        with self._cond:
+            if worker in self._pending:
+                self._pending.remove(worker)
+        for end in parent_ends.values():
+            end.close()
+
+    def _answer(self, timeout: float) -> dict | None:
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while not self._answers:
+                if self.state is TemplateState.DEAD:
+                    return {"op": "error", "error": f"the template died ({self.reason})"}
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return None
+                self._cond.wait(remaining)
+            return self._answers.popleft()
+
+    def _set(self, state: TemplateState, reason: str = "") -> None:
+        with self._cond:
+            if self.state in (TemplateState.REFUSED, TemplateState.DEAD):
+                return
+            self.state, self.reason = state, reason
+            if state is TemplateState.READY:
+                self.ready_after = time.monotonic() - self.started_at
+            self._cond.notify_all()
+
+    def _kill(self, why: str) -> None:
+        log.warning("%s: killing the worker template (pid %s): %s", self.label, self.pid, why)
+        self._set(TemplateState.DEAD, why)
+        if self.proc is not None:
+            self.proc.kill()
+
+    def _read(self) -> None:
+        """The reader thread: applies the template's messages until its socket closes."""
+        reader = FrameReader()
+        chan = self._chan
+        while chan is not None:
+            try:
+                data = chan.recv(1 << 16)
+            except OSError:
+                data = b""
+            if not data:
+                break
+            try:
+                messages = reader.feed(data)
+            except TemplateWireError as error:
+                self._kill(str(error))
+                break
+            for message in messages:
+                self._apply(message)
+        self._died()
+
+    def _apply(self, message: dict) -> None:
+        op = message.get("op")
+        if op == "ready":
+            self.ready_info = message
+            self._set(TemplateState.READY)
+        elif op == "refused":
+            self._set(TemplateState.REFUSED, str(message.get("reason", "no reason given"))[:2000])
+        elif op in ("forked", "error"):
+            with self._cond:
+                if op == "forked" and self._pending:
+                    worker = self._pending.popleft()
+                    worker.pid = int(message["pid"])
+                    self._children[worker.pid] = worker
+                elif self._pending:
+                    self._pending.popleft()
+                self._answers.append(message)
+                self._cond.notify_all()
+        elif op == "exited":
+            with self._cond:
+                worker = self._children.pop(int(message.get("pid", -1)), None)
+            if worker is not None:
+                worker._exited(int(message.get("code", 1)))
+
+    def _died(self) -> None:
+        """The socket closed: the template exited (or was closed). Its forked workers die of
+        their parent-death signal; report each as killed once it is gone."""
+        code = None
+        if self.proc is not None:
+            try:
+                code = self.proc.wait(timeout=1.0)  # its socket closed: it is exiting
+            except subprocess.TimeoutExpired:
+                pass
+        why = f"it exited ({code})" if code is not None else "its socket closed"
+        if self.state is TemplateState.STARTING:  # it never got ready: a new one would not either
+            self._set(TemplateState.REFUSED, f"{why} before it was ready (its stderr is the agent's)")
+        self._set(TemplateState.DEAD, why)
+        with self._cond:
+            orphans, self._children = list(self._children.values()), {}
+            self._cond.notify_all()
+        deadline = time.monotonic() + ORPHAN_WAIT_S
+        for worker in orphans:
+            while time.monotonic() < deadline and _alive(worker.pid):
+                time.sleep(0.02)
+            worker._exited(-signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+class TemplatePool:
+    """One template per local rank for the agent's lifetime (``--prewarm``).
+
+    Args:
+        config: the launch configuration (entrypoint, nproc, ``--prewarm-modules``).
+        environ: the workers' base environment.
+        python: the workers' interpreter.
+        cwd: the workers' working directory (default: the agent's).
+        ready_timeout: how long a start waits for a template still importing.
+    """
+
+    def __init__(self, config: LaunchConfig, environ: Mapping[str, str], python: str, *,
+                 cwd: str | None = None, ready_timeout: float = READY_TIMEOUT_S) -> None:
+        self.config = config
+        self.cwd = cwd or os.getcwd()
+        self._environ = dict(environ)
+        self._python = python
+        self._ready_timeout = ready_timeout
+        self._templates: dict[int, Template | None] = {}
+        self._path0 = worker_path0(config.entrypoint, self.cwd)
+
+    @staticmethod
+    def serves(entrypoint: Entrypoint) -> bool:
+        """Whether workers of this entrypoint can be forked from a template."""
+        return entrypoint.kind in PREWARMED_KINDS
+
+    def start(self) -> None:
+        """Start a template per local rank (from the main thread: see lifeline.py)."""
+        if not self.serves(self.config.entrypoint):
+            return
+        for local_rank in range(self.config.nproc_per_node):
+            self._templates[local_rank] = self._new(local_rank)
+
+    def job(self, env: Mapping[str, str], args: list[str]) -> WorkerJob:
+        """The job of one worker with the attempt's environment and substituted args."""
+        entry = self.config.entrypoint
+        return WorkerJob(entry.kind, entry.target, tuple(args), dict(env), self.cwd, self._path0)
+
+    def fork(self, local_rank: int, job: WorkerJob, stdio: Mapping[str, object], argv: list[str]) -> ForkedWorker | None:
+        """A worker forked from ``local_rank``'s template, or None (after one warning line) when
+        that worker must start the normal way. A dead template is replaced in the background."""
+        template = self._templates.get(local_rank)
+        if template is None:
+            return None
+        state = template.wait_ready(self._ready_timeout)
+        if state is TemplateState.READY:
+            try:
+                return template.fork(job, stdio, argv=argv)
+            except TemplateError as error:
+                state = template.state
+                if state is not TemplateState.DEAD:  # a dead one is reported below, once
+                    log.warning("%s; starting the worker normally.", error)
+                    return None
+        if state is TemplateState.STARTING:
+            log.warning("%s: the worker template is not ready after %.0fs; starting the worker normally.",
+                        template.label, self._ready_timeout)
+            return None
+        if state is TemplateState.REFUSED:
+            log.warning("%s: the worker template was refused: %s; this rank starts normally from now on.",
+                        template.label, template.reason)
+            self._templates[local_rank] = None
+            template.close()
+            return None
+        log.warning("%s: the worker template died (%s); starting the worker normally and a new template "
+                    "in the background.", template.label, template.reason)
+        template.close(timeout=0.5)
+        self._templates[local_rank] = self._new(local_rank)
+        return None
+
+    def templates(self) -> dict[int, Template]:
+        """Local rank → its live template."""
+        return {rank: t for rank, t in self._templates.items() if t is not None}
+
+    def close(self) -> None:
+        """Stop every template."""
+        for local_rank, template in list(self._templates.items()):
+            if template is not None:
+                template.close()
+            self._templates[local_rank] = None
+
+    def _new(self, local_rank: int) -> Template | None:
+        spec = TemplateSpec(self._python, self.config.prewarm_modules,
+                            fixed_worker_env(self._environ, self.config, local_rank), self._path0)
+        label = f"Run {self.config.run_id} local rank {local_rank}"
+        try:
+            return Template(spec, label).start()
+        except TemplateError as error:
+            log.warning("%s; this rank starts normally.", error)
+            return None
+
