@@ -213,6 +213,9 @@ TODAY: dict[tuple[str, str], tuple[str, bool]] = {
         "(cause not found yet); not strict", False),
     ("corrupt-state", TORCHRUN): (
         "flaky, 1 of 3 full runs, in the same run as the hang above; not strict", False),
+    ("leader-pause-8s", TORCHRUN): (
+        "flaky, 1 of 5 full runs: re-formed twice (worlds 2->2->2), a restart charged by torch's agent (its "
+        "worker failed before it saw the membership change, as in agent-sigstop); not strict", False),
     ("agent-sigstop", TORCHRUN): (
         "two re-formations (worlds 2->2->2, 6 of 6 runs) instead of one, a restart charged by torch's agent", True),
 }
