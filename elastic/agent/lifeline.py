@@ -33,7 +33,6 @@ costs an interpreter start. The cost of ours: CPython forks instead of vforking 
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import signal
@@ -46,32 +45,17 @@ from typing import Callable, Iterable
 
 from elastic.agent import pidfile
 from elastic.agent.errors import LifelineError
+from elastic.agent.pdeathsig import load_prctl
 from elastic.agent.pidfile import LiveWorkers, ProcessId
 
 log = logging.getLogger(__name__)
 
 __all__ = ["PDEATHSIG_AVAILABLE", "Lifeline", "parent_death_preexec", "state_dir"]
 
-_PR_SET_PDEATHSIG = 1
 _WATCHDOG_EXIT_S = 5.0
 
 
-def _load_prctl() -> Callable[[], int] | None:
-    """``prctl(PR_SET_PDEATHSIG, SIGKILL)`` as a ready ctypes call, or None off Linux."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    prctl.restype = ctypes.c_int
-    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
-    args = (ctypes.c_int(_PR_SET_PDEATHSIG), ctypes.c_ulong(signal.SIGKILL),
-            ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0))  # fmt: skip
-    return lambda: prctl(*args)
-
-
-_set_pdeathsig = _load_prctl()
+_set_pdeathsig = load_prctl()
 PDEATHSIG_AVAILABLE = _set_pdeathsig is not None
 """Whether this platform has the parent-death signal (Linux)."""
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import atexit
 import builtins
-import ctypes
 import gc
 import os
 import runpy
@@ -32,6 +31,7 @@ from dataclasses import dataclass
 from importlib.machinery import SourceFileLoader
 from typing import Any, Callable, NoReturn
 
+from elastic.agent.pdeathsig import load_prctl
 from elastic.agent.template_check import judge_template, probe_template
 from elastic.agent.template_wire import FrameReader, TemplateWireError, encode
 
@@ -45,7 +45,6 @@ RUN_PATH_BOOTSTRAP = (
 )
 _RECV_BYTES = 1 << 16
 _MAX_FDS = 4
-_PR_SET_PDEATHSIG = 1
 _WAIT_POLL_S = 0.1  # without pidfd_open: how often to look for exited children
 
 
@@ -63,23 +62,7 @@ class Job:
     stderr_fd: int
 
 
-def _load_prctl() -> Callable[[], int] | None:
-    """``prctl(PR_SET_PDEATHSIG, SIGKILL)``, resolved now so the child makes no ``dlsym``
-    (as :mod:`elastic.agent.lifeline`, which this process does not import: it pulls psutil)."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    prctl.restype = ctypes.c_int
-    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
-    args = (ctypes.c_int(_PR_SET_PDEATHSIG), ctypes.c_ulong(signal.SIGKILL),
-            ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0))  # fmt: skip
-    return lambda: prctl(*args)
-
-
-_set_pdeathsig = _load_prctl()
+_set_pdeathsig = load_prctl()
 
 
 def _send(chan: socket.socket, message: dict[str, Any]) -> None:
