@@ -71,9 +71,10 @@ def last_call_deadline(
 
 def decide_close(
     joined: int, min_nodes: int, max_nodes: int, deadline: float | None, now: float,
-    full_since: float | None = None, fill_grace: float = 0.0,
+    full_since: float | None = None, fill_grace: float = 0.0, everyone_back: bool = False,
 ) -> CloseDecision:
-    """Close at ``max_nodes``, or at ``min_nodes`` once the last-call window has passed.
+    """Close at ``max_nodes``, or at ``min_nodes`` once the last-call window has passed or
+    ``everyone_back`` (:func:`everyone_back`: a re-formed round has all it can have).
 
     At ``max_nodes`` the closer leaves the close to the join that filled the round (see
     :func:`join_fills_round`) for ``fill_grace`` seconds after it saw the round full
@@ -85,6 +86,8 @@ def decide_close(
             return CloseDecision(CloseAction.WAIT, wait_until=full_since + fill_grace,
                                  reason="the join that filled the round closes it")
         return CloseDecision(CloseAction.CLOSE, reason=f"{joined} nodes joined, the maximum")
+    if joined >= min_nodes and everyone_back:
+        return CloseDecision(CloseAction.CLOSE, reason=f"{joined} nodes joined: every live member of the last round is back")
     if joined >= min_nodes and deadline is not None:
         if now >= deadline:
             return CloseDecision(CloseAction.CLOSE, reason=f"{joined} nodes joined and the last call passed")
@@ -131,18 +134,40 @@ def holds_for_members(
     """Whether the forming round must not close yet, to keep a full world's live members in it.
 
     ``joined``: the nodes that joined the forming round; ``alive``: the previous round's members
-    whose join keys of that round still exist (their leases live). When the previous round was
-    full and every one of its members is alive, a node beyond the maximum is a *spare*: closing
-    a round with it before all members are back would replace a healthy member, and each such
-    round made the members restart to let the spare in, for ever (43 rounds in 25 s, 0 steps,
-    with 3 nodes at ``--nnodes 1:2``). The round closes once every member has rejoined (the
-    spares then stay out by rank order) or one is lost (a spare takes its place).
+    whose join keys of that round still exist (their leases live, they have not rejoined). When
+    the previous round was full, every one of its members is back or alive and a node outside it
+    has joined, that node is a *spare*: closing a round with it before all members are back
+    would replace a healthy member, and each such round made the members restart to let the
+    spare in, for ever (43 rounds in 25 s, 0 steps, with 3 nodes at ``--nnodes 1:2``). The round
+    closes once every member has rejoined (the spares then stay out by rank order) or one is
+    lost (a spare takes its place). Without a spare nothing is held: a member that is not back
+    by the end of the last call (a lost node whose lease has not run out yet) is left out, and
+    rejoins as a newcomer if it was only slow.
     """
     if previous is None or previous.group_world_size < max_nodes:
         return False
     members = {member.node_id for member in previous.members}
+    joined = set(joined)
+    back = members & joined
+    return bool(joined - members) and back != members and members <= (back | set(alive))
+
+
+def everyone_back(previous: RoundRecord | None, joined: Iterable[str], alive: Iterable[str]) -> bool:
+    """Whether a re-formed round has every member of the previous round that can come back.
+
+    True when at least one member rejoined and each of the others is gone (its key of the
+    previous round is gone: its lease expired, it left or was excluded). Such a round closes
+    at once instead of waiting the last call: the nodes it would wait for are the ones it
+    knows, and they are all here; a newcomer that arrives later grows the world as usual. So
+    a worker failure re-forms in the time the members take to rejoin, and a node whose lease
+    expired is dropped as soon as the survivors are back. The first round (no previous) always
+    has its last call.
+    """
+    if previous is None:
+        return False
+    members = {member.node_id for member in previous.members}
     back = members & set(joined)
-    return back != members and members <= (back | set(alive))
+    return bool(back) and not (members - back) & set(alive)
 
 
 def is_spare(previous: RoundRecord | None, node_id: str, max_nodes: int) -> bool:

@@ -66,6 +66,7 @@ from elastic.rendezvous.decisions import (
     failure_culprit,
     barrier_outcome,
     decide_close,
+    everyone_back,
     holds_for_members,
     is_spare,
     join_fills_round,
@@ -75,6 +76,7 @@ from elastic.rendezvous.errors import (
     RendezvousClosedError,
     RendezvousConnectionError,
     RendezvousError,
+    RendezvousStateError,
     RendezvousTimeoutError,
 )
 from elastic.rendezvous.attempt import ClosedRound, JoinAttempt
@@ -279,6 +281,16 @@ class RendezvousHandler:
     def is_closed(self) -> bool:
         """Whether the rendezvous was closed for good. Raises RendezvousConnectionError."""
         return self._backend_call(lambda: self._read_state().closed, retry=True)
+
+    def job_running(self) -> bool:
+        """Whether a round of this run has closed and the rendezvous is still open: a node that
+        joins now interrupts running workers. One read; False when the store does not answer
+        or its state is corrupt (the join that follows reports either)."""
+        try:
+            state = self._read_state()
+        except (BackendError, RendezvousStateError):
+            return False
+        return state.round is not None and not state.closed
 
     def set_closed(self, reason: str = RendezvousClosedError.JOB_FINISHED) -> None:
         """Close the rendezvous for every node (job finished or failed for good). Idempotent."""
@@ -639,7 +651,8 @@ class RendezvousHandler:
                     elif full_since is None:
                         full_since = now
                     decision = decide_close(len(joined), self.settings.min_nodes, self.settings.max_nodes, last_call,
-                                            now, full_since, self.settings.lease_ttl)
+                                            now, full_since, self.settings.lease_ttl,
+                                            everyone_back(state.round, joined, alive))
                 if decision.action is CloseAction.CLOSE:
                     closed = self._try_close(forming, state)
                     if closed is not None:
@@ -665,9 +678,10 @@ class RendezvousHandler:
                     raise _JoinKeyLost("our key vanished (the lease expired)")
 
     def _read_alive(self, previous: RoundRecord | None) -> set[str]:
-        """The previous round's nodes whose join keys still exist; only read when that round was
-        full (the spare rule, :func:`holds_for_members`), else empty."""
-        if previous is None or previous.group_world_size < self.settings.max_nodes:
+        """The previous round's nodes whose join keys of that round still exist (alive and not
+        rejoined yet): for the spare rule (:func:`holds_for_members`) and the early close
+        (:func:`everyone_back`)."""
+        if previous is None:
             return set()
         read = self._backend.get_prefix(self.keys.nodes_prefix(previous.round))
         return {kv.key[len(self.keys.nodes_prefix(previous.round)):] for kv in read.kvs}

@@ -11,6 +11,7 @@ from elastic.rendezvous.decisions import (
     MonitorState,
     RoundView,
     agreed_restart_count,
+    everyone_back,
     holds_for_members,
     is_spare,
     spare_count,
@@ -222,9 +223,38 @@ FULL_AB = RoundRecord(7, members("a", "b"))  # max_nodes 2 below: full
     (FULL_AB, {"a", "b", "c"}, set(), False, "every member is back: close; c stays out by rank order"),
     (FULL_AB, {"c"}, {"a"}, False, "b was lost: c takes its place"),
     (FULL_AB, {"a", "c"}, set(), False, "b was lost and a is back: close with a and c"),
+    (FULL_AB, {"a"}, {"b"}, False, "no spare: nothing to keep b from; the last call decides"),
+    (FULL_AB, {"a", "b"}, set(), False, "every member back, no spare"),
 ])
 def test_a_spare_never_takes_the_place_of_a_live_member(previous, joined, alive, hold, why):
     assert holds_for_members(previous, joined, alive, max_nodes=2) is hold, why
+
+
+@pytest.mark.parametrize("previous, joined, alive, back, why", [
+    (None, {"a", "b"}, set(), False, "the first round always has its last call"),
+    (FULL_AB, {"a", "b"}, set(), True, "both rejoined after a worker failure: close at once"),
+    (FULL_AB, {"a", "b", "c"}, set(), True, "a newcomer that is already here comes along"),
+    (FULL_AB, {"a"}, {"b"}, False, "b's lease lives: it may still come (or its lease runs out)"),
+    (FULL_AB, {"a"}, set(), True, "b's lease expired: a need not wait for anyone"),
+    (FULL_AB, {"a", "c"}, set(), True, "b is gone, a is back, c joined"),
+    (FULL_AB, {"c"}, set(), False, "no member came back: a new world gathers in the last call"),
+    (FULL_AB, set(), set(), False, "nobody joined"),
+    (RoundRecord(7, members("a")), {"a"}, set(), True, "a round with room re-forms the same way"),
+])
+def test_a_re_formed_round_knows_when_everyone_who_can_come_is_back(previous, joined, alive, back, why):
+    assert everyone_back(previous, joined, alive) is back, why
+
+
+@pytest.mark.parametrize("joined, everyone, action, wait_until", [
+    (2, True, CloseAction.CLOSE, None),  # min reached and everyone back: no last call
+    (1, True, CloseAction.WAIT, None),  # below min nothing closes
+    (2, False, CloseAction.WAIT, 30.0),  # someone may come: the last call
+    (4, True, CloseAction.WAIT, 15.0),  # at the maximum the join that filled it closes it
+])
+def test_a_round_with_everyone_back_closes_without_the_last_call(joined, everyone, action, wait_until):
+    decision = decide_close(joined, 2, 4, 30.0 if joined >= 2 else None, 10.0,
+                            full_since=10.0 if joined >= 4 else None, fill_grace=5.0, everyone_back=everyone)
+    assert (decision.action, decision.wait_until) == (action, wait_until)
 
 
 @pytest.mark.parametrize("previous, node, spare", [

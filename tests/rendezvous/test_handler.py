@@ -106,6 +106,41 @@ def test_at_max_nodes_the_round_closes_at_once(make_node):
     assert time.monotonic() - started < 5.0
 
 
+def test_a_re_formed_round_closes_without_the_last_call_once_every_member_is_back(make_node):
+    # A worker failure re-forms a round below the maximum: both members rejoin, and the round
+    # closes at once instead of waiting the last call for nodes nobody knows of.
+    handlers = [make_node(2, 3, last_call_timeout=3.0) for _ in range(2)]
+    started = time.monotonic()
+    first = rendezvous_all(handlers)
+    assert time.monotonic() - started >= 3.0  # the first round has its last call
+    started = time.monotonic()
+    second = rendezvous_all(handlers)
+    assert [info.round for info in second] == [first[0].round + 1] * 2
+    assert time.monotonic() - started < 2.0
+
+
+def test_the_survivors_close_at_once_when_a_lost_members_key_is_gone(make_node):
+    handlers = [make_node(2, 3, last_call_timeout=5.0) for _ in range(3)]
+    rendezvous_all(handlers)  # full: closes at once
+    handlers[2].shutdown()  # leaves: its keys go now (as when its lease expires)
+    started = time.monotonic()
+    infos = rendezvous_all(handlers[:2])
+    assert [info.group_world_size for info in infos] == [2, 2]
+    assert time.monotonic() - started < 3.0
+
+
+def test_without_a_spare_the_survivors_do_not_wait_for_a_live_lost_member_beyond_the_last_call(make_node):
+    # A killed node's lease lives on for up to a TTL; with nobody to replace it, the survivors
+    # close when the last call passes, not when its lease runs out.
+    handlers = [make_node(2, 3, last_call_timeout=1.0, lease_ttl=30.0) for _ in range(3)]
+    rendezvous_all(handlers)
+    started = time.monotonic()
+    infos = rendezvous_all(handlers[:2])  # the third never rejoins, its lease lives 30 s
+    elapsed = time.monotonic() - started
+    assert [info.group_world_size for info in infos] == [2, 2]
+    assert 1.0 <= elapsed < 5.0
+
+
 class _JoinsUnseen:
     """A watch that never delivers join keys (``.../rounds/...``): a closer whose watch lags."""
 
@@ -260,7 +295,12 @@ def test_waiting_nodes_join_the_next_round_with_stable_ranks(make_node):
     members = [make_node(2, 4, last_call_timeout=0.5, node_id=f"m{index}") for index in range(2)]
     first = {handler.node_id: info.group_rank for handler, info in zip(members, rendezvous_all(members))}
     late = make_node(2, 4, last_call_timeout=0.5, node_id="a-late-node")
-    infos = rendezvous_all(members + [late])
+    with ThreadPoolExecutor(1) as pool:  # it joins first, the members restart when they see it
+        pending = pool.submit(late.next_rendezvous)
+        deadline = time.monotonic() + 10
+        while members[0].num_nodes_waiting() < 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        infos = rendezvous_all(members) + [pending.result(timeout=60)]
     ranks = {handler.node_id: info.group_rank for handler, info in zip(members + [late], infos)}
     assert {info.round for info in infos} == {1}
     assert ranks["a-late-node"] == 2
