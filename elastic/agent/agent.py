@@ -36,6 +36,10 @@ from elastic.rendezvous.handler import RendezvousInfo
 
 log = logging.getLogger(__name__)
 
+# How long a node joining a running job waits for its worker templates (they import torch);
+# past it, it joins and its workers start normally.
+TEMPLATE_WARM_TIMEOUT_S = 120.0
+
 
 class SignalReceived(Exception):
     """Raised in the agent's main thread when a handled signal arrives."""
@@ -148,6 +152,7 @@ class ElasticAgent:
                 self._store_host.close()
 
     def _run(self) -> AgentResult:
+        self._warm_before_joining_a_running_job()
         while True:
             info = self._rendezvous()
             self._settle_failure(info)
@@ -159,6 +164,24 @@ class ElasticAgent:
             result = self._act(action, state)
             if result is not None:
                 return result
+
+    def _warm_before_joining_a_running_job(self) -> None:
+        """With ``--prewarm``, a node that joins a running job waits for its templates first.
+
+        Its join stops the running workers; joining while the templates still import torch
+        would leave the whole job idle for that import (the others' workers fork in
+        milliseconds, this node's cannot start before its import ends). Waiting first keeps
+        the job training meanwhile. A first start does not wait: every node imports at once,
+        overlapped with the rendezvous.
+        """
+        running = getattr(self.handler, "job_running", None)
+        if self._templates is None or running is None or not running():
+            return
+        started = self._clock()
+        ready = self._templates.wait_ready(TEMPLATE_WARM_TIMEOUT_S)
+        log.info("Run %s node %s: joins the running job after its worker templates %s (%.1fs)",
+                 self.handler.get_run_id(), self.host, "are ready" if ready else "are not all ready (those ranks start normally)",
+                 self._clock() - started)
 
     def _rendezvous(self) -> RendezvousInfo:
         started = self._clock()

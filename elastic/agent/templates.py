@@ -444,6 +444,14 @@ class TemplatePool:
         for local_rank in range(self.config.nproc_per_node):
             self._templates[local_rank] = self._new(local_rank)
 
+    def wait_ready(self, timeout: float) -> bool:
+        """Wait until no template is still importing, at most ``timeout`` seconds in all;
+        whether every one is ready (refused or dead ones are reported at their first fork)."""
+        deadline = time.monotonic() + timeout
+        states = [template.wait_ready(max(deadline - time.monotonic(), 0.0))
+                  for template in self._templates.values() if template is not None]
+        return all(state is TemplateState.READY for state in states)
+
     def job(self, env: Mapping[str, str], args: list[str]) -> WorkerJob:
         """The job of one worker with the attempt's environment and substituted args."""
         entry = self.config.entrypoint

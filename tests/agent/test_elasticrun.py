@@ -419,6 +419,29 @@ def test_a_third_agent_joining_grows_the_world_to_three(procs, reports, etcd_ser
     assert {r["rank"] for r in reports.events("started", world_size=3)} == {0, 1, 2}
 
 
+def test_a_prewarmed_node_joins_a_running_job_only_once_its_templates_are_ready(procs, reports, etcd_server,
+                                                                                 tmp_path):
+    # Its join stops the running workers; joining while its templates still import would leave
+    # the job idle for that import. A module that takes 4 s to import stands for torch.
+    (tmp_path / "slow_import.py").write_text("import time\ntime.sleep(4)\n")
+    stop_file = tmp_path / "stop"
+    flags = ["--nnodes=2:3", "--nproc-per-node=1", "--max-restarts=0", *etcd_flags(etcd_server)]
+    agents = [procs.elasticrun(*flags, *loop_args(reports, stop_file)) for _ in range(2)]
+    reports.wait_for("a world of 2", allreduces_at(2), agents)
+
+    started = time.time()
+    env = clean_env(TMPDIR=str(tmp_path), PYTHONPATH=str(tmp_path))
+    agents.append(procs.elasticrun("--prewarm", "--prewarm-modules=slow_import", *flags,
+                                   *loop_args(reports, stop_file), env=env))
+    records = reports.wait_for("a world of 3", allreduces_at(3, after=started), agents)
+    still_two = [r["time"] for r in records if r["event"] == "allreduce" and r["world_size"] == 2]
+    assert max(still_two) > started + 3.5, "the job stopped before the new node's templates were ready"
+    stop_file.touch()
+    codes = [agent.wait() for agent in agents]
+    assert codes == [0, 0, 0], [agent.stderr[-3000:] for agent in agents]
+    assert "joins the running job after its worker templates are ready" in agents[2].stderr
+
+
 # -- 7, 8: signals and observability -----------------------------------------------------------
 
 
