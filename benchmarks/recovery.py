@@ -16,6 +16,10 @@ all-reduces (``tests/agent/workers/allreduce.py``) and notes each one's wall tim
                 this is the restart itself (stop, rendezvous, start, gloo bootstrap)
   scale_up      2 nodes running; a third agent is started
                 → first all-reduce at world size 3 (includes the third launcher's own start)
+  scale_up_pause  the same run, measured as the running job sees it: its last all-reduce at
+                world size 2 → first all-reduce at world size 3. The third node's start is
+                not in it: the job keeps training until that node joins. With ``--prewarm`` a
+                node joining a running job joins once its templates are ready.
 
 Launchers, all with the same liveness budget (a silent node is dead after 2 s) and a 1 s last
 call, in one run:
@@ -59,7 +63,7 @@ import psutil
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(REPO, "tests", "agent", "workers", "allreduce.py")
-CASES = ("node_loss", "node_freeze", "worker_crash", "worker_crash_fixed", "scale_up")
+CASES = ("node_loss", "node_freeze", "worker_crash", "worker_crash_fixed", "scale_up", "scale_up_pause")
 LAUNCHERS = ("elasticrun/etcd", "elasticrun/etcd+prewarm", "elasticrun/c10d", "torchrun/c10d")
 PREWARM = "+prewarm"
 OPTIONAL = ("elasticrun/c10d+prewarm",)
@@ -258,13 +262,16 @@ def worker_crash(job: Job) -> float:
     return min(job.wait_for("restarted group", restarted)) - crash["time"]
 
 
-def scale_up(job: Job) -> float:
+def scale_up(job: Job, pause: bool = False) -> float:
     for _ in range(2):
         job.start_agent()
     job.wait_for("world of 2", full_world(2))
     joined_at = job.start_agent()
     job.wait_for("world of 3", full_world(3, after=joined_at))
-    return min(allreduce_times(job.records(), 3, joined_at)) - joined_at
+    first = min(allreduce_times(job.records(), 3, joined_at))
+    if pause:
+        return first - max(t for t in allreduce_times(job.records(), 2, 0.0) if t < first)
+    return first - joined_at
 
 
 def measure(case: str, launcher: str, etcd_endpoint: str, workdir: str) -> float:
@@ -277,7 +284,8 @@ def measure(case: str, launcher: str, etcd_endpoint: str, workdir: str) -> float
         job = Job(launcher, etcd_endpoint, workdir)
     try:
         cases = {"node_loss": node_loss, "node_freeze": node_freeze, "worker_crash": worker_crash,
-                 "worker_crash_fixed": worker_crash, "scale_up": scale_up}
+                 "worker_crash_fixed": worker_crash, "scale_up": scale_up,
+                 "scale_up_pause": lambda job: scale_up(job, pause=True)}
         return cases[case](job)
     finally:
         job.stop()
