@@ -339,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     failures = 0
     with ExitStack() as cleanup:
         endpoint = args.etcd_endpoint or ""
-        if not endpoint and "elasticrun/etcd" in args.launchers:
+        if not endpoint and any(name.removesuffix(PREWARM) == "elasticrun/etcd" for name in args.launchers):
             sys.path.insert(0, REPO)
             from elastic.testing.etcd_server import EtcdServerOptions, start_etcd_server
 
