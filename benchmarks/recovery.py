@@ -10,8 +10,8 @@ all-reduces (``tests/agent/workers/allreduce.py``) and notes each one's wall tim
   node_freeze   3 nodes running; SIGSTOP one whole node (its lease expires; the survivors'
                 collective hangs until their agents restart them) → first all-reduce of the 2
   worker_crash  2 nodes; one worker exits 1 on its first attempt (``--max-restarts 1``)
-                → first all-reduce of the restarted group. With ``--nnodes 2:3`` every
-                re-formed round below 3 nodes waits the 1 s last call for more nodes.
+                → first all-reduce of the restarted group (the re-formed round closes
+                when both members are back, without the last call)
   worker_crash_fixed  the same with ``--nnodes 2``: the round closes when both rejoin, so
                 this is the restart itself (stop, rendezvous, start, gloo bootstrap)
   scale_up      2 nodes running; a third agent is started
