@@ -60,6 +60,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import psutil
+from elastic.testing.ports import free_port
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(REPO, "tests", "agent", "workers", "allreduce.py")
@@ -73,12 +74,6 @@ TORCHRUN_SHARED = "torchrun/c10d-shared-store"
 LIVENESS_S = 2
 LAST_CALL_S = 1
 WAIT_S = 30.0  # per step; --timeout
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def wait_for_port(port: int, deadline: float) -> None:

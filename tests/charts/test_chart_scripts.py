@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from chartlib import CHART, REPO
+from elastic.testing.ports import free_port
 
 FILES = CHART / "files"
 WRAPPER = FILES / "run-elasticrun.sh"
@@ -127,12 +127,6 @@ def test_wrapper_forwards_sigterm_to_elasticrun_and_exits_with_its_status(tmp_pa
 def run_script(name: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, str(FILES / name), *args], capture_output=True, text=True,
                           timeout=timeout, cwd=REPO)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def start_etcd(**options):

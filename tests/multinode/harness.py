@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -31,6 +30,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 import psutil
+from elastic.testing.ports import free_port
 
 HERE = Path(__file__).parent
 PROBE = HERE / "workers" / "probe.py"
@@ -61,12 +61,6 @@ reached is compared."""
 REFERENCE_RUN_TIMEOUT = 40.0
 """How long a whole run of torchrun c10d may take (its crash run sometimes hangs in its store
 waits; it takes 6-25 s when it completes here, under load)."""
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def clean_env(**extra: str) -> dict[str, str]:

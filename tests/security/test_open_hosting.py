@@ -12,12 +12,7 @@ import pytest
 from elastic.rendezvous.errors import RendezvousConfigError
 from elastic.rendezvous.registry import open_backend
 from hostile import REPO, StoreProcess
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from elastic.testing.ports import free_port
 
 
 def listening(port: int) -> bool:
