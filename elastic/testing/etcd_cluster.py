@@ -43,9 +43,9 @@ from elastic.testing.etcd_server import (
     NO_BINARY_HINT,
     EtcdServerError,
     _fast_tmpdir,
-    _free_port,
     find_etcd_binary,
 )
+from elastic.testing.ports import free_port
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +91,7 @@ class EtcdCluster:
         self.workdir = Path(tempfile.mkdtemp(prefix="etcd-elastic-cluster-", dir=_fast_tmpdir()))
         self.token = f"etcd-elastic-chaos-{self.workdir.name}"
         self.members = tuple(
-            MemberSpec(f"m{index}", _free_port(), _free_port(), self.workdir / f"m{index}",
+            MemberSpec(f"m{index}", free_port(), free_port(), self.workdir / f"m{index}",
                        self.workdir / f"m{index}.log")
             for index in range(size)
         )

