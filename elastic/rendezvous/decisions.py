@@ -128,6 +128,11 @@ def assign_ranks(
 
 
 # -- spares --------------------------------------------------------------------------------
+def round_is_full(previous: RoundRecord | None, max_nodes: int) -> bool:
+    """Whether the previous round had ``max_nodes`` members: only then can a node be a spare."""
+    return previous is not None and previous.group_world_size >= max_nodes
+
+
 def holds_for_members(
     previous: RoundRecord | None, joined: Iterable[str], alive: Iterable[str], max_nodes: int
 ) -> bool:
@@ -144,7 +149,7 @@ def holds_for_members(
     by the end of the last call (a lost node whose lease has not run out yet) is left out, and
     rejoins as a newcomer if it was only slow.
     """
-    if previous is None or previous.group_world_size < max_nodes:
+    if previous is None or not round_is_full(previous, max_nodes):
         return False
     members = {member.node_id for member in previous.members}
     joined = set(joined)
@@ -175,7 +180,7 @@ def is_spare(previous: RoundRecord | None, node_id: str, max_nodes: int) -> bool
 
     A spare waits without a join timeout: it has nothing to time out on until a member is lost.
     """
-    return previous is not None and previous.group_world_size >= max_nodes and previous.rank_of(node_id) is None
+    return previous is not None and round_is_full(previous, max_nodes) and previous.rank_of(node_id) is None
 
 
 # -- the restart count ---------------------------------------------------------------------

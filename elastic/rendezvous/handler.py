@@ -70,6 +70,7 @@ from elastic.rendezvous.decisions import (
     holds_for_members,
     is_spare,
     join_fills_round,
+    round_is_full,
     last_call_deadline,
 )
 from elastic.rendezvous.errors import (
@@ -708,8 +709,8 @@ class RendezvousHandler:
         members, spares = assign_ranks(state.round, joiners, self.settings.max_nodes)
         if len(members) < self.settings.min_nodes:
             return None
-        if holds_for_members(state.round, (j.node_id for j in joiners), self._read_alive(state.round),
-                             self.settings.max_nodes):
+        if round_is_full(state.round, self.settings.max_nodes) and holds_for_members(  # the read only then
+                state.round, (j.node_id for j in joiners), self._read_alive(state.round), self.settings.max_nodes):
             return None  # a spare must not take a live member's place; the closer waits for a change
         member_ids = {member.node_id for member in members}
         included = [j for j in joiners if j.node_id in member_ids]

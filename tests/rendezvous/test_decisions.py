@@ -13,6 +13,7 @@ from elastic.rendezvous.decisions import (
     agreed_restart_count,
     everyone_back,
     holds_for_members,
+    round_is_full,
     is_spare,
     spare_count,
     assign_ranks,
@@ -255,6 +256,16 @@ def test_a_round_with_everyone_back_closes_without_the_last_call(joined, everyon
     decision = decide_close(joined, 2, 4, 30.0 if joined >= 2 else None, 10.0,
                             full_since=10.0 if joined >= 4 else None, fill_grace=5.0, everyone_back=everyone)
     assert (decision.action, decision.wait_until) == (action, wait_until)
+
+
+@pytest.mark.parametrize("previous, full", [
+    (None, False),
+    (RoundRecord(7, members("a")), False),
+    (FULL_AB, True),
+    (RoundRecord(7, members("a", "b", "c")), True),
+])
+def test_a_round_is_full_at_the_maximum(previous, full):
+    assert round_is_full(previous, max_nodes=2) is full
 
 
 @pytest.mark.parametrize("previous, node, spare", [
