@@ -9,7 +9,7 @@ the forward on the server (``rpc.RemoteModule``), the loss locally, the backward
 (``rpc.train_step``), and steps the server's parameters with a ``DistributedOptimizer`` —
 asynchronously, each trainer on its own data shard, as in PyTorch's parameter-server tutorial.
 Each step's gradients live in its own distributed autograd context, so concurrent trainers do
-not mix theirs, and each forward works on a snapshot of the parameters (``SnapshotForward``),
+not mix theirs, and each forward works on copies of the parameters (``HogwildRegressor``),
 so one trainer's step cannot invalidate another's backward.
 
 Trainer 1 checkpoints the model every ``--checkpoint-every`` steps (the server writes its own
@@ -41,27 +41,31 @@ _model_step = 0
 _model_lock = threading.Lock()
 
 
-class SnapshotForward(nn.Module):
-    """Runs ``model`` on a differentiable copy of its parameters.
+class HogwildRegressor(nn.Module):
+    """A two-layer regressor whose forward computes on copies of its parameters.
 
     Trainers step the shared parameters in place while other trainers' backward passes are
     still to run; a backward that saved the parameters themselves would then fail ("modified by
-    an inplace operation"). Saving a copy instead lets each step see the parameters as they were
-    at its forward (Hogwild), while the gradients still flow to the parameters.
+    an inplace operation"). Each forward saves differentiable copies instead (``clone``), so it
+    sees the parameters as they were at its start (Hogwild) while the gradients still reach
+    them. The forward reads the parameters and never swaps them (``torch.func.functional_call``
+    would): trainers run forwards on the server concurrently, and a swap seen by another
+    trainer's ``parameter_rrefs()`` or checkpoint hands it a copy instead of the parameter.
     """
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self) -> None:
         super().__init__()
-        self.model = model
+        self.hidden = nn.Linear(16, 32)
+        self.out = nn.Linear(32, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        snapshot = {name: parameter.clone() for name, parameter in self.model.named_parameters()}
-        return torch.func.functional_call(self.model, snapshot, (x,))
+        hidden = torch.tanh(nn.functional.linear(x, self.hidden.weight.clone(), self.hidden.bias.clone()))
+        return nn.functional.linear(hidden, self.out.weight.clone(), self.out.bias.clone())
 
 
 def make_model() -> nn.Module:
     torch.manual_seed(0)
-    return SnapshotForward(nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 1)))
+    return HogwildRegressor()
 
 
 def model_and_step(checkpoint_dir: str) -> tuple[RRef, int]:
