@@ -33,7 +33,7 @@ from typing import Any, Callable, NoReturn
 
 from elastic.agent.pdeathsig import load_prctl
 from elastic.agent.template_check import judge_template, probe_template
-from elastic.agent.template_wire import FrameReader, TemplateWireError, encode
+from elastic.agent.template_wire import FrameReader, TemplateWireError, WorkerJob, encode, read_fork_request
 
 __all__ = ["BOOT", "Job", "main", "run_job"]
 
@@ -50,14 +50,9 @@ _WAIT_POLL_S = 0.1  # without pidfd_open: how often to look for exited children
 
 @dataclass(frozen=True)
 class Job:
-    """One worker to become: what the agent's ``fork`` request said, and the received stdio fds."""
+    """One worker to become: the ``fork`` request's job and the worker's received stdio fds."""
 
-    kind: str
-    target: str
-    args: tuple[str, ...]
-    env: dict[str, str]
-    cwd: str
-    path0: str
+    worker: WorkerJob
     stdout_fd: int
     stderr_fd: int
 
@@ -93,19 +88,11 @@ def _job(message: dict[str, Any], fds: list[int]) -> Job:
     """The job of a ``fork`` request.
 
     Raises:
-        TemplateWireError: a field is missing or of the wrong type.
+        TemplateWireError: a field is missing or of the wrong type, or the fds are missing.
     """
-    try:
-        job = Job(kind=str(message["kind"]), target=str(message["target"]),
-                  args=tuple(str(a) for a in message["args"]),
-                  env={str(k): str(v) for k, v in dict(message["env"]).items()},
-                  cwd=str(message["cwd"]), path0=str(message["path0"]),
-                  stdout_fd=fds[0], stderr_fd=fds[1])
-    except (KeyError, TypeError, ValueError, IndexError) as error:
-        raise TemplateWireError(f"A fork request is malformed: {error!r}") from error
-    if job.kind not in ("script", "module", "run_path"):
-        raise TemplateWireError(f"A fork request names the entrypoint kind {job.kind!r}.")
-    return job
+    if len(fds) < 2:
+        raise TemplateWireError(f"A fork request carries {len(fds)} descriptors; stdout and stderr need 2.")
+    return Job(read_fork_request(message), stdout_fd=fds[0], stderr_fd=fds[1])
 
 
 def serve(chan: socket.socket) -> Job | None:
@@ -218,9 +205,9 @@ def _reset_process(job: Job) -> None:
     os.dup2(job.stderr_fd, 2)
     for fd in {devnull, job.stdout_fd, job.stderr_fd} - {0, 1, 2}:
         os.close(fd)
-    os.chdir(job.cwd)
+    os.chdir(job.worker.cwd)
     os.environ.clear()
-    os.environ.update(job.env)
+    os.environ.update(job.worker.env)
     signal.pthread_sigmask(signal.SIG_SETMASK, ())
     for signum in signal.valid_signals():
         if signum in (signal.SIGKILL, signal.SIGSTOP):
@@ -246,7 +233,7 @@ def _fresh_main() -> dict[str, Any]:
     return namespace
 
 
-def _exec(job: Job) -> None:
+def _exec(job: WorkerJob) -> None:
     """Run the job's code as ``python -u`` runs a script, ``-m`` a module, ``-c`` the run-path
     bootstrap; returns when it finishes (exceptions propagate)."""
     sys.path[0] = job.path0
@@ -296,7 +283,7 @@ def run_job(job: Job) -> NoReturn:
     _reset_process(job)
     atexit.register(_exit_by_sigint)
     try:
-        _exec(job)
+        _exec(job.worker)
     except SystemExit:
         raise
     except BaseException as error:  # noqa: BLE001 - printed as the interpreter would

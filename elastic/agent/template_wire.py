@@ -3,17 +3,23 @@
 A frame is a 4-byte big-endian length and that many bytes of UTF-8 JSON holding one object.
 :func:`encode` builds a frame; :class:`FrameReader` cuts a byte stream back into objects and
 refuses a frame longer than its bound before buffering it, so a peer cannot make the reader
-hold more than one bounded frame. Pure and stdlib-only: the template imports this before the
-user's modules, and the tests feed it bytes.
+hold more than one bounded frame. :class:`WorkerJob` is what a ``fork`` request carries;
+:func:`fork_request` writes it and :func:`read_fork_request` reads it back, checked. Pure and
+stdlib-only: the template imports this before the user's modules, and the tests feed it bytes.
 """
 
 from __future__ import annotations
 
 import json
 import struct
+from dataclasses import dataclass
 from typing import Any, Mapping
 
-__all__ = ["MAX_FRAME_BYTES", "FrameReader", "TemplateWireError", "encode"]
+__all__ = ["ENTRYPOINT_KINDS", "MAX_FRAME_BYTES", "FrameReader", "TemplateWireError", "WorkerJob", "encode",
+           "fork_request", "read_fork_request"]
+
+# Entrypoints a template can run; ``command`` (``--no-python``) starts as always.
+ENTRYPOINT_KINDS = ("script", "module", "run_path")
 
 # A worker's environment, argv and paths: a few kilobytes to tens of kilobytes in practice.
 MAX_FRAME_BYTES = 1 << 20
@@ -77,3 +83,40 @@ class FrameReader:
     def pending(self) -> int:
         """Bytes received but not yet part of a complete frame."""
         return len(self._buffer)
+
+
+@dataclass(frozen=True)
+class WorkerJob:
+    """What a forked worker becomes: the entrypoint (``${local_rank}`` already substituted),
+    its full environment, working directory and ``sys.path[0]``."""
+
+    kind: str
+    target: str
+    args: tuple[str, ...]
+    env: Mapping[str, str]
+    cwd: str
+    path0: str
+
+
+def fork_request(job: WorkerJob, fds: int) -> dict[str, Any]:
+    """The ``fork`` message for ``job``, whose stdout and stderr ride along as ``fds`` descriptors."""
+    return {"op": "fork", "kind": job.kind, "target": job.target, "args": list(job.args), "env": dict(job.env),
+            "cwd": job.cwd, "path0": job.path0, "fds": fds}
+
+
+def read_fork_request(message: Mapping[str, Any]) -> WorkerJob:
+    """The job a ``fork`` message asks for.
+
+    Raises:
+        TemplateWireError: a field is missing or of the wrong type, or the kind is unknown.
+    """
+    try:
+        job = WorkerJob(kind=str(message["kind"]), target=str(message["target"]),
+                        args=tuple(str(a) for a in message["args"]),
+                        env={str(k): str(v) for k, v in dict(message["env"]).items()},
+                        cwd=str(message["cwd"]), path0=str(message["path0"]))
+    except (KeyError, TypeError, ValueError) as error:
+        raise TemplateWireError(f"A fork request is malformed: {error!r}") from error
+    if job.kind not in ENTRYPOINT_KINDS:
+        raise TemplateWireError(f"A fork request names the entrypoint kind {job.kind!r}.")
+    return job

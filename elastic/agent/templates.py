@@ -37,7 +37,8 @@ import psutil
 from elastic.agent.errors import TemplateError
 from elastic.agent.lifeline import parent_death_preexec
 from elastic.agent.template_main import BOOT
-from elastic.agent.template_wire import FrameReader, TemplateWireError, encode
+from elastic.agent.template_wire import (ENTRYPOINT_KINDS, FrameReader, TemplateWireError, WorkerJob, encode,
+                                         fork_request)
 from elastic.agent.worker_env import fixed_worker_env
 from elastic.launch.config import Entrypoint, LaunchConfig
 
@@ -55,7 +56,7 @@ __all__ = [
 ]
 
 # Entrypoints a template can run; ``command`` (``--no-python``) starts as always.
-PREWARMED_KINDS = ("script", "module", "run_path")
+PREWARMED_KINDS = ENTRYPOINT_KINDS
 # How long a start waits for a template still importing (it began before the rendezvous, so
 # waiting is never slower than starting a fresh interpreter) and for a fork's answer.
 READY_TIMEOUT_S = 120.0
@@ -83,19 +84,6 @@ class TemplateSpec:
     python: str
     modules: tuple[str, ...]
     env: Mapping[str, str]
-    path0: str
-
-
-@dataclass(frozen=True)
-class WorkerJob:
-    """What a forked worker becomes: the entrypoint (``${local_rank}`` already substituted),
-    its full environment, working directory and ``sys.path[0]``."""
-
-    kind: str
-    target: str
-    args: tuple[str, ...]
-    env: Mapping[str, str]
-    cwd: str
     path0: str
 
 
@@ -231,8 +219,7 @@ class Template:
                 raise TemplateError(f"{self.label}: the template is {self.state.value}")
             fds, mine, parent_ends = self._stdio_fds(stdio)
             worker = ForkedWorker(argv, parent_ends.get("stdout"), parent_ends.get("stderr"))
-            message = {"op": "fork", "kind": job.kind, "target": job.target, "args": list(job.args),
-                       "env": dict(job.env), "cwd": job.cwd, "path0": job.path0, "fds": len(fds)}
+            message = fork_request(job, len(fds))
             try:
                 with self._cond:
                     self._pending.append(worker)

@@ -23,7 +23,8 @@ import psutil
 import pytest
 
 from elastic.agent.template_check import TemplateProbe, judge_template, probe_template
-from elastic.agent.template_wire import FrameReader, TemplateWireError, encode
+from elastic.agent.template_wire import (FrameReader, TemplateWireError, WorkerJob, encode, fork_request,
+                                         read_fork_request)
 from elastic.agent.templates import TemplatePool, TemplateState, worker_path0
 from elastic.agent.workers import GroupStatus, WorkerGroup
 from elastic.launch.config import Entrypoint, LaunchConfig, Std, StdMask
@@ -66,6 +67,31 @@ def test_a_message_too_large_to_send_is_refused():
         encode({"env": "x" * 100}, limit=64)
     with pytest.raises(TemplateWireError, match="cannot be encoded"):
         encode({"fds": object()})
+
+
+def test_a_fork_request_carries_the_job_through_a_frame_unchanged():
+    job = WorkerJob("module", "pkg.train", ("--lr", "0.1"), {"RANK": "3", "PATH": "/bin"}, "/work", "/work")
+    (message,) = FrameReader().feed(encode(fork_request(job, 2)))
+    assert message["op"] == "fork" and message["fds"] == 2
+    assert read_fork_request(message) == job
+
+
+@pytest.mark.parametrize("change, says", [
+    ({"kind": "command"}, "entrypoint kind 'command'"),
+    ({"target": None, "kind": None}, "entrypoint kind 'None'"),
+    ({"args": 5}, "malformed"),
+    ({"env": ["A=1"]}, "malformed"),
+    ({"cwd": KeyError}, "malformed"),  # missing
+])
+def test_a_malformed_fork_request_is_refused_with_one_line(change, says):
+    message = fork_request(WorkerJob("script", "t.py", (), {}, "/", "/"), 2)
+    for key, value in change.items():
+        if value is KeyError:
+            del message[key]
+        else:
+            message[key] = value
+    with pytest.raises(TemplateWireError, match=says):
+        read_fork_request(message)
 
 
 # -- the refusal decision ----------------------------------------------------------------------
