@@ -16,7 +16,7 @@ all-reduces (``tests/agent/workers/allreduce.py``) and notes each one's wall tim
                 this is the restart itself (stop, rendezvous, start, gloo bootstrap)
   scale_up      2 nodes running; a third agent is started
                 → first all-reduce at world size 3 (includes the third launcher's own start)
-  scale_up_pause  the same run, measured as the running job sees it: its last all-reduce at
+  scale_up_pause  the same job, measured as the running job sees it: its last all-reduce at
                 world size 2 → first all-reduce at world size 3. The third node's start is
                 not in it: the job keeps training until that node joins. With ``--prewarm`` a
                 node joining a running job joins once its templates are ready.
@@ -257,31 +257,43 @@ def worker_crash(job: Job) -> float:
     return min(job.wait_for("restarted group", restarted)) - crash["time"]
 
 
-def scale_up(job: Job, pause: bool = False) -> float:
+def scale_up(job: Job) -> dict[str, float]:
+    """Both scale-up figures from one run: from the third agent's start, and the job's pause."""
     for _ in range(2):
         job.start_agent()
     job.wait_for("world of 2", full_world(2))
     joined_at = job.start_agent()
     job.wait_for("world of 3", full_world(3, after=joined_at))
     first = min(allreduce_times(job.records(), 3, joined_at))
-    if pause:
-        return first - max(t for t in allreduce_times(job.records(), 2, 0.0) if t < first)
-    return first - joined_at
+    last_of_2 = max(t for t in allreduce_times(job.records(), 2, 0.0) if t < first)
+    return {"scale_up": first - joined_at, "scale_up_pause": first - last_of_2}
 
 
-def measure(case: str, launcher: str, etcd_endpoint: str, workdir: str) -> float:
-    """One measurement; every process it started is gone when it returns."""
-    if case in ("worker_crash", "worker_crash_fixed"):
+RUNS: dict[str, tuple[str, ...]] = {"node_loss": ("node_loss",), "node_freeze": ("node_freeze",),
+                                    "worker_crash": ("worker_crash",), "worker_crash_fixed": ("worker_crash_fixed",),
+                                    "scale_up": ("scale_up", "scale_up_pause")}
+"""Each run (one job) and the cases it measures."""
+
+
+def runs_for(cases: list[str]) -> list[str]:
+    """The runs that measure ``cases``, each once, in the order of :data:`RUNS`."""
+    return [run for run, measured in RUNS.items() if set(measured) & set(cases)]
+
+
+def measure(run: str, launcher: str, etcd_endpoint: str, workdir: str) -> dict[str, float]:
+    """One run's figures by case; every process it started is gone when it returns."""
+    if run in ("worker_crash", "worker_crash_fixed"):
         job = Job(launcher, etcd_endpoint, workdir, max_restarts=1,
                   worker_args=("--crash-rank", "1", "--crash-restart", "0", "--crash-after", "1.0"),
-                  nnodes="2" if case == "worker_crash_fixed" else "2:3")
+                  nnodes="2" if run == "worker_crash_fixed" else "2:3")
     else:
         job = Job(launcher, etcd_endpoint, workdir)
     try:
-        cases = {"node_loss": node_loss, "node_freeze": node_freeze, "worker_crash": worker_crash,
-                 "worker_crash_fixed": worker_crash, "scale_up": scale_up,
-                 "scale_up_pause": lambda job: scale_up(job, pause=True)}
-        return cases[case](job)
+        if run == "scale_up":
+            return scale_up(job)
+        single: dict[str, Callable[[Job], float]] = {"node_loss": node_loss, "node_freeze": node_freeze,
+                                                     "worker_crash": worker_crash, "worker_crash_fixed": worker_crash}
+        return {run: single[run](job)}
     finally:
         job.stop()
 
@@ -343,19 +355,22 @@ def main(argv: list[str] | None = None) -> int:
             endpoint = server.endpoints
         workdir = tempfile.mkdtemp(prefix="bench-recovery-")
         for repetition in range(args.repetitions):
-            for case in args.cases:
+            for run in runs_for(args.cases):
+                wanted = [case for case in RUNS[run] if case in args.cases]
                 for launcher in args.launchers:
                     try:
-                        seconds = measure(case, launcher, endpoint, workdir)
+                        figures = measure(run, launcher, endpoint, workdir)
                     except (RuntimeError, subprocess.TimeoutExpired) as error:
                         failures += 1
-                        print(f"  run {repetition + 1} {case:<18} {launcher:<23} FAILED: {error}", file=sys.stderr)
+                        print(f"  run {repetition + 1} {run:<18} {launcher:<23} FAILED: {error}", file=sys.stderr)
                         continue
-                    results[case, launcher].append(seconds)
-                    print(f"  run {repetition + 1} {case:<18} {launcher:<23} {seconds:.2f}s", file=sys.stderr)
+                    for case in wanted:
+                        results[case, launcher].append(figures[case])
+                        print(f"  run {repetition + 1} {case:<18} {launcher:<23} {figures[case]:.2f}s",
+                              file=sys.stderr)
         print(table(results, args.cases, args.launchers))
     if failures:
-        print(f"{failures} measurement(s) failed; agent logs and worker reports kept in {workdir}", file=sys.stderr)
+        print(f"{failures} run(s) failed; agent logs and worker reports kept in {workdir}", file=sys.stderr)
     else:
         shutil.rmtree(workdir, ignore_errors=True)
     if args.json:
