@@ -33,7 +33,7 @@ import psutil
 HERE = Path(__file__).parent
 TRAIN = HERE / "workers" / "train.py"
 
-WITH_STACKS = Path(__file__).with_name("with_stacks.py")
+WITH_STACKS = [sys.executable, "-m", "elastic.testing.with_stacks"]
 """Runs a launcher module with a SIGUSR1 stack dump (faulthandler)."""
 ELASTICRUN = "elasticrun"
 TORCHRUN = "torchrun"
@@ -279,11 +279,11 @@ class ChaosJob:
                   f"--local-addr={local_addr}", f"--log-dir={self.workdir / ('logs-' + node)}"]
         script = [str(TRAIN), str(self.out_dir), f"--steps={self.steps}", f"--step-seconds={self.step_seconds}"]
         if self.launcher == ELASTICRUN:
-            return [sys.executable, str(WITH_STACKS), "elastic.run", *common, f"--rdzv-endpoint={endpoints}",
+            return [*WITH_STACKS, "elastic.run", *common, f"--rdzv-endpoint={endpoints}",
                     f"--rdzv-conf={RDZV_CONF}", f"--event-log={self.workdir / (node + '.events.jsonl')}", *script]
         if self.launcher == TORCHRUN:
             plain = ",".join(item.split("://", 1)[-1] for item in endpoints.split(","))
-            return [sys.executable, str(WITH_STACKS), "torch.distributed.run", *common, f"--rdzv-endpoint={plain}",
+            return [*WITH_STACKS, "torch.distributed.run", *common, f"--rdzv-endpoint={plain}",
                     f"--rdzv-conf={TORCHRUN_CONF}", *script]
         raise ValueError(f"Unknown launcher {self.launcher!r}.")
 

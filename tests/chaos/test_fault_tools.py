@@ -145,13 +145,12 @@ def test_freeze_returns_once_every_thread_is_stopped_and_thaw_resumes_them():
 def test_with_stacks_runs_a_module_as_main_and_dumps_its_threads_on_sigusr1(tmp_path):
     import os
     import signal
-    from pathlib import Path
 
     (tmp_path / "sleeper.py").write_text(
         "import sys, time\nif __name__ == '__main__':\n    print(sys.argv[1:], flush=True)\n    time.sleep(60)\n")
-    wrapper = Path(__file__).with_name("with_stacks.py")
-    process = subprocess.Popen([sys.executable, str(wrapper), "sleeper", "--flag", "x"], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    process = subprocess.Popen([sys.executable, "-m", "elastic.testing.with_stacks", "sleeper", "--flag", "x"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env={**os.environ, "PYTHONPATH": str(tmp_path)})
     try:
         assert process.stdout.readline() == "['--flag', 'x']\n"
         process.send_signal(signal.SIGUSR1)

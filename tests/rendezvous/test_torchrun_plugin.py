@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -71,10 +72,14 @@ dist.destroy_process_group()
 
 
 # -- helpers ----------------------------------------------------------------------------------
-def torchrun_command() -> list[str]:
-    """The installed torchrun console script of this interpreter (else ``-m torch.distributed.run``)."""
+def torchrun_command(console_script: bool = False) -> list[str]:
+    """torch's launcher as this interpreter runs it: the ``torchrun`` console script (it calls
+    ``torch.distributed.run.main``) when asked and installed, else ``torch.distributed.run``
+    under :mod:`elastic.testing.with_stacks`, so that a hung agent's threads can be dumped."""
     script = Path(sys.executable).with_name("torchrun")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "torch.distributed.run"]
+    if console_script and script.exists():
+        return [str(script)]
+    return [sys.executable, "-m", "elastic.testing.with_stacks", "torch.distributed.run"]
 
 
 def etcd_endpoint(etcd_server) -> str:
@@ -92,11 +97,13 @@ def unique_run_id(label: str) -> str:
 
 
 def start_torchrun(tmp_path: Path, etcd_server, run_id: str, nnodes: str, name: str, *,
-                   extra_conf: str = "", hold_world: int = 0, share_store: bool = True) -> subprocess.Popen:
+                   extra_conf: str = "", hold_world: int = 0, share_store: bool = True,
+                   console_script: bool = False) -> subprocess.Popen:
     """One torchrun agent with 2 gloo workers; its log goes to ``tmp_path/<name>.log``.
 
     Workers in a world of ``hold_world`` processes report, then sleep instead of exiting.
     ``share_store=False`` sets torch's opt-out TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1.
+    ``console_script``: start the installed ``torchrun`` command (see :func:`torchrun_command`).
     """
     script = tmp_path / "worker.py"
     script.write_text(WORKER_SCRIPT)
@@ -105,7 +112,7 @@ def start_torchrun(tmp_path: Path, etcd_server, run_id: str, nnodes: str, name: 
     env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo", "LOGLEVEL": "INFO",
            "PYTHONUNBUFFERED": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "0" if share_store else "1"}
     command = [
-        *torchrun_command(),
+        *torchrun_command(console_script),
         f"--rdzv-backend={BACKEND_NAME}",
         f"--rdzv-endpoint={etcd_endpoint(etcd_server)}",
         f"--rdzv-id={run_id}",
@@ -153,9 +160,17 @@ def wait_all(processes: list[subprocess.Popen], tmp_path: Path) -> float:
         try:
             code = process.wait(timeout=remaining)
         except subprocess.TimeoutExpired:
+            dump_stacks(process)
             pytest.fail(f"torchrun {index} did not finish in {TORCHRUN_TIMEOUT:g}s:\n{logs(tmp_path)}")
         assert code == 0, f"torchrun {index} exited {code}:\n{logs(tmp_path)}"
     return time.monotonic() - started
+
+
+def dump_stacks(process: subprocess.Popen) -> None:
+    """Have a hung torchrun (started under with_stacks) print every thread's stack to its log."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGUSR1)
+        time.sleep(1.0)  # faulthandler writes from its signal handler at once; give it a moment
 
 
 def logs(tmp_path: Path) -> str:
@@ -345,7 +360,8 @@ def test_two_torchrun_agents_with_one_run_id_form_one_world_of_four(etcd_server,
     run_id = unique_run_id("two")
     processes: list[subprocess.Popen] = []
     try:
-        processes = [start_torchrun(tmp_path, etcd_server, run_id, "2", f"agent{index}") for index in range(2)]
+        processes = [start_torchrun(tmp_path, etcd_server, run_id, "2", f"agent{index}", console_script=True)
+                     for index in range(2)]
         elapsed = wait_all(processes, tmp_path)
     finally:
         for process in processes:

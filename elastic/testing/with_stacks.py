@@ -1,10 +1,10 @@
 """Run a module as ``python -m`` would, with every thread's stack dumped to stderr on SIGUSR1.
 
-    python with_stacks.py MODULE ARGS...
+    python -m elastic.testing.with_stacks MODULE ARGS...
 
-The chaos suite starts both launchers through this, so an agent that never exits can be asked
-where it hangs before it is killed (the launchers themselves are unchanged; neither handles
-SIGUSR1 unless told to).
+The chaos suite and the torchrun-plugin tests start launchers through this, so an agent that
+never exits can be asked where it hangs before it is killed (the launchers themselves are
+unchanged; neither handles SIGUSR1 unless told to).
 """
 
 import faulthandler
