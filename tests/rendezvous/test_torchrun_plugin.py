@@ -38,6 +38,7 @@ from elastic.rendezvous.torchrun_plugin import (  # noqa: E402
     handler_creator,
     to_torch_error,
 )
+from elastic.testing.os_threads import describe_threads  # noqa: E402
 
 TORCHRUN_TIMEOUT = 120.0
 """Seconds one torchrun may take in all (rendezvous, two gloo workers, exit barrier)."""
@@ -160,17 +161,23 @@ def wait_all(processes: list[subprocess.Popen], tmp_path: Path) -> float:
         try:
             code = process.wait(timeout=remaining)
         except subprocess.TimeoutExpired:
-            dump_stacks(process)
-            pytest.fail(f"torchrun {index} did not finish in {TORCHRUN_TIMEOUT:g}s:\n{logs(tmp_path)}")
+            threads = dump_stacks(process)
+            pytest.fail(f"torchrun {index} did not finish in {TORCHRUN_TIMEOUT:g}s:\n{threads}\n{logs(tmp_path)}")
         assert code == 0, f"torchrun {index} exited {code}:\n{logs(tmp_path)}"
     return time.monotonic() - started
 
 
-def dump_stacks(process: subprocess.Popen) -> None:
-    """Have a hung torchrun (started under with_stacks) print every thread's stack to its log."""
-    if process.poll() is None:
-        process.send_signal(signal.SIGUSR1)
-        time.sleep(1.0)  # faulthandler writes from its signal handler at once; give it a moment
+def dump_stacks(process: subprocess.Popen) -> str:
+    """Where a hung torchrun waits: its OS threads from /proc (returned), then, on SIGUSR1, every
+    Python thread's stack in its log (with_stacks). A torchrun stuck in interpreter finalization
+    has no Python frames left and dies of the SIGUSR1 (faulthandler is gone by then): the /proc
+    view is what remains."""
+    if process.poll() is not None:
+        return f"torchrun {process.pid} has exited ({process.returncode})"
+    threads = describe_threads(process.pid)
+    process.send_signal(signal.SIGUSR1)
+    time.sleep(1.0)  # faulthandler writes from its signal handler at once; give it a moment
+    return threads
 
 
 def logs(tmp_path: Path) -> str:
