@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
 import pytest
 
@@ -123,15 +124,20 @@ def test_a_survivor_names_the_members_of_the_last_round_it_still_expects(caplog)
 
 
 def test_the_closer_and_a_waiting_node_both_report_the_joins(caplog):
-    """The closer counts the joins it watches; the other node starts from its own join's count."""
+    """The closer counts the joins it watches; the other node starts from its own join's count.
+
+    b's join timeout is 2 s longer than a's: the node that times out first leaves, and the other
+    then sees one join fewer. With equal timeouts which of them saw that depended on scheduling.
+    """
     harness = FakeHarness()
     settings = RendezvousSettings("job", 3, 3, namespace=f"/progress-{uuid.uuid4().hex[:8]}",
                                   lease_ttl=2.0, join_timeout=5.0, last_call_timeout=1.0)
-    handlers = [RendezvousHandler(settings, harness.connect(), "127.0.0.1", node_id=name, owns_backend=True)
-                for name in ("a", "b")]
+    handlers = [RendezvousHandler(replace(settings, join_timeout=timeout), harness.connect(), "127.0.0.1",
+                                  node_id=name, owns_backend=True) for name, timeout in (("a", 5.0), ("b", 7.0))]
+    last_seen = {"a": 2, "b": 1}  # b outlives a's join
 
     def join(handler):
-        with pytest.raises(RendezvousTimeoutError, match=r"\(last seen: 2 of 3 joined\)"):
+        with pytest.raises(RendezvousTimeoutError, match=rf"\(last seen: {last_seen[handler.node_id]} of 3 joined\)"):
             handler.next_rendezvous()
 
     try:
