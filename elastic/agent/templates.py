@@ -45,7 +45,6 @@ from elastic.launch.config import Entrypoint, LaunchConfig
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "PREWARMED_KINDS",
     "ForkedWorker",
     "Template",
     "TemplatePool",
@@ -55,8 +54,6 @@ __all__ = [
     "worker_path0",
 ]
 
-# Entrypoints a template can run; ``command`` (``--no-python``) starts as always.
-PREWARMED_KINDS = ENTRYPOINT_KINDS
 # How long a start waits for a template still importing (it began before the rendezvous, so
 # waiting is never slower than starting a fresh interpreter) and for a fork's answer.
 READY_TIMEOUT_S = 120.0
@@ -422,7 +419,7 @@ class TemplatePool:
     @staticmethod
     def serves(entrypoint: Entrypoint) -> bool:
         """Whether workers of this entrypoint can be forked from a template."""
-        return entrypoint.kind in PREWARMED_KINDS
+        return entrypoint.kind in ENTRYPOINT_KINDS
 
     def start(self) -> None:
         """Start a template per local rank (from the main thread: see lifeline.py)."""
