@@ -30,6 +30,8 @@ from typing import Callable, Iterable
 
 import psutil
 
+from elastic.testing.hang_report import hang_report
+
 HERE = Path(__file__).parent
 TRAIN = HERE / "workers" / "train.py"
 
@@ -262,6 +264,8 @@ class ChaosJob:
     max_restarts: int = 3
     run_id: str = field(default_factory=lambda: f"chaos-{uuid.uuid4().hex[:10]}")
     agents: dict[str, AgentProcess] = field(default_factory=dict)
+    native: dict[str, str] = field(default_factory=dict)
+    """Per agent that did not exit in :meth:`wait_exit`: its OS threads and native stacks."""
 
     def __post_init__(self) -> None:
         self.out_dir = self.workdir / "records"
@@ -328,7 +332,7 @@ class ChaosJob:
 
     def wait_exit(self, timeout: float) -> dict[str, int | None]:
         """Each agent's exit code (None: still running after ``timeout`` seconds in all; its
-        threads' stacks are then dumped to its stderr, see :meth:`hang_stacks`)."""
+        threads' stacks are then collected, see :meth:`hang_stacks`)."""
         deadline = time.monotonic() + timeout
         codes: dict[str, int | None] = {}
         for node, agent in self.agents.items():
@@ -336,16 +340,13 @@ class ChaosJob:
                 codes[node] = agent.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 codes[node] = None
-        hung = [agent for node, agent in self.agents.items() if codes[node] is None]
-        for agent in hung:
-            agent.proc.send_signal(signal.SIGUSR1)  # with_stacks.py: faulthandler dumps every thread
-        if hung:
-            time.sleep(1.0)
+        self.native = {node: hang_report(agent.pid) for node, agent in self.agents.items() if codes[node] is None}
         return codes
 
     def hang_stacks(self) -> str:
-        """The thread stacks of the agents that did not exit (dumped by :meth:`wait_exit`)."""
-        dumps = []
+        """The threads and stacks of the agents that did not exit (:meth:`wait_exit` collected
+        their native stacks and had them dump their Python stacks to their stderr)."""
+        dumps = [f"--- agent {node} threads:\n{report}" for node, report in self.native.items()]
         for node, agent in self.agents.items():
             text = agent.stderr()
             start = text.find("Thread 0x")

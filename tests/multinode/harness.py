@@ -25,11 +25,12 @@ import sys
 import time
 import uuid
 from collections import Counter, defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
 import psutil
+from elastic.testing.hang_report import hang_report
 from elastic.testing.ports import free_port
 
 HERE = Path(__file__).parent
@@ -61,6 +62,10 @@ reached is compared."""
 REFERENCE_RUN_TIMEOUT = 40.0
 """How long a whole run of torchrun c10d may take (its crash run sometimes hangs in its store
 waits; it takes 6-25 s when it completes here, under load)."""
+
+
+HUNG_TAIL = 16000
+"""How much of the stderr of an agent that did not exit goes into a failure (its stack dump is last)."""
 
 
 def clean_env(**extra: str) -> dict[str, str]:
@@ -102,7 +107,9 @@ def launcher_argv(launcher: str, rdzv: Rendezvous, *, nnodes: str, nproc: str, m
         return [sys.executable, "-m", "elastic.run", *common, "--rdzv-backend=etcd",
                 f"--rdzv-endpoint={rdzv.etcd_endpoints}", f"--rdzv-conf={OURS_CONF},{credentials}",
                 "--local-addr=127.0.0.1", *(["--prewarm"] if launcher == PREWARMED else [])]
-    torchrun = [sys.executable, "-m", "torch.distributed.run", *common, "--local-addr=127.0.0.1"]
+    # Under with_stacks: an agent that does not exit can be asked for its Python stacks (SIGUSR1).
+    torchrun = [sys.executable, "-m", "elastic.testing.with_stacks", "torch.distributed.run", *common,
+                "--local-addr=127.0.0.1"]
     if launcher == PLUGIN:
         endpoint = rdzv.etcd_endpoints.split(",")[0].split("://", 1)[-1]
         return [*torchrun, "--rdzv-backend=etcd-v3", f"--rdzv-endpoint={endpoint}",
@@ -204,6 +211,7 @@ class Job:
         self.rdzv = Rendezvous(f"mn-{uuid.uuid4().hex[:10]}", etcd_server.endpoints, config.user, config.password,
                                free_port())
         self.agents: dict[str, Agent] = {}
+        self.hangs: dict[str, str] = {}  # label -> hang_report of an agent that missed wait_exit's deadline
         self.started = time.monotonic()
         self.phase_timeout = REFERENCE_TIMEOUT if launcher == C10D else JOB_TIMEOUT
         self.exit_timeout = REFERENCE_RUN_TIMEOUT if launcher == C10D else JOB_TIMEOUT
@@ -212,7 +220,10 @@ class Job:
         argv = launcher_argv(self.launcher, self.rdzv, nnodes=self.nnodes, nproc=str(nproc),
                              max_restarts=self.max_restarts, log_dir=self.workdir / f"logs-{label}")
         argv += [str(PROBE), str(self.table_path), *self.probe_args]
-        agent = Agent(label, str(nproc), argv, self.workdir, clean_env(PROBE_NODE=label))
+        # torch's agent logs each step (rendezvous, exit barrier, shutdown) at INFO: the failure
+        # message's stderr tail then says where an agent that did not exit got to.
+        extra = {"LOGLEVEL": "INFO"} if self.launcher == PLUGIN else {}
+        agent = Agent(label, str(nproc), argv, self.workdir, clean_env(PROBE_NODE=label, **extra))
         self.agents[label] = agent
         return agent
 
@@ -246,13 +257,17 @@ class Job:
                 codes[label] = self.agents[label].proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 codes[label] = None
+                if self.launcher != C10D:  # the reference's own hangs are known and not asserted
+                    self.hangs[label] = hang_report(self.agents[label].pid)
         return Outcome(codes, time.monotonic() - self.started)
 
     def logs(self, tail: int = 1500) -> str:
         parts = []
         for label, agent in self.agents.items():
             parts.append(f"--- {self.launcher} agent {label} (exit {agent.proc.poll()}) stderr tail:\n"
-                         f"{agent.stderr[-tail:]}")
+                         f"{agent.stderr[-(HUNG_TAIL if label in self.hangs else tail):]}")
+            if label in self.hangs:  # its Python stacks (SIGUSR1) are in the stderr tail above
+                parts.append(f"--- {self.launcher} agent {label} did not exit; its threads:\n{self.hangs[label]}")
         return "\n".join(parts)
 
     def close(self) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -38,7 +37,7 @@ from elastic.rendezvous.torchrun_plugin import (  # noqa: E402
     handler_creator,
     to_torch_error,
 )
-from elastic.testing.os_threads import describe_threads  # noqa: E402
+from elastic.testing.hang_report import hang_report  # noqa: E402
 
 TORCHRUN_TIMEOUT = 120.0
 """Seconds one torchrun may take in all (rendezvous, two gloo workers, exit barrier)."""
@@ -168,16 +167,11 @@ def wait_all(processes: list[subprocess.Popen], tmp_path: Path) -> float:
 
 
 def dump_stacks(process: subprocess.Popen) -> str:
-    """Where a hung torchrun waits: its OS threads from /proc (returned), then, on SIGUSR1, every
-    Python thread's stack in its log (with_stacks). A torchrun stuck in interpreter finalization
-    has no Python frames left and dies of the SIGUSR1 (faulthandler is gone by then): the /proc
-    view is what remains."""
+    """Where a hung torchrun waits (:func:`hang_report`): its OS threads and native stacks
+    (returned), then, on SIGUSR1, every Python thread's stack in its log (with_stacks)."""
     if process.poll() is not None:
         return f"torchrun {process.pid} has exited ({process.returncode})"
-    threads = describe_threads(process.pid)
-    process.send_signal(signal.SIGUSR1)
-    time.sleep(1.0)  # faulthandler writes from its signal handler at once; give it a moment
-    return threads
+    return hang_report(process.pid)
 
 
 def logs(tmp_path: Path) -> str:
