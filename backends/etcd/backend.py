@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
+import time
 from typing import Any
 
 from etcd3 import etcdrpc
@@ -36,6 +37,9 @@ from backends.etcd.watch import WatchHub
 from backends.txn import Txn, TxnResult, check_txn
 
 log = logging.getLogger(__name__)
+
+CLOSE_JOIN_TIMEOUT_S = 2.0
+"""How long :meth:`EtcdBackend.close` waits, in all, for its reader threads to end."""
 
 
 class EtcdBackend(KVBackend):
@@ -179,13 +183,21 @@ class EtcdBackend(KVBackend):
 
     # -- lifecycle ---------------------------------------------------------------------------
     def close(self) -> None:
-        """Cancel every watch, end the keepalive streams and close the channels; idempotent."""
+        """Cancel every watch, end the keepalive streams and close the channels; idempotent.
+
+        Then waits (at most :data:`CLOSE_JOIN_TIMEOUT_S`) for the reader threads to leave gRPC:
+        they are daemon threads, and one still inside gRPC when the interpreter exits can hang
+        that exit (CPython stops such threads where they stand, locks held).
+        """
         with self._close_lock:
             if self._connection.closed:
                 return
             self._connection.close()
         self._watch_hub.close()
         self._keepalives.close()
+        deadline = time.monotonic() + CLOSE_JOIN_TIMEOUT_S
+        if not (self._watch_hub.join(CLOSE_JOIN_TIMEOUT_S) and self._keepalives.join(deadline)):
+            log.debug("etcd client closed with a reader thread still in gRPC after %gs", CLOSE_JOIN_TIMEOUT_S)
 
     # -- helpers -----------------------------------------------------------------------------
     def _call(self, operation: str, invoke: Any, *, resend_safe: bool = True) -> Any:

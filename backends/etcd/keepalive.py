@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any
+import time
+from typing import Any, Callable
 
 import grpc
 from etcd3 import etcdrpc
@@ -83,6 +84,13 @@ class KeepAliveStream:
         self._requests.put(None)
         self._call.cancel()
 
+    def join(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for the reader thread to end after :meth:`close`; True if it did."""
+        if self._reader is threading.current_thread():
+            return True
+        self._reader.join(timeout)
+        return not self._reader.is_alive()
+
     def _read(self) -> None:
         error: BaseException
         try:
@@ -113,6 +121,7 @@ class KeepAliveStreams:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._streams: dict[EndpointChannel, KeepAliveStream] = {}
+        self._closing: list[KeepAliveStream] = []
         self._closed = False
 
     def renew(self, channel: EndpointChannel, options: CallOptions, lease_id: int) -> Any:
@@ -128,8 +137,14 @@ class KeepAliveStreams:
         with self._lock:
             self._closed = True
             streams, self._streams = list(self._streams.values()), {}
+            self._closing = streams
         for stream in streams:
             stream.close()
+
+    def join(self, deadline: float, clock: Callable[[], float] = time.monotonic) -> bool:
+        """Wait until ``deadline`` (on ``clock``) for the readers of the streams :meth:`close`
+        ended; True if every one did."""
+        return all(stream.join(max(0.0, deadline - clock())) for stream in self._closing)
 
     def _stream(self, channel: EndpointChannel, metadata: tuple[tuple[str, str], ...]) -> KeepAliveStream:
         with self._lock:

@@ -268,6 +268,14 @@ class WatchHub:
         for registration in registrations:
             registration.watch.cancel()  # which calls cancel() above, releasing a waiting creator
 
+    def join(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for the reader thread to end after :meth:`close`; True if it did."""
+        thread = self._thread
+        if thread is None or thread is threading.current_thread():
+            return True
+        thread.join(timeout)
+        return not thread.is_alive()
+
     # -- the reader thread -------------------------------------------------------------------
     def _run(self) -> None:
         while True:

@@ -780,3 +780,18 @@ def test_a_cancelled_rpc_after_close_is_translated_to_closed():
 )
 def test_dial_failures_are_diagnosed(details, kind):
     assert diagnose_dial_failure(details, tls=False).kind is kind
+
+
+def test_close_returns_only_after_its_reader_threads_left_grpc(etcd_server, prefix):
+    # A daemon thread still inside gRPC when the interpreter exits can hang the exit; close()
+    # waits for the watch and keepalive readers, so an exit right after it has none left.
+    backend = etcd_server.connect()
+    watch = backend.watch_prefix(prefix, None)
+    lease = backend.grant(5)
+    backend.keepalive(lease.id)
+    readers = [t for t in threading.enumerate() if t.name == "etcd-watch-hub" or t.name.startswith("etcd-keepalive")]
+    assert len(readers) >= 2, [t.name for t in threading.enumerate()]
+    backend.close()
+    assert [t.name for t in readers if t.is_alive()] == []
+    with pytest.raises(BackendClosedError):
+        watch.get(timeout=0)
