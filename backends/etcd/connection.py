@@ -142,11 +142,14 @@ class EndpointChannel:
 
         Calls in flight end with CANCELLED (then BackendClosedError). gRPC polls a subscribed
         channel's state from a thread that wakes every 0.2 s; closing the channel under it makes
-        that thread die with "Channel closed!". So the close is deferred.
+        that thread die with "Channel closed!". So the close is deferred, to a thread that is not
+        a daemon: a process that exits right after closing waits for it (0.3 s at most) while
+        every gRPC thread still runs. A daemon closer would never run in such a process, and the
+        channel would go into interpreter finalization open, gRPC's threads and calls still in it.
         """
         self.channel.unsubscribe(self._on_state)
         closer = threading.Timer(_POLLER_PERIOD * 1.5, self.channel.close)
-        closer.daemon = True
+        closer.name = f"etcd-channel-close {self.endpoint}"
         closer.start()
 
     def _on_state(self, state: grpc.ChannelConnectivity) -> None:

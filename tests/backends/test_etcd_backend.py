@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import http.server
 import socket
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -795,3 +797,37 @@ def test_close_returns_only_after_its_reader_threads_left_grpc(etcd_server, pref
     assert [t.name for t in readers if t.is_alive()] == []
     with pytest.raises(BackendClosedError):
         watch.get(timeout=0)
+
+
+EXIT_RIGHT_AFTER_CLOSE = """
+import sys
+import grpc
+from backends.etcd import EtcdBackend, EtcdConfig
+
+probe = grpc.insecure_channel("127.0.0.1:1")
+Channel = type(probe)  # grpcio's concrete channel class
+probe.close()
+real_close = Channel.close
+def close_and_say(channel):
+    real_close(channel)
+    print("channel closed", flush=True)
+Channel.close = close_and_say
+
+endpoints, user, password, prefix = sys.argv[1:5]
+backend = EtcdBackend(EtcdConfig(endpoints, user=user or None, password=password or None))
+backend.watch_prefix(prefix, None)
+backend.keepalive(backend.grant(5).id)
+backend.close()
+print("backend closed", flush=True)
+"""
+
+
+def test_a_process_that_exits_right_after_close_closes_its_channels_first(etcd_server, prefix):
+    # gRPC's channel close needs gRPC's daemon threads; a close still pending when the
+    # interpreter finalizes never happens, and the channel goes into finalization open.
+    config = etcd_server.client_config()
+    argv = [config.endpoint_list, config.user or "", config.password or "", prefix]
+    done = subprocess.run([sys.executable, "-c", EXIT_RIGHT_AFTER_CLOSE, *argv], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split("\n")[:2] == ["backend closed", "channel closed"], (done.stdout, done.stderr[-2000:])
