@@ -53,6 +53,11 @@ class KeepAliveStream:
     def broken(self) -> bool:
         return self._broken is not None
 
+    @property
+    def reading(self) -> bool:
+        """Whether the reader thread is still running (it ends once the stream ends)."""
+        return self._reader.is_alive()
+
     def renew(self, lease_id: int, timeout: float) -> Any:
         """Send one keepalive for ``lease_id`` and return etcd's answer.
 
@@ -121,7 +126,7 @@ class KeepAliveStreams:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._streams: dict[EndpointChannel, KeepAliveStream] = {}
-        self._closing: list[KeepAliveStream] = []
+        self._ended: list[KeepAliveStream] = []  # closed streams whose reader may still run
         self._closed = False
 
     def renew(self, channel: EndpointChannel, options: CallOptions, lease_id: int) -> Any:
@@ -137,14 +142,16 @@ class KeepAliveStreams:
         with self._lock:
             self._closed = True
             streams, self._streams = list(self._streams.values()), {}
-            self._closing = streams
+            self._ended.extend(streams)
         for stream in streams:
             stream.close()
 
     def join(self, deadline: float, clock: Callable[[], float] = time.monotonic) -> bool:
-        """Wait until ``deadline`` (on ``clock``) for the readers of the streams :meth:`close`
-        ended; True if every one did."""
-        return all(stream.join(max(0.0, deadline - clock())) for stream in self._closing)
+        """Wait until ``deadline`` (on ``clock``) for the readers of every stream ended so far
+        (by :meth:`close` or replaced); True if every one did."""
+        with self._lock:
+            ended = list(self._ended)
+        return all(stream.join(max(0.0, deadline - clock())) for stream in ended)
 
     def _stream(self, channel: EndpointChannel, metadata: tuple[tuple[str, str], ...]) -> KeepAliveStream:
         with self._lock:
@@ -153,6 +160,7 @@ class KeepAliveStreams:
             stream = self._streams.get(channel)
             if stream is not None and (stream.broken or stream.metadata != metadata):
                 stream.close()  # broken, or opened with a token that has since been replaced
+                self._ended = [old for old in self._ended if old.reading] + [stream]
                 stream = None
             if stream is None:
                 stream = self._streams[channel] = KeepAliveStream(channel, metadata)
