@@ -19,7 +19,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -30,13 +29,12 @@ from typing import Callable, Iterable
 
 import psutil
 
+from elastic.testing import with_stacks
 from elastic.testing.hang_report import hang_report
 
 HERE = Path(__file__).parent
 TRAIN = HERE / "workers" / "train.py"
 
-WITH_STACKS = [sys.executable, "-m", "elastic.testing.with_stacks"]
-"""Runs a launcher module with a SIGUSR1 stack dump (faulthandler)."""
 ELASTICRUN = "elasticrun"
 TORCHRUN = "torchrun"
 LAUNCHERS = (ELASTICRUN, TORCHRUN)
@@ -283,11 +281,11 @@ class ChaosJob:
                   f"--local-addr={local_addr}", f"--log-dir={self.workdir / ('logs-' + node)}"]
         script = [str(TRAIN), str(self.out_dir), f"--steps={self.steps}", f"--step-seconds={self.step_seconds}"]
         if self.launcher == ELASTICRUN:
-            return [*WITH_STACKS, "elastic.run", *common, f"--rdzv-endpoint={endpoints}",
+            return [*with_stacks.command("elastic.run"), *common, f"--rdzv-endpoint={endpoints}",
                     f"--rdzv-conf={RDZV_CONF}", f"--event-log={self.workdir / (node + '.events.jsonl')}", *script]
         if self.launcher == TORCHRUN:
             plain = ",".join(item.split("://", 1)[-1] for item in endpoints.split(","))
-            return [*WITH_STACKS, "torch.distributed.run", *common, f"--rdzv-endpoint={plain}",
+            return [*with_stacks.command("torch.distributed.run"), *common, f"--rdzv-endpoint={plain}",
                     f"--rdzv-conf={TORCHRUN_CONF}", *script]
         raise ValueError(f"Unknown launcher {self.launcher!r}.")
 

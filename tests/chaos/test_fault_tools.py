@@ -146,9 +146,11 @@ def test_with_stacks_runs_a_module_as_main_and_dumps_its_threads_on_sigusr1(tmp_
     import os
     import signal
 
+    from elastic.testing import with_stacks
+
     (tmp_path / "sleeper.py").write_text(
         "import sys, time\nif __name__ == '__main__':\n    print(sys.argv[1:], flush=True)\n    time.sleep(60)\n")
-    process = subprocess.Popen([sys.executable, "-m", "elastic.testing.with_stacks", "sleeper", "--flag", "x"],
+    process = subprocess.Popen([*with_stacks.command("sleeper"), "--flag", "x"],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                env={**os.environ, "PYTHONPATH": str(tmp_path)})
     try:

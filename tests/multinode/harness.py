@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 import psutil
+from elastic.testing import with_stacks
 from elastic.testing.hang_report import hang_report
 from elastic.testing.ports import free_port
 
@@ -108,8 +109,7 @@ def launcher_argv(launcher: str, rdzv: Rendezvous, *, nnodes: str, nproc: str, m
                 f"--rdzv-endpoint={rdzv.etcd_endpoints}", f"--rdzv-conf={OURS_CONF},{credentials}",
                 "--local-addr=127.0.0.1", *(["--prewarm"] if launcher == PREWARMED else [])]
     # Under with_stacks: an agent that does not exit can be asked for its Python stacks (SIGUSR1).
-    torchrun = [sys.executable, "-m", "elastic.testing.with_stacks", "torch.distributed.run", *common,
-                "--local-addr=127.0.0.1"]
+    torchrun = [*with_stacks.command("torch.distributed.run"), *common, "--local-addr=127.0.0.1"]
     if launcher == PLUGIN:
         endpoint = rdzv.etcd_endpoints.split(",")[0].split("://", 1)[-1]
         return [*torchrun, "--rdzv-backend=etcd-v3", f"--rdzv-endpoint={endpoint}",

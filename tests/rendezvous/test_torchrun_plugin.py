@@ -37,6 +37,7 @@ from elastic.rendezvous.torchrun_plugin import (  # noqa: E402
     handler_creator,
     to_torch_error,
 )
+from elastic.testing import with_stacks  # noqa: E402
 from elastic.testing.hang_report import hang_report  # noqa: E402
 
 TORCHRUN_TIMEOUT = 120.0
@@ -79,7 +80,7 @@ def torchrun_command(console_script: bool = False) -> list[str]:
     script = Path(sys.executable).with_name("torchrun")
     if console_script and script.exists():
         return [str(script)]
-    return [sys.executable, "-m", "elastic.testing.with_stacks", "torch.distributed.run"]
+    return with_stacks.command("torch.distributed.run")
 
 
 def etcd_endpoint(etcd_server) -> str:

@@ -10,6 +10,7 @@ import time
 import pytest
 
 from elastic.testing import hang_report as module
+from elastic.testing import with_stacks
 from elastic.testing.hang_report import hang_report, native_stacks
 
 STUCK = """
@@ -27,7 +28,7 @@ def stuck(tmp_path):
     (tmp_path / "stuck_module.py").write_text(STUCK)
     stderr = tmp_path / "stderr"
     with open(stderr, "wb") as err:
-        process = subprocess.Popen([sys.executable, "-m", "elastic.testing.with_stacks", "stuck_module"],
+        process = subprocess.Popen(with_stacks.command("stuck_module"),
                                    cwd=tmp_path, stdout=subprocess.PIPE, stderr=err, text=True,
                                    env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})
     try:
