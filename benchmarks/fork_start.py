@@ -2,7 +2,7 @@
 
 Run:  python benchmarks/fork_start.py [--repetitions 10] [--modules torch]
 
-A one-rank :class:`~elastic.agent.templates.TemplatePool` imports ``--modules``; each repetition
+A one-rank :class:`~elastic.agent.prewarm.pool.TemplatePool` imports ``--modules``; each repetition
 forks a worker whose script notes the wall time it started and the time ``import torch``
 returned (instant in a fork), and measures both from the moment the agent sent the request.
 The same script is then started as ``python -u script`` the normal way. Prints the template's
@@ -27,8 +27,8 @@ import psutil
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from elastic.agent.templates import TemplatePool, TemplateState  # noqa: E402
-from elastic.launch.config import Entrypoint, LaunchConfig  # noqa: E402
+from elastic.agent.prewarm.pool import TemplatePool, TemplateState  # noqa: E402
+from elastic.config import Entrypoint, LaunchConfig  # noqa: E402
 
 SCRIPT = "import time\nstarted = time.time()\nimport torch\nprint(started, time.time(), flush=True)\n"
 RESIDENT = "import sys, time, torch\nx = torch.ones(1000) * 2\nprint('up', flush=True)\ntime.sleep(60)\n"

@@ -14,7 +14,7 @@ rotating which goes first) and measures, from the moment the launcher process is
   agent peak RSS  the launcher process alone (psutil, sampled every 5 ms), workers excluded
   wait4 maxrss    ru_maxrss from os.wait4: the largest of the launcher and the workers it reaped
   templates RSS   the peak of the summed RSS of the ``--prewarm`` templates (the launcher's
-                  children running ``elastic.agent.template_main``); 0 for the others
+                  children running ``elastic.agent.prewarm.template``); 0 for the others
   workers ready   with ``--import-torch``: until the last worker finished ``import torch``
 
 and prints the medians, and the ratio ours / torchrun of each. ``--import-torch`` is what a real
@@ -44,7 +44,7 @@ LAUNCHERS = {
     "prewarm": [sys.executable, "-m", "elastic.run", "--prewarm"],
     "torchrun": [sys.executable, "-m", "torch.distributed.run"],
 }
-TEMPLATE_MARK = "elastic.agent.template_main"
+TEMPLATE_MARK = "elastic.agent.prewarm.template"
 SAMPLE_S = 0.005
 RUN_TIMEOUT_S = 120.0
 

@@ -4,7 +4,7 @@ Run:  python benchmarks/worker_stop.py [--unrelated 1000] [--repetitions 5] [--n
                                        [--json FILE]
 
 Starts ``--unrelated`` ``sleep`` processes that have nothing to do with the workers, then, each
-repetition, a :class:`~elastic.agent.workers.WorkerGroup` of ``--nproc`` workers that each start
+repetition, a :class:`~elastic.agent.processes.workers.WorkerGroup` of ``--nproc`` workers that each start
 a grandchild and ignore SIGTERM, so ``stop(timeout=--grace)`` waits out the whole grace period
 and then SIGKILLs. Measured per stop, in this process: the wall time of ``stop()`` and the CPU
 time (``time.process_time``, every thread of the agent) spent during it. The CPU time is what
@@ -27,8 +27,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, REPO)
 
-from elastic.agent.workers import WorkerGroup  # noqa: E402
-from elastic.launch.config import Entrypoint, LaunchConfig  # noqa: E402
+from elastic.agent.processes.workers import WorkerGroup  # noqa: E402
+from elastic.config import Entrypoint, LaunchConfig  # noqa: E402
 from elastic.rendezvous.handler import RendezvousInfo  # noqa: E402
 
 WORKER = """\

@@ -119,7 +119,7 @@ Differences from torchrun
 * Workers die with the agent even when it is SIGKILLed or OOM-killed (on Linux by the
   parent-death signal; their subprocesses, and everything off Linux, by a watchdog process). A
   restarted agent of the same run and log directory first stops what a dead one left. See
-  ``elastic.agent.lifeline`` and the README's "Failure behaviour".
+  ``elastic.agent.lifeline.keeper`` and the README's "Failure behaviour".
 """
 
 from __future__ import annotations
@@ -142,11 +142,11 @@ def main(argv: Sequence[str] | None = None) -> int | None:
         sys.stdout.write(describe(config))
         return 0
     try:
-        from elastic.agent.launch import run
+        from elastic.launch.runner import run
     except ModuleNotFoundError as error:
         if not (error.name or "").startswith("elastic.agent"):
             raise
-        print(f"{PROG}: error: the agent (elastic.agent.launch) is not installed in this build", file=sys.stderr)
+        print(f"{PROG}: error: the agent (elastic.launch.runner) is not installed in this build", file=sys.stderr)
         return 1
     return run(config)
 

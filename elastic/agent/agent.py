@@ -22,14 +22,14 @@ from typing import IO, Callable
 
 from elastic.agent.decisions import AgentAction, AgentView, decide, should_exclude
 from elastic.agent.errors import StoreHostError, WorkerStartError
-from elastic.agent.events import Event, EventLog, RestartCause
-from elastic.agent.failures import first_failure, signal_name
-from elastic.agent.lifeline import Lifeline
-from elastic.agent.metrics import AgentMetrics
-from elastic.agent.store_host import StoreHost
-from elastic.agent.templates import TemplatePool
-from elastic.agent.workers import GroupState, GroupStatus, WorkerGroup
-from elastic.launch.config import LaunchConfig
+from elastic.agent.observe.events import Event, EventLog, RestartCause
+from elastic.agent.processes.failures import first_failure, signal_name
+from elastic.agent.lifeline.keeper import Lifeline
+from elastic.agent.observe.metrics import AgentMetrics
+from elastic.agent.processes.store_host import StoreHost
+from elastic.agent.prewarm.pool import TemplatePool
+from elastic.agent.processes.workers import GroupState, GroupStatus, WorkerGroup
+from elastic.config import LaunchConfig
 from elastic.rendezvous.decisions import MembershipChange
 from elastic.rendezvous.errors import RendezvousClosedError, RendezvousError
 from elastic.rendezvous.handler import RendezvousInfo
@@ -77,7 +77,7 @@ class ElasticAgent:
         events, metrics: observability sinks (metrics may be None).
         lease_ttl: how long a dead peer takes to be noticed (the failure grace period).
         lifeline: keeps the PID file of live workers its watchdog and a restarted agent read
-            (see :mod:`elastic.agent.lifeline`); None: no PID file.
+            (see :mod:`elastic.agent.lifeline.keeper`); None: no PID file.
         templates: pre-warmed worker templates (``--prewarm``); None: workers start normally.
     """
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from elastic.agent.workers import GroupStatus
+from elastic.agent.processes.workers import GroupStatus
 from elastic.rendezvous.decisions import MembershipChange
 
 

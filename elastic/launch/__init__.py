@@ -1,1 +1,1 @@
-"""The ``elasticrun`` launcher: command line (:mod:`.cli`) → :class:`~.config.LaunchConfig` → agent."""
+"""The ``elasticrun`` launcher: command line (:mod:`.cli`) → :class:`elastic.config.LaunchConfig` → :func:`.runner.run`."""

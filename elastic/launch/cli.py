@@ -31,7 +31,7 @@ from typing import Any, Callable, Mapping, Sequence, TextIO
 from backends.endpoints import Endpoint, parse_endpoint, parse_endpoints
 from backends.errors import EndpointError
 from elastic import __version__
-from elastic.launch.config import Entrypoint, LaunchConfig, Std, StdMask
+from elastic.config import Entrypoint, LaunchConfig, Std, StdMask
 from elastic.launch.devices import DeviceProbe, HostDevices
 from elastic.launch.flags import (
     COMPAT, HELP_FLAGS, NUMA_MODES, OPTIONS, OPTIONS_BY_DEST, OPTIONS_BY_FLAG, PROG, SHUTDOWN_TIMEOUT_ENV,

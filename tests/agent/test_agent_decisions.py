@@ -3,7 +3,7 @@
 import pytest
 
 from elastic.agent.decisions import AgentAction, AgentView, decide, should_exclude
-from elastic.agent.workers import GroupStatus
+from elastic.agent.processes.workers import GroupStatus
 from elastic.rendezvous.decisions import MembershipChange
 
 RUN, OK, FAIL = GroupStatus.RUNNING, GroupStatus.SUCCEEDED, GroupStatus.FAILED

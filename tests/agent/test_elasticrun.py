@@ -534,7 +534,7 @@ def test_worker_environment_equals_torchruns_key_by_key(procs, tmp_path):
         theirs, ours = dumps["torchrun"][local_rank], dumps["elasticrun"][local_rank]
         if PREWARM:  # a forked worker's /proc/<pid>/cmdline is its template's (README: --prewarm)
             assert ours["cmdline"][:3] == theirs["cmdline"][:2] + ["-c"]
-            assert "elastic.agent.template_main" in ours["cmdline"][3]
+            assert "elastic.agent.prewarm.template" in ours["cmdline"][3]
         else:
             assert ours["cmdline"] == theirs["cmdline"][:3] + [str(tmp_path / "elasticrun")]
         theirs_env, ours_env = theirs["env"], ours["env"]
@@ -590,7 +590,7 @@ def grandchildren_started(procs: Processes, reports: Reports, launched: Launched
 
 
 def lifeline_watchdog(launched: Launched) -> psutil.Process:
-    [watchdog] = [p for p in launched.tree() if "elastic.agent.watchdog" in p.cmdline()]
+    [watchdog] = [p for p in launched.tree() if "elastic.agent.lifeline.watchdog" in p.cmdline()]
     return watchdog
 
 

@@ -19,8 +19,8 @@ from elastic.agent.errors import (
     StoreHostError,
     WorkerStartError,
 )
-from elastic.agent.events import EventLog
-from elastic.agent.lifeline import Lifeline
+from elastic.agent.observe.events import EventLog
+from elastic.agent.lifeline.keeper import Lifeline
 
 
 @pytest.mark.parametrize(
@@ -39,7 +39,9 @@ def test_every_agent_error_is_an_agent_error_and_keeps_the_builtin_its_callers_c
 
 
 def test_the_public_modules_still_export_their_errors():
-    from elastic.agent import metrics, pidfile, store_host, workers
+    from elastic.agent.lifeline import pidfile
+    from elastic.agent.observe import metrics
+    from elastic.agent.processes import store_host, workers
 
     assert (workers.WorkerStartError, store_host.StoreHostError, metrics.MetricsServerError,
             pidfile.PidFileError) == (WorkerStartError, StoreHostError, MetricsServerError, PidFileError)

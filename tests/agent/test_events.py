@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from elastic.agent.events import REQUIRED_FIELDS, Event, EventLog, RestartCause
+from elastic.agent.observe.events import REQUIRED_FIELDS, Event, EventLog, RestartCause
 
 # 2025-01-02T03:04:05.678Z
 FIXED_TIME = 1735787045.678
@@ -147,13 +147,13 @@ def test_a_failing_write_is_logged_once_and_does_not_stop_the_agent(caplog):
 
 def test_no_path_writes_nothing_but_still_logs_each_event(tmp_path, caplog, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    with caplog.at_level(logging.INFO, logger="elastic.agent.events"):
+    with caplog.at_level(logging.INFO, logger="elastic.agent.observe.events"):
         log = make_log(None)
         log.emit(Event.JOB_FINISHED, status="succeeded")
         log.close()
 
     assert list(tmp_path.iterdir()) == []
-    [record] = [r for r in caplog.records if r.name == "elastic.agent.events"]
+    [record] = [r for r in caplog.records if r.name == "elastic.agent.observe.events"]
     assert record.levelno == logging.INFO
     message = record.getMessage()
     assert "job1" in message and "host-a" in message and "job_finished" in message

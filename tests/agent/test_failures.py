@@ -10,8 +10,8 @@ import textwrap
 
 import pytest
 
-from elastic.agent import failures as failures_mod
-from elastic.agent.failures import (
+from elastic.agent.processes import failures as failures_mod
+from elastic.agent.processes.failures import (
     ErrorReport,
     WorkerFailure,
     dump_error_file,

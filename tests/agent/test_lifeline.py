@@ -20,9 +20,9 @@ import time
 import psutil
 import pytest
 
-from elastic.agent import lifeline, pidfile
-from elastic.agent.lifeline import Lifeline, parent_death_preexec
-from elastic.agent.pidfile import LiveWorkers, Liveness, PidFileError, ProcessId
+from elastic.agent.lifeline import keeper as lifeline, pidfile
+from elastic.agent.lifeline.keeper import Lifeline, parent_death_preexec
+from elastic.agent.lifeline.pidfile import LiveWorkers, Liveness, PidFileError, ProcessId
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux-only")
 
@@ -198,7 +198,7 @@ def test_kill_workers_spares_a_process_that_reused_the_pid(spawned):
 
 AGENT = textwrap.dedent("""
     import subprocess, sys, time
-    from elastic.agent.lifeline import parent_death_preexec
+    from elastic.agent.lifeline.keeper import parent_death_preexec
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"],
                             start_new_session=True, preexec_fn=parent_death_preexec())
     print(proc.pid, flush=True)
@@ -219,7 +219,7 @@ def test_a_worker_started_with_the_preexec_dies_when_its_agent_is_sigkilled(spaw
 
 RECHECK = textwrap.dedent("""
     import os, signal
-    from elastic.agent.lifeline import parent_death_preexec
+    from elastic.agent.lifeline.keeper import parent_death_preexec
     die_with_parent = parent_death_preexec()  # made for children of this process
 
     def fate(run):  # how a child running run() ends: 0 if it got past it, else -signal
@@ -247,7 +247,7 @@ def test_the_preexec_is_withheld_off_the_main_thread_with_one_warning(caplog, mo
     monkeypatch.setattr(lifeline, "_warned_thread", False)
     assert parent_death_preexec() is not None
     seen = []
-    with caplog.at_level(logging.WARNING, logger="elastic.agent.lifeline"):
+    with caplog.at_level(logging.WARNING, logger="elastic.agent.lifeline.keeper"):
         for _ in range(2):
             thread = threading.Thread(target=lambda: seen.append(parent_death_preexec()))
             thread.start()
@@ -279,7 +279,7 @@ def test_a_restarted_agent_stops_the_workers_a_dead_agent_left_and_logs_one_line
     dead = dead_process()
     pidfile.write(str(state / f"workers-{dead.pid}.json"), LiveWorkers("run-1", dead, (worker,)))
 
-    with caplog.at_level(logging.WARNING, logger="elastic.agent.lifeline"):
+    with caplog.at_level(logging.WARNING, logger="elastic.agent.lifeline.keeper"):
         life = Lifeline.open(str(state), "run-1", "node-a", watchdog=False)
     try:
         assert wait_gone([worker, grandchild], 1.0) == []
@@ -301,7 +301,7 @@ def test_a_live_agents_workers_and_a_bad_file_are_left_alone(spawned, tmp_path, 
     bad_file = state / "workers-99.json"
     bad_file.write_text("{")
 
-    with caplog.at_level(logging.WARNING, logger="elastic.agent.lifeline"):
+    with caplog.at_level(logging.WARNING, logger="elastic.agent.lifeline.keeper"):
         life = Lifeline.open(str(state), "run-1", "node-a", watchdog=False)
     life.close()
     assert sorted(os.listdir(state)) == sorted([live_file.name, bad_file.name])
@@ -326,7 +326,7 @@ def test_track_and_untrack_keep_the_file_equal_to_the_live_workers(spawned, tmp_
 
 WATCHED_AGENT = textwrap.dedent("""
     import sys, time
-    from elastic.agent.lifeline import Lifeline
+    from elastic.agent.lifeline.keeper import Lifeline
     life = Lifeline.open(sys.argv[1], "run-1", "node-a")
     life.track([int(sys.argv[2])])
     print(life.watchdog_pid, flush=True)

@@ -14,7 +14,7 @@ import pytest
 
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY
 
-from elastic.agent.metrics import (
+from elastic.agent.observe.metrics import (
     AGENT_INFO,
     EXCLUDED,
     MEMBERS,
@@ -357,7 +357,7 @@ def test_the_server_thread_is_a_daemon_and_ends_on_stop(agent_metrics):
     ],
 )
 def test_healthz_says_an_outage_but_stays_healthy(healthy, joined, spares, outage, expected):
-    from elastic.agent.launch import health
+    from elastic.launch.runner import health
     from elastic.rendezvous.progress import WaitSnapshot
 
     progress = None if joined is None else WaitSnapshot(run_id="r", node_id="n", round=1, joined=joined, min_nodes=2, max_nodes=2,

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from elastic.agent.output import Console, Sink, StreamRoute, WorkerOutput, console_kind, route_stream
+from elastic.agent.processes.output import Console, Sink, StreamRoute, WorkerOutput, console_kind, route_stream
 
 FD, STREAM, NONE = Console.FD, Console.STREAM, Console.NONE
 PUMPED_TEE = StreamRoute(Sink.PIPE, logged=True, prefixed=True)

@@ -11,9 +11,9 @@ import time
 import psutil
 import pytest
 
-from elastic.agent.proctree import ProcLister, find_tree
-from elastic.agent.workers import GroupStatus, WorkerGroup
-from elastic.launch.config import Entrypoint, LaunchConfig
+from elastic.agent.processes.proctree import ProcLister, find_tree
+from elastic.agent.processes.workers import GroupStatus, WorkerGroup
+from elastic.config import Entrypoint, LaunchConfig
 from elastic.rendezvous.handler import RendezvousInfo
 
 

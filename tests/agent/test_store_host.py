@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from elastic.agent.store_host import StoreHost, StoreHostError
+from elastic.agent.processes.store_host import StoreHost, StoreHostError
 from elastic.rendezvous.ports import reserve_port
 
 pytestmark = pytest.mark.slow

@@ -22,12 +22,12 @@ import uuid
 import psutil
 import pytest
 
-from elastic.agent.template_check import TemplateProbe, judge_template, probe_template
-from elastic.agent.template_wire import (FrameReader, TemplateWireError, WorkerJob, encode, fork_request,
+from elastic.agent.prewarm.check import TemplateProbe, judge_template, probe_template
+from elastic.agent.prewarm.wire import (FrameReader, TemplateWireError, WorkerJob, encode, fork_request,
                                          read_fork_request)
-from elastic.agent.templates import TemplatePool, TemplateState, worker_path0
-from elastic.agent.workers import GroupStatus, WorkerGroup
-from elastic.launch.config import Entrypoint, LaunchConfig, Std, StdMask
+from elastic.agent.prewarm.pool import TemplatePool, TemplateState, worker_path0
+from elastic.agent.processes.workers import GroupStatus, WorkerGroup
+from elastic.config import Entrypoint, LaunchConfig, Std, StdMask
 from elastic.rendezvous.handler import RendezvousInfo
 from elastic.testing.ports import free_port
 

@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from elastic.agent.worker_env import (
+from elastic.agent.processes.worker_env import (
     OMP_NOTICE,
     RUN_PATH_BOOTSTRAP,
     fixed_worker_env,
@@ -20,7 +20,7 @@ from elastic.agent.worker_env import (
     worker_argv,
     worker_env,
 )
-from elastic.launch.config import Entrypoint, LaunchConfig
+from elastic.config import Entrypoint, LaunchConfig
 from elastic.rendezvous.handler import RendezvousInfo
 
 TORCHRUN_KEYS = {

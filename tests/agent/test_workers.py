@@ -20,8 +20,8 @@ import uuid
 import psutil
 import pytest
 
-from elastic.agent.templates import ForkedWorker, TemplatePool
-from elastic.agent.workers import (
+from elastic.agent.prewarm.pool import ForkedWorker, TemplatePool
+from elastic.agent.processes.workers import (
     GroupState,
     GroupStatus,
     WorkerGroup,
@@ -30,7 +30,7 @@ from elastic.agent.workers import (
     console_prefix,
     resolve_log_root,
 )
-from elastic.launch.config import Entrypoint, LaunchConfig, Std, StdMask
+from elastic.config import Entrypoint, LaunchConfig, Std, StdMask
 from elastic.rendezvous.handler import RendezvousInfo
 
 PRELUDE = """\
@@ -522,7 +522,7 @@ def test_failure_report_without_error_file_shows_the_stderr_tail(harness):
 
 def test_agent_modules_do_not_import_torch():
     code = (
-        "import sys, elastic.agent.workers, elastic.agent.failures, elastic.agent.worker_env\n"
+        "import sys, elastic.agent.processes.workers, elastic.agent.processes.failures, elastic.agent.processes.worker_env\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

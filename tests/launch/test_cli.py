@@ -11,7 +11,7 @@ from dataclasses import fields
 import pytest
 
 from elastic.launch.cli import ConfigError, HelpRequested, config_from_args, describe, parse_or_exit
-from elastic.launch.config import Entrypoint, LaunchConfig, Std, StdMask
+from elastic.config import Entrypoint, LaunchConfig, Std, StdMask
 from elastic.launch.devices import FixedDevices, HostDevices, count_nvidia_gpus, visible_gpu_count
 from elastic.launch.flags import OPTIONS, format_help
 

@@ -1,7 +1,7 @@
 """The RPC tests' harness: worker groups started with the environment elasticrun gives.
 
 A :class:`Spawner` starts one real process per rank running ``workers/scenarios.py`` with the
-environment built by ``elastic.agent.worker_env.worker_env`` (the function elasticrun itself
+environment built by ``elastic.agent.processes.worker_env.worker_env`` (the function elasticrun itself
 uses), a free ``MASTER_PORT``, and optionally several roles. Every process is stopped by PID at
 the end of its fixture, whatever happened. The ``elasticrun`` helpers (launchers, JSON-line
 reports) are those of ``tests/agent/test_elasticrun.py``, loaded from there.
@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 
-from elastic.agent.worker_env import worker_env
-from elastic.launch.config import Entrypoint, LaunchConfig
+from elastic.agent.processes.worker_env import worker_env
+from elastic.config import Entrypoint, LaunchConfig
 from elastic.rendezvous.handler import RendezvousInfo
 
 HERE = Path(__file__).parent

@@ -18,7 +18,7 @@ import pytest
 from backends.errors import BackendError
 from backends.tcp.client import TcpStoreBackend, TcpStoreConfig
 from backends.tcp.protocol import MAGIC
-from elastic.agent.failures import read_error_file
+from elastic.agent.processes.failures import read_error_file
 from elastic.rendezvous.errors import RendezvousStateError
 from elastic.rendezvous.records import FORMAT_VERSION, decode_closed, decode_join, decode_round
 from elastic.testing.tcp_store import TcpStoreHarness
@@ -131,7 +131,7 @@ def test_the_client_turns_a_nested_reply_header_into_a_backend_error():
 def test_a_nested_error_file_is_ignored_with_one_warning(tmp_path, caplog):
     path = tmp_path / "error.json"
     path.write_bytes(b'{"message":' + NESTED + b"}")
-    with caplog.at_level(logging.WARNING, logger="elastic.agent.failures"):
+    with caplog.at_level(logging.WARNING, logger="elastic.agent.processes.failures"):
         assert read_error_file(str(path)) is None
-    (warning,) = [record for record in caplog.records if record.name == "elastic.agent.failures"]
+    (warning,) = [record for record in caplog.records if record.name == "elastic.agent.processes.failures"]
     assert "nested too deeply" in warning.getMessage()

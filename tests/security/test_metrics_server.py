@@ -12,7 +12,7 @@ import pytest
 
 from prometheus_client import CollectorRegistry
 
-from elastic.agent.metrics import MetricsServer
+from elastic.agent.observe.metrics import MetricsServer
 from hostile import wait_until
 
 

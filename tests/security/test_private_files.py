@@ -15,7 +15,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from elastic.agent.events import Event, EventLog
+from elastic.agent.observe.events import Event, EventLog
 from hostile import REPO
 
 
@@ -75,7 +75,7 @@ def test_worker_logs_and_the_agent_error_file_are_owner_only(tmp_path):
 
 
 def test_the_agent_error_file_copy_is_owner_only(tmp_path):
-    from elastic.agent.failures import WorkerFailure, dump_error_file, read_error_file
+    from elastic.agent.processes.failures import WorkerFailure, dump_error_file, read_error_file
 
     worker_file = tmp_path / "worker-error.json"
     worker_file.write_text(json.dumps({"message": {"message": "boom", "extraInfo": {"py_callstack": "tb"}}}))

@@ -20,7 +20,7 @@ import subprocess
 from typing import Mapping
 
 from elastic.agent.errors import StoreHostError
-from elastic.agent.lifeline import parent_death_preexec
+from elastic.agent.lifeline.keeper import parent_death_preexec
 
 log = logging.getLogger(__name__)
 

@@ -1,8 +1,8 @@
 """Pre-warmed worker templates (``--prewarm``): a worker start costs a fork, not an interpreter start.
 
-The agent keeps, per local rank, a template process (:mod:`elastic.agent.template_main`) that
+The agent keeps, per local rank, a template process (:mod:`elastic.agent.prewarm.template`) that
 has started Python and imported ``--prewarm-modules`` (default torch) with the worker
-environment's fixed part (:func:`~elastic.agent.worker_env.fixed_worker_env`). To start a
+environment's fixed part (:func:`~elastic.agent.processes.worker_env.fixed_worker_env`). To start a
 worker, :meth:`Template.fork` sends the attempt's environment, argv, working directory and the
 worker's stdout/stderr descriptors (``SCM_RIGHTS``); the template forks, and the child becomes
 the worker. The agent drives it through :class:`ForkedWorker`, which looks like the
@@ -13,7 +13,7 @@ A template serves every attempt of the job: a fork leaves it unchanged, so re-us
 nothing, while replacing it would cost a fresh import competing for CPU with the new workers.
 Only a template that died is replaced, started in the background at the next start (which
 starts that worker the normal way). A template that is refused (CUDA initialised, threads
-running: :mod:`elastic.agent.template_check`) or cannot import its modules is reported once
+running: :mod:`elastic.agent.prewarm.check`) or cannot import its modules is reported once
 and its rank starts normally from then on. Templates are the agent's children, in their own
 sessions, with the parent-death signal: start the pool from the agent's main thread.
 """
@@ -35,12 +35,12 @@ from typing import IO, Mapping
 import psutil
 
 from elastic.agent.errors import TemplateError
-from elastic.agent.lifeline import parent_death_preexec
-from elastic.agent.template_main import BOOT
-from elastic.agent.template_wire import (ENTRYPOINT_KINDS, FrameReader, TemplateWireError, WorkerJob, encode,
+from elastic.agent.lifeline.keeper import parent_death_preexec
+from elastic.agent.prewarm.template import BOOT
+from elastic.agent.prewarm.wire import (ENTRYPOINT_KINDS, FrameReader, TemplateWireError, WorkerJob, encode,
                                          fork_request)
-from elastic.agent.worker_env import fixed_worker_env
-from elastic.launch.config import Entrypoint, LaunchConfig
+from elastic.agent.processes.worker_env import fixed_worker_env
+from elastic.config import Entrypoint, LaunchConfig
 
 log = logging.getLogger(__name__)
 

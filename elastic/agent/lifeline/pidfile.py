@@ -3,7 +3,7 @@
 An agent keeps ``<state dir>/workers-<agent pid>.json`` up to date: its own identity and each
 live worker's, where an identity is a pid *and* the process's start time, so a pid the kernel
 gave to another process since is never taken for a worker. Two readers use it: the lifeline
-watchdog (:mod:`elastic.agent.watchdog`) when its agent dies, and a restarted agent of the same
+watchdog (:mod:`elastic.agent.lifeline.watchdog`) when its agent dies, and a restarted agent of the same
 run, which stops what a dead agent's file still names before it starts new workers.
 
 The file is versioned JSON (never pickle), at most :data:`MAX_FILE_BYTES`, owned by the reader's
@@ -32,7 +32,7 @@ from typing import Callable, Iterable
 import psutil
 
 from elastic.agent.errors import PidFileError
-from elastic.agent.proctree import ProcLister, find_tree
+from elastic.agent.processes.proctree import ProcLister, find_tree
 
 __all__ = [
     "MAX_FILE_BYTES",

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from string import Template
 from typing import TYPE_CHECKING, Mapping
 
-from elastic.launch.config import Entrypoint, LaunchConfig
+from elastic.config import Entrypoint, LaunchConfig
 
 if TYPE_CHECKING:  # the handler module pulls in the backends; workers need none of it
     from elastic.rendezvous.handler import RendezvousInfo
@@ -161,7 +161,7 @@ def fixed_worker_env(base: Mapping[str, str], config: LaunchConfig, local_rank: 
     ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``ROLE_NAME``, ``TORCHELASTIC_MAX_RESTARTS``,
     ``TORCHELASTIC_SIGNALS_TO_HANDLE``, ``TORCH_NCCL_ASYNC_ERROR_HANDLING`` and
     ``OMP_NUM_THREADS``. A pre-warmed template imports its modules with it
-    (:mod:`elastic.agent.templates`), so what they read at import is what a worker would see."""
+    (:mod:`elastic.agent.prewarm.pool`), so what they read at import is what a worker would see."""
     env = dict(base)
     env.update(
         {

@@ -1,10 +1,10 @@
 """The program of a worker template: import the user's modules once, then fork workers on request.
 
-Run by the agent (:mod:`elastic.agent.templates`) as ``python -u -c BOOT FD PATH0 MODULES``
+Run by the agent (:mod:`elastic.agent.prewarm.pool`) as ``python -u -c BOOT FD PATH0 MODULES``
 with the worker environment's fixed part, in its own session, with the parent-death signal.
 FD is its end of a Unix socket pair; PATH0 is the ``sys.path[0]`` the workers get; MODULES is
 the comma-separated ``--prewarm-modules``. It imports them, checks itself
-(:mod:`elastic.agent.template_check`) and answers ``ready`` or ``refused``. Then, for each
+(:mod:`elastic.agent.prewarm.check`) and answers ``ready`` or ``refused``. Then, for each
 ``fork`` request (the attempt's environment, argv and working directory, with the worker's
 stdout and stderr passed as file descriptors) it forks; the child becomes the worker exactly
 as ``python -u script.py`` would run it (see :func:`run_job`), the template answers ``forked``
@@ -31,13 +31,13 @@ from dataclasses import dataclass
 from importlib.machinery import SourceFileLoader
 from typing import Any, Callable, NoReturn
 
-from elastic.agent.pdeathsig import load_prctl
-from elastic.agent.template_check import judge_template, probe_template
-from elastic.agent.template_wire import FrameReader, TemplateWireError, WorkerJob, encode, read_fork_request
+from elastic.agent.lifeline.pdeathsig import load_prctl
+from elastic.agent.prewarm.check import judge_template, probe_template
+from elastic.agent.prewarm.wire import FrameReader, TemplateWireError, WorkerJob, encode, read_fork_request
 
 __all__ = ["BOOT", "Job", "main", "run_job"]
 
-BOOT = "from elastic.agent.template_main import main; main()"
+BOOT = "from elastic.agent.prewarm.template import main; main()"
 # ``--run-path`` workers run this as ``python -u -c``; the same text as worker_env's, so the
 # forked worker's traceback and argv match a normal start's.
 RUN_PATH_BOOTSTRAP = (

@@ -10,11 +10,11 @@ Three mechanisms, each covering what the one before cannot:
    long as the agent: the agent's main thread (``ElasticAgent.run`` → ``WorkerGroup.start``). A
    worker forked by any other thread gets no parent-death signal (logged once); the watchdog
    still covers it. The signal reaches the direct child only.
-2. **The watchdog** (any POSIX system, :mod:`elastic.agent.watchdog`), one per agent, in its
+2. **The watchdog** (any POSIX system, :mod:`elastic.agent.lifeline.watchdog`), one per agent, in its
    own session, holds the read end of a pipe whose only write end is the agent's. When the
    agent dies, however, the kernel closes that end; the watchdog reads EOF,
    SIGKILLs every worker its agent's PID file names with their descendants and sessions
-   (:func:`elastic.agent.pidfile.kill_workers`), removes the file and exits. This is what
+   (:func:`elastic.agent.lifeline.pidfile.kill_workers`), removes the file and exits. This is what
    catches grandchildren: a worker's subprocesses and forked DataLoader workers stay in its
    session. An agent that exits normally removes its file first, so the watchdog finds
    nothing to do.
@@ -43,10 +43,10 @@ import tempfile
 import threading
 from typing import Callable, Iterable
 
-from elastic.agent import pidfile
+from elastic.agent.lifeline import pidfile
 from elastic.agent.errors import LifelineError
-from elastic.agent.pdeathsig import load_prctl
-from elastic.agent.pidfile import LiveWorkers, ProcessId
+from elastic.agent.lifeline.pdeathsig import load_prctl
+from elastic.agent.lifeline.pidfile import LiveWorkers, ProcessId
 
 log = logging.getLogger(__name__)
 
@@ -232,7 +232,7 @@ class Lifeline:
         read_end, self._pipe_w = os.pipe()  # both close-on-exec; only the watchdog gets read_end
         try:
             self._watchdog = subprocess.Popen(
-                [sys.executable, "-m", "elastic.agent.watchdog", self.path],
+                [sys.executable, "-m", "elastic.agent.lifeline.watchdog", self.path],
                 stdin=read_end, stdout=subprocess.DEVNULL, start_new_session=True, close_fds=True,
             )  # fmt: skip
         finally:

@@ -77,7 +77,7 @@ class LaunchConfig:
         metrics_addr: the address the metrics port listens on (loopback unless asked).
         event_log: path of the JSON-lines event log (None: off).
         dry_run: print the resolved config and exit.
-        prewarm: fork workers from pre-warmed templates (:mod:`elastic.agent.templates`).
+        prewarm: fork workers from pre-warmed templates (:mod:`elastic.agent.prewarm.pool`).
         prewarm_modules: what the templates import (``--prewarm-modules``).
     """
 

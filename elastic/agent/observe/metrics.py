@@ -39,7 +39,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from elastic.agent.errors import MetricsServerError
-from elastic.agent.events import RestartCause
+from elastic.agent.observe.events import RestartCause
 
 log = logging.getLogger(__name__)
 

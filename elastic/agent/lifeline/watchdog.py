@@ -1,9 +1,9 @@
-"""The lifeline watchdog: ``python -m elastic.agent.watchdog <pid file>``, one per agent.
+"""The lifeline watchdog: ``python -m elastic.agent.lifeline.watchdog <pid file>``, one per agent.
 
-The agent (:class:`elastic.agent.lifeline.Lifeline`) starts it in its own session with stdin
+The agent (:class:`elastic.agent.lifeline.keeper.Lifeline`) starts it in its own session with stdin
 the read end of a pipe whose only write end the agent holds. When the agent dies, however, the
 kernel closes that end and the watchdog reads EOF: it SIGKILLs every worker the agent's PID file
-still names, with their descendants and sessions (:func:`elastic.agent.pidfile.kill_workers`),
+still names, with their descendants and sessions (:func:`elastic.agent.lifeline.pidfile.kill_workers`),
 removes the file, prints one line to the agent's stderr and exits. An agent that exits normally
 removes its file first: the watchdog then exits at once.
 
@@ -17,7 +17,7 @@ import os
 import signal
 import sys
 
-from elastic.agent import pidfile
+from elastic.agent.lifeline import pidfile
 
 
 def watch(path: str) -> int:
@@ -46,7 +46,7 @@ def watch(path: str) -> int:
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
-        print("usage: python -m elastic.agent.watchdog <pid file>  (started by elasticrun)", file=sys.stderr)
+        print("usage: python -m elastic.agent.lifeline.watchdog <pid file>  (started by elasticrun)", file=sys.stderr)
         sys.exit(2)
     status = watch(sys.argv[1])
     sys.stderr.flush()

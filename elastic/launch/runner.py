@@ -20,14 +20,14 @@ import uuid
 from contextlib import ExitStack
 
 from elastic.agent.agent import ElasticAgent, ExclusionPolicy, SignalReceived
-from elastic.agent.events import EventLog
-from elastic.agent.lifeline import Lifeline, state_dir
+from elastic.agent.observe.events import EventLog
+from elastic.agent.lifeline.keeper import Lifeline, state_dir
 from elastic.agent.errors import AgentError
-from elastic.agent.metrics import AgentMetrics, MetricsServer
-from elastic.agent.store_host import StoreHost
-from elastic.agent.templates import TemplatePool
-from elastic.agent.worker_env import omp_threads_notice, python_executable
-from elastic.launch.config import LaunchConfig
+from elastic.agent.observe.metrics import AgentMetrics, MetricsServer
+from elastic.agent.processes.store_host import StoreHost
+from elastic.agent.prewarm.pool import TemplatePool
+from elastic.agent.processes.worker_env import omp_threads_notice, python_executable
+from elastic.config import LaunchConfig
 from elastic.rendezvous.errors import RendezvousError
 from elastic.rendezvous.progress import WaitSnapshot
 from elastic.rendezvous.registry import create_handler

@@ -3,9 +3,9 @@
 A :class:`WorkerGroup` runs ``nproc_per_node`` workers for one rendezvous round and attempt.
 Each worker is its own session (``start_new_session``), so the worker and everything it spawns
 can be found and signalled; stdin is ``/dev/null``. On Linux each worker also gets the
-parent-death signal (:mod:`elastic.agent.lifeline`): start groups from the agent's main thread.
-Where the output goes is :mod:`elastic.agent.output`'s job; finding and stopping the process
-trees is :mod:`elastic.agent.proctree`'s.
+parent-death signal (:mod:`elastic.agent.lifeline.keeper`): start groups from the agent's main thread.
+Where the output goes is :mod:`elastic.agent.processes.output`'s job; finding and stopping the process
+trees is :mod:`elastic.agent.processes.proctree`'s.
 
 Exits are seen by one thread per worker blocked in ``wait()``, so :meth:`WorkerGroup.wait` sleeps
 on a condition instead of polling. :meth:`WorkerGroup.stop` signals each worker's whole tree —
@@ -28,14 +28,14 @@ from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Mapping
 
 from elastic.agent.errors import WorkerStartError
-from elastic.agent.failures import (
+from elastic.agent.processes.failures import (
     WorkerFailure,
     read_error_file,
     read_log_tail,
     root_cause_summary,
 )
-from elastic.agent.lifeline import parent_death_preexec
-from elastic.agent.output import (
+from elastic.agent.lifeline.keeper import parent_death_preexec
+from elastic.agent.processes.output import (
     PUMP_DRAIN_S,
     WorkerLogs,
     WorkerOutput,
@@ -43,10 +43,10 @@ from elastic.agent.output import (
     console_prefix,
     resolve_log_root,
 )
-from elastic.agent.proctree import ProcessLister, WorkerTrees
-from elastic.agent.templates import ForkedWorker, TemplatePool
-from elastic.agent.worker_env import python_executable, worker_argv, worker_env, worker_ranks
-from elastic.launch.config import LaunchConfig, Std
+from elastic.agent.processes.proctree import ProcessLister, WorkerTrees
+from elastic.agent.prewarm.pool import ForkedWorker, TemplatePool
+from elastic.agent.processes.worker_env import python_executable, worker_argv, worker_env, worker_ranks
+from elastic.config import LaunchConfig, Std
 
 if TYPE_CHECKING:
     from elastic.rendezvous.handler import RendezvousInfo
@@ -303,7 +303,7 @@ class WorkerGroup:
         return tails
 
     def failure_report(self, host: str) -> str:
-        """:func:`~elastic.agent.failures.root_cause_summary` of this group's failures."""
+        """:func:`~elastic.agent.processes.failures.root_cause_summary` of this group's failures."""
         state = self.poll()
         return root_cause_summary(
             state.failures, host, self.config.role, stderr_tails=self.stderr_tails()
@@ -378,7 +378,7 @@ class WorkerGroup:
                     stderr=std["stderr"],
                     start_new_session=True,
                     close_fds=True,
-                    # Linux: SIGKILL when this thread's process dies (see elastic.agent.lifeline).
+                    # Linux: SIGKILL when this thread's process dies (see elastic.agent.lifeline.keeper).
                     preexec_fn=parent_death_preexec(),
                 )
             worker.proc = proc
