@@ -20,7 +20,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Union
 
-from backends.api import NO_LEASE, KeyValue, RangeResult
+from backends.types import NO_LEASE, KeyValue, RangeResult
 from backends.untrusted import quote
 
 __all__ = [

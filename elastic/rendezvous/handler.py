@@ -848,7 +848,7 @@ class RendezvousHandler:
                              "reported as its own", self.settings.run_id, self.node_id, self._failed_round)
                     self._failed_round = None
                 self._session.close(revoke=False)
-            session = self._backend.session(self.settings.lease_ttl, name=f"{self.settings.run_id}/{self.node_id}",
+            session = Session(self._backend, self.settings.lease_ttl, name=f"{self.settings.run_id}/{self.node_id}",
                                             outage_limit=self.settings.store_outage_timeout)
             session.on_lost(lambda reason: self._signal(MembershipChange.MEMBER_LOST,
                                                         f"this node's lease was lost: {reason}"))

@@ -33,6 +33,7 @@ from backends.errors import (
     LeaseNotFoundError,
     ValueTooLargeError,
 )
+from backends.session import Session
 from backends.txn import MAX_TXN_OPS, Compare, CompareOp, Delete, DeleteResult, Put, Range, Target, Txn, TxnResult
 from elastic.testing.harness import BackendHarness
 
@@ -457,7 +458,7 @@ class BackendContract:
         assert backend.get(prefix + "k").kv is None
 
     def test_a_session_keeps_its_lease_alive_and_reports_loss_when_revoked(self, backend, prefix):
-        with backend.session(LEASE_TTL) as session:
+        with Session(backend, LEASE_TTL) as session:
             backend.put(prefix + "member", b"v", lease=session.lease_id)
             time.sleep(2 * session.ttl)
             assert backend.get(prefix + "member").kv is not None

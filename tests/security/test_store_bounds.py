@@ -19,7 +19,7 @@ import pytest
 from backends.errors import BackendConnectionError, LimitExceededError, ValueTooLargeError
 from backends.tcp.client import TcpStoreBackend, TcpStoreConfig
 from backends.tcp.protocol import PROTOCOL_VERSION, FrameDecoder, encode_frame
-from hostile import StoreProcess, closed_by_peer, handshake, raw_socket, wait_until
+from hostile import StoreProcess, handshake, raw_socket, wait_until
 
 MiB = 1024 * 1024
 

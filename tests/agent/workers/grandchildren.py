@@ -8,7 +8,6 @@ worker); both stay in the worker's session. Reports ``{"event": "grandchildren",
 """
 
 import multiprocessing
-import os
 import subprocess
 import sys
 import time
