@@ -29,7 +29,7 @@ sys.path.insert(0, REPO)
 
 from elastic.agent.processes.workers import WorkerGroup  # noqa: E402
 from elastic.config import Entrypoint, LaunchConfig  # noqa: E402
-from elastic.rendezvous.handler import RendezvousInfo  # noqa: E402
+from elastic.rendezvous.api import RendezvousInfo  # noqa: E402
 
 WORKER = """\
 import os, signal, subprocess, sys, time

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from typing import IO, Callable
@@ -30,9 +31,9 @@ from elastic.agent.processes.store_host import StoreHost
 from elastic.agent.prewarm.pool import TemplatePool
 from elastic.agent.processes.workers import GroupState, GroupStatus, WorkerGroup
 from elastic.config import LaunchConfig
-from elastic.rendezvous.decisions import MembershipChange
+from elastic.rendezvous.api import MembershipChange
 from elastic.rendezvous.errors import RendezvousClosedError, RendezvousError
-from elastic.rendezvous.handler import RendezvousInfo
+from elastic.rendezvous.api import Rendezvous, RendezvousInfo
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +85,7 @@ class ElasticAgent:
     def __init__(
         self,
         config: LaunchConfig,
-        handler,
+        handler: Rendezvous,
         *,
         host: str,
         events: EventLog,
@@ -115,7 +116,9 @@ class ElasticAgent:
         self._outage_seen: float | None = None  # when the store was last seen not answering
         self.attempt = 0
         self.healthy = True
-        self.node_id: str = getattr(handler, "node_id", host)
+        self.node_id: str = handler.node_id
+        self._membership_seen = threading.Event()
+        handler.on_change(self._membership_seen.set)
         self._store_host = store_host
         self._store_host_failed = False
         self._exclusion = exclusion
@@ -127,7 +130,7 @@ class ElasticAgent:
         try:
             return self._run()
         except SignalReceived as received:
-            log.warning("Run %s node %s: received %s; stopping the workers", self.handler.get_run_id(), self.host,
+            log.warning("Run %s node %s: received %s; stopping the workers", self.handler.run_id, self.host,
                         signal.Signals(received.signum).name)
             self._stop_group(forward=received.signum)
             self.handler.shutdown()
@@ -141,7 +144,7 @@ class ElasticAgent:
                 # A late (or restarted) agent of a job that already succeeded: nothing to do.
                 self.events.emit(Event.JOB_FINISHED, status="already_finished")
                 reason = f"{error}; nothing to do (use a new --rdzv-id to run the job again)"
-                log.warning("Run %s node %s: %s", self.handler.get_run_id(), self.host, reason)
+                log.warning("Run %s node %s: %s", self.handler.run_id, self.host, reason)
                 return AgentResult(0, reason)
             closed = isinstance(error, RendezvousClosedError)
             self.events.emit(Event.JOB_FINISHED, status="rendezvous_closed" if closed else "rendezvous_error")
@@ -174,13 +177,12 @@ class ElasticAgent:
         the job training meanwhile. A first start does not wait: every node imports at once,
         overlapped with the rendezvous.
         """
-        running = getattr(self.handler, "job_running", None)
-        if self._templates is None or running is None or not running():
+        if self._templates is None or not self.handler.job_running():
             return
         started = self._clock()
         ready = self._templates.wait_ready(TEMPLATE_WARM_TIMEOUT_S)
         log.info("Run %s node %s: joins the running job after its worker templates %s (%.1fs)",
-                 self.handler.get_run_id(), self.host, "are ready" if ready else "are not all ready (those ranks start normally)",
+                 self.handler.run_id, self.host, "are ready" if ready else "are not all ready (those ranks start normally)",
                  self._clock() - started)
 
     def _rendezvous(self) -> RendezvousInfo:
@@ -216,7 +218,7 @@ class ElasticAgent:
 
     def spares(self) -> int:
         """Nodes waiting as spares beyond this node's full round (0 for handlers without spares)."""
-        return self.handler.num_spares() if hasattr(self.handler, "num_spares") else 0
+        return self.handler.membership().spares
 
     def _restart_count(self, info: RendezvousInfo) -> int:
         """``TORCHELASTIC_RESTART_COUNT``: the round record's agreed count, or (static
@@ -248,12 +250,14 @@ class ElasticAgent:
         """Wait on worker exits and the membership signal until something must be done."""
         grace_deadline: float | None = None
         reported_exits = 0
+        self._membership_seen.clear()
         while True:
             state = group.wait(timeout=self.config.monitor_interval)
             reported_exits = self._report_exits(state, reported_exits)
-            change, reason = self.handler.membership_change()
+            membership = self.handler.membership()
+            change, reason = membership.change, membership.reason
             if self.metrics:
-                self.metrics.set_nodes_waiting(self.handler.num_nodes_waiting(), self.spares())
+                self.metrics.set_nodes_waiting(membership.waiting, membership.spares)
                 self.metrics.set_workers(running=len(state.running), succeeded=0,
                                          failed=len(state.failures))
             in_outage = self._in_store_outage()
@@ -273,7 +277,7 @@ class ElasticAgent:
             if action is AgentAction.AWAIT_MEMBERSHIP:
                 remaining = max(grace_deadline - self._clock(), 0.0)
                 if change is None:
-                    self.handler.membership_changed.wait(remaining)
+                    self._membership_seen.wait(remaining)
                 else:  # a change already seen that does not settle it (peers rejoining): look again soon
                     time.sleep(min(remaining, self.config.monitor_interval))
                 continue
@@ -284,7 +288,7 @@ class ElasticAgent:
     def _in_store_outage(self) -> bool:
         """Whether the store does not answer now, or did not within the last lease TTL + 1 s (the
         grace a failure gets to show its cause)."""
-        outage = self.handler.store_outage() if hasattr(self.handler, "store_outage") else 0.0
+        outage = self.handler.membership().store_outage
         now = self._clock()
         if outage > 0:
             self._outage_seen = now
@@ -292,7 +296,7 @@ class ElasticAgent:
 
     def _would_exclude(self, group: WorkerGroup) -> bool:
         policy = self._exclusion
-        if policy is None or not hasattr(self.handler, "exclude"):
+        if policy is None or not self.handler.supports_exclusion:
             return False
         return should_exclude(self._failures_in_a_row, policy.max_node_failures, group.rdzv.group_world_size,
                               policy.min_nodes)
@@ -322,7 +326,7 @@ class ElasticAgent:
                 return AgentResult(0, "the job ended while this node was excluded")
         if self.metrics:
             self.metrics.set_excluded(False)
-        log.info("Run %s node %s: the exclusion cooldown ended; rejoining", self.handler.get_run_id(), self.host)
+        log.info("Run %s node %s: the exclusion cooldown ended; rejoining", self.handler.run_id, self.host)
         self._failures_in_a_row = 0
         self.attempt += 1
         return None
@@ -349,7 +353,7 @@ class ElasticAgent:
             return None
         if action is AgentAction.RESTART_FOR_MEMBERSHIP:
             self._stop_group()
-            if self.handler.membership_change()[0] is MembershipChange.NODES_WAITING:
+            if self.handler.membership().change is MembershipChange.NODES_WAITING:
                 # Our workers may have failed first, and the change is our peers' rejoin: report it
                 # (the closer decides). A failure beside a lost member or our own lost lease is that
                 # loss's consequence (collectives broken by a peer that moved on) and is not reported.
@@ -360,13 +364,13 @@ class ElasticAgent:
         if action is AgentAction.RESTART_FOR_OUTAGE:
             self._stop_group()
             log.warning("Run %s node %s: workers failed while the store did not answer; restarting them without "
-                        "charging --max-restarts (the rejoin waits for the store)", self.handler.get_run_id(), self.host)
+                        "charging --max-restarts (the rejoin waits for the store)", self.handler.run_id, self.host)
             self._membership_restart = True
             self.attempt += 1
             return None
         if action is AgentAction.STOP_BLIND:
             self._stop_group()
-            change, reason = self.handler.membership_change()
+            reason = self.handler.membership().reason
             self.events.emit(Event.JOB_FINISHED, status="store_unreachable")
             self.handler.shutdown()
             return AgentResult(1, reason or "the store does not answer")
@@ -390,7 +394,7 @@ class ElasticAgent:
         """Tell the rendezvous this node's workers failed on their own (not stopped by us), with the
         first exit's wall time: the next round's closer counts it and names the culprit."""
         first = first_failure([failure for failure in state.failures if not failure.during_stop])
-        if first is not None and hasattr(self.handler, "report_failure"):
+        if first is not None:
             self.handler.report_failure(first.exit_time)
 
     def _settle_failure(self, info: RendezvousInfo) -> None:
@@ -458,12 +462,12 @@ class ElasticAgent:
         (a c10d host that finished first stops its store) is logged, not turned into a failure.
         """
         try:
-            finished = self.handler.finish(self.config.exit_barrier_timeout) if hasattr(self.handler, "finish") else True
+            finished = self.handler.finish(self.config.exit_barrier_timeout)
             if finished:
                 self.handler.set_closed("the job finished")
         except RendezvousError as error:
             log.warning("Run %s node %s: the exit barrier failed (%s); the workers had finished, so exiting 0",
-                        self.handler.get_run_id(), self.host, error)
+                        self.handler.run_id, self.host, error)
 
     def _stop_group(self, forward: int | None = None) -> None:
         group, self._group = self._group, None
@@ -487,11 +491,11 @@ class ElasticAgent:
 
     def _report_change(self, change: MembershipChange, reason: str) -> None:
         if change is MembershipChange.NODES_WAITING:
-            self.events.emit(Event.NODES_WAITING, count=self.handler.num_nodes_waiting(), reason=reason)
+            self.events.emit(Event.NODES_WAITING, count=self.handler.membership().waiting, reason=reason)
         elif change is MembershipChange.MEMBER_LOST:
             self.events.emit(Event.MEMBER_LOST, reason=reason)
         log.info("Run %s node %s: %s; restarting the workers (does not count as a failure)",
-                 self.handler.get_run_id(), self.host, reason)
+                 self.handler.run_id, self.host, reason)
 
     def _print_failure(self, state: GroupState, final: bool) -> str:
         """Print the root-cause summary (final) or a one-line notice (before a restart)."""

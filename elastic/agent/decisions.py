@@ -9,7 +9,7 @@ import enum
 from dataclasses import dataclass
 
 from elastic.agent.processes.workers import GroupStatus
-from elastic.rendezvous.decisions import MembershipChange
+from elastic.rendezvous.api import MembershipChange
 
 
 class AgentAction(enum.Enum):

@@ -53,11 +53,9 @@ def run(config: LaunchConfig) -> int:
                                      role=config.role)
             events = cleanup.enter_context(EventLog(config.event_log, run_id=config.run_id, node=socket.gethostname()))
             # The node id, not the host name: two agents on one host are two nodes.
-            metrics = AgentMetrics(run_id=config.run_id, node=getattr(handler, "node_id", socket.gethostname()))
-            if hasattr(handler, "on_progress"):
-                handler.on_progress = lambda progress: metrics.set_rendezvous_joined(progress and progress.joined)
-            if hasattr(handler, "store_outage"):
-                metrics.watch_store_outage(handler.store_outage)
+            metrics = AgentMetrics(run_id=config.run_id, node=handler.node_id)
+            handler.on_progress(lambda progress: metrics.set_rendezvous_joined(progress and progress.joined))
+            metrics.watch_store_outage(lambda: handler.membership().store_outage)
             store_host = StoreHost(python_executable(os.environ), os.environ) if config.rdzv_backend != "static" else None
             if store_host is not None:
                 cleanup.callback(store_host.close)
@@ -71,8 +69,8 @@ def run(config: LaunchConfig) -> int:
                                  exclusion=exclusion, templates=templates)
             if config.metrics_port is not None:
                 server = MetricsServer(config.metrics_port, config.metrics_addr, registry=metrics.registry,
-                                       health=lambda: health(agent.healthy, getattr(handler, "progress", None),
-                                                             agent.spares(), _store_outage(handler)))
+                                       health=lambda: health(agent.healthy, handler.progress(), agent.spares(),
+                                                             handler.membership().store_outage))
                 cleanup.callback(server.stop)
                 server.start()  # it logs where it serves
         except (RendezvousError, AgentError, ValueError) as error:
@@ -135,12 +133,6 @@ def health(healthy: bool, progress: WaitSnapshot | None, spares: int = 0, store_
     if progress is not None:
         return True, f"waiting for rendezvous ({progress.counts_text()}){outage}"
     return True, (f"running; spares: {spares}" if spares else "running") + outage
-
-
-def _store_outage(handler: object) -> float:
-    """The handler's store outage in seconds (0.0 for handlers that do not track one)."""
-    outage = getattr(handler, "store_outage", None)
-    return outage() if outage is not None else 0.0
 
 
 def _install_signal_handlers(names: tuple[str, ...]) -> None:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 from backends.api import EventType, WatchEvent
+from elastic.rendezvous.api import MembershipChange
 from elastic.rendezvous.records import DEFAULT_ROLE, Member, RendezvousKeys, RoundRecord, decode_round
 
 
@@ -216,24 +217,6 @@ def failure_culprit(previous: RoundRecord | None, members: Sequence[Joiner]) -> 
 
 
 # -- what a change under a closed round means ------------------------------------------------
-class MembershipChange(enum.Enum):
-    """Why a closed round's members should restart into the next round.
-
-    MEMBER_LOST: a member's key vanished (lease expired, node left or restarted).
-    NODES_WAITING: a node joined the next round and the world can grow, or a member rejoined.
-    ROUND_SUPERSEDED: a newer round was closed without this node.
-    CLOSED: the rendezvous was closed for good.
-    STORE_UNREACHABLE: the store has not answered for ``store_outage_timeout``: the node stops
-        training blind (not a restart: it cannot rejoin without the store).
-    """
-
-    MEMBER_LOST = "member_lost"
-    NODES_WAITING = "nodes_waiting"
-    ROUND_SUPERSEDED = "round_superseded"
-    CLOSED = "closed"
-    STORE_UNREACHABLE = "store_unreachable"
-
-
 @dataclass(frozen=True)
 class RoundView:
     """What a member knows of its closed round, for classifying later events."""

@@ -58,7 +58,6 @@ from elastic.rendezvous.decisions import (
     BarrierOutcome,
     CloseAction,
     Joiner,
-    MembershipChange,
     RoundView,
     CloseDecision,
     agreed_restart_count,
@@ -73,6 +72,7 @@ from elastic.rendezvous.decisions import (
     round_is_full,
     last_call_deadline,
 )
+from elastic.rendezvous.api import MembershipChange, MembershipStatus, Rendezvous, RendezvousInfo
 from elastic.rendezvous.errors import (
     RendezvousClosedError,
     RendezvousConnectionError,
@@ -92,32 +92,6 @@ log = logging.getLogger(__name__)
 
 JOIN_RETRY = RetryPolicy(max_attempts=2**31, initial_backoff=0.2, max_backoff=2.0)
 """Backoff between tries of a join the store interrupted; the join timeout bounds them."""
-
-
-@dataclass(frozen=True)
-class RendezvousInfo:
-    """The result of a completed round, as this node sees it.
-
-    Everything here comes from the round record, so every member sees the same world, master
-    and restart count. ``layout`` places this node's workers (None from handlers that know no
-    local world sizes, e.g. the static one: ranks are then ``group_rank * nproc + local_rank``).
-    ``master_listener`` is the listening socket of the master port when this node is group rank
-    0 (see :mod:`elastic.rendezvous.ports`): the caller owns it and must hand it to the store's
-    host or close it.
-    """
-
-    run_id: str
-    round: int
-    group_rank: int
-    group_world_size: int
-    master_addr: str
-    master_port: int
-    members: tuple[Member, ...]
-    restart_count: int = 0
-    layout: NodeLayout | None = None
-    culprit: str | None = None
-    """The node charged with this round's failure restart, if it counts one."""
-    master_listener: socket.socket | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -141,7 +115,7 @@ def default_node_id() -> str:
     return f"{host}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 
-class RendezvousHandler:
+class RendezvousHandler(Rendezvous):
     """Joins rounds of one run and watches the closed round for membership changes.
 
     Args:
@@ -178,7 +152,7 @@ class RendezvousHandler:
         if not role:
             raise ValueError("The role must not be empty.")
         self.settings = settings
-        self.node_id = node_id or default_node_id()
+        self._node_id = node_id or default_node_id()
         self.node_addr = node_addr
         self.keys = RendezvousKeys(settings.namespace, settings.run_id)
         self._backend = backend
@@ -203,14 +177,47 @@ class RendezvousHandler:
         self._active_watches: set = set()
         self._state_watch: Watch | None = None  # on state/, kept across rounds (see _open_state_watch)
         self._reporter = ProgressReporter(log.info, clock=clock)  # a new one per next_rendezvous
-        self.progress: WaitSnapshot | None = None
-        """While :meth:`next_rendezvous` waits: what this node knows of the round (else None)."""
-        self.on_progress: Callable[[WaitSnapshot | None], None] | None = None
-        """Called with each new :attr:`progress` (e.g. to update a gauge); must not raise."""
+        self._progress: WaitSnapshot | None = None
+        self._progress_callbacks: list[Callable[[WaitSnapshot | None], None]] = []
+        self._change_callbacks: list[Callable[[], None]] = []
 
     # -- public API -----------------------------------------------------------------------------
+    @property
+    def run_id(self) -> str:
+        return self.settings.run_id
+
+    @property
+    def node_id(self) -> str:
+        return self._node_id
+
     def get_run_id(self) -> str:
         return self.settings.run_id
+
+    @property
+    def supports_exclusion(self) -> bool:
+        return True
+
+    def membership(self) -> MembershipStatus:
+        """The current round's membership as last seen. No I/O."""
+        monitor, session = self._monitor, self._session
+        outage = session.outage if session is not None else 0.0
+        if monitor is None:
+            return MembershipStatus(store_outage=outage)
+        return MembershipStatus(monitor.change, monitor.reason, monitor.num_nodes_waiting, monitor.num_rejoining,
+                          monitor.num_spares, outage)
+
+    def on_change(self, callback: Callable[[], None]) -> None:
+        self._change_callbacks.append(callback)
+
+    def progress(self) -> WaitSnapshot | None:
+        return self._progress
+
+    def on_progress(self, callback: Callable[[WaitSnapshot | None], None]) -> None:
+        self._progress_callbacks.append(callback)
+
+    def _changed(self) -> None:
+        for callback in self._change_callbacks:
+            callback()
 
     def next_rendezvous(self) -> RendezvousInfo:
         """Join the next round and block until it closes with this node in it.
@@ -742,7 +749,8 @@ class RendezvousHandler:
         if self._attempt is not None:
             backlog, self._attempt.backlog = self._attempt.backlog, []
         self._monitor = MembershipMonitor(self._backend, view, record.members_revision + 1, self._state_watch,  # type: ignore[arg-type]
-                                          backlog, on_state_watch=self._adopt_state_watch)
+                                          backlog, on_state_watch=self._adopt_state_watch,
+                                          on_change=self._changed)
         session = self._session
         if session is not None and session.lost.is_set():  # lost before the monitor existed
             self._monitor.signal(MembershipChange.MEMBER_LOST, f"this node's lease was lost: {session.lost_reason}")
@@ -906,9 +914,9 @@ class RendezvousHandler:
         self._reporter.update(snapshot)
 
     def _set_progress(self, snapshot: WaitSnapshot | None) -> None:
-        self.progress = snapshot
-        if self.on_progress is not None:
-            self.on_progress(snapshot)
+        self._progress = snapshot
+        for callback in self._progress_callbacks:
+            callback(snapshot)
 
     def _timeout(self, forming: int) -> RendezvousTimeoutError:
         last = self._reporter.last

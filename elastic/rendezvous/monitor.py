@@ -59,6 +59,7 @@ class MembershipMonitor:
         state_backlog: ``state/`` events already taken from ``state_watch`` but not handled.
         on_state_watch: called with the new ``state/`` watch when the monitor replaced a lost
             one, so the handler (its owner) keeps it.
+        on_change: called (on the delivering thread) after each :meth:`signal`.
 
     Attributes:
         changed: set once a change that should restart the members was seen.
@@ -75,6 +76,7 @@ class MembershipMonitor:
         state_watch: Watch,
         state_backlog: Sequence[WatchEvent] = (),
         on_state_watch: Callable[[Watch], None] = lambda watch: None,
+        on_change: Callable[[], None] = lambda: None,
     ) -> None:
         self._backend = backend
         self._view = view
@@ -83,6 +85,7 @@ class MembershipMonitor:
         self._lock = threading.RLock()  # one classifier at a time; listeners may fire on several threads
         self._state_watch = state_watch
         self.on_state_watch = on_state_watch
+        self._on_change = on_change
         self._rounds_watch: Watch | None = None
         self._resumer: threading.Thread | None = None
         self.changed = threading.Event()
@@ -116,6 +119,7 @@ class MembershipMonitor:
                 self.change, self.reason = change, reason
                 log.info("Rendezvous %s round %d: %s", self._view.keys.run_id, self._view.record.round, reason)
         self.changed.set()
+        self._on_change()
 
     def stop(self) -> None:
         """Stop classifying; cancels the ``rounds/`` watch and hands ``state/`` back. Idempotent."""

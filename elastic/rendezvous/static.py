@@ -7,15 +7,12 @@ meet. Membership never changes, so the membership signal is never set.
 
 from __future__ import annotations
 
-import threading
-
-from elastic.rendezvous.decisions import MembershipChange
+from elastic.rendezvous.api import Rendezvous, RendezvousInfo
 from elastic.rendezvous.errors import RendezvousClosedError, RendezvousConfigError
-from elastic.rendezvous.handler import RendezvousInfo
 from elastic.rendezvous.records import Member
 
 
-class StaticRendezvousHandler:
+class StaticRendezvousHandler(Rendezvous):
     """The same answer every round: ``node_rank`` of ``nnodes``, master at ``master_addr:master_port``.
 
     Raises (on construction):
@@ -37,10 +34,14 @@ class StaticRendezvousHandler:
         self._master = (master_addr, master_port)
         self._round = -1
         self._closed = False
-        self.membership_changed = threading.Event()
 
-    def get_run_id(self) -> str:
+    @property
+    def run_id(self) -> str:
         return self._run_id
+
+    @property
+    def node_id(self) -> str:
+        return f"node{self._node_rank}"
 
     def next_rendezvous(self) -> RendezvousInfo:
         if self._closed:
@@ -56,11 +57,5 @@ class StaticRendezvousHandler:
     def set_closed(self, reason: str = "the job finished") -> None:
         self._closed = True
 
-    def num_nodes_waiting(self) -> int:
-        return 0
-
-    def membership_change(self) -> tuple[MembershipChange | None, str]:
-        return None, ""
-
-    def shutdown(self) -> bool:
-        return True
+    def shutdown(self) -> None:
+        """Nothing to leave: no backend, no keys."""

@@ -43,8 +43,9 @@ import torch.distributed as dist
 from torch.distributed.elastic.rendezvous import api as torch_api
 
 from elastic.rendezvous import errors as ours
-from elastic.rendezvous.decisions import MembershipChange
-from elastic.rendezvous.handler import RendezvousHandler, RendezvousInfo
+from elastic.rendezvous.api import MembershipChange
+from elastic.rendezvous.api import RendezvousInfo
+from elastic.rendezvous.handler import RendezvousHandler
 from elastic.rendezvous.registry import create_handler
 from elastic.rendezvous.settings import RendezvousSettings, settings_from_conf
 

@@ -4,7 +4,7 @@ import pytest
 
 from elastic.agent.decisions import AgentAction, AgentView, decide, should_exclude
 from elastic.agent.processes.workers import GroupStatus
-from elastic.rendezvous.decisions import MembershipChange
+from elastic.rendezvous.api import MembershipChange
 
 RUN, OK, FAIL = GroupStatus.RUNNING, GroupStatus.SUCCEEDED, GroupStatus.FAILED
 LOST, WAIT, CLOSED = MembershipChange.MEMBER_LOST, MembershipChange.NODES_WAITING, MembershipChange.CLOSED

@@ -14,7 +14,7 @@ import pytest
 from elastic.agent.processes.proctree import ProcLister, find_tree
 from elastic.agent.processes.workers import GroupStatus, WorkerGroup
 from elastic.config import Entrypoint, LaunchConfig
-from elastic.rendezvous.handler import RendezvousInfo
+from elastic.rendezvous.api import RendezvousInfo
 
 
 class FakeLister:

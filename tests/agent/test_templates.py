@@ -28,7 +28,7 @@ from elastic.agent.prewarm.wire import (FrameReader, TemplateWireError, WorkerJo
 from elastic.agent.prewarm.pool import TemplatePool, TemplateState, worker_path0
 from elastic.agent.processes.workers import GroupStatus, WorkerGroup
 from elastic.config import Entrypoint, LaunchConfig, Std, StdMask
-from elastic.rendezvous.handler import RendezvousInfo
+from elastic.rendezvous.api import RendezvousInfo
 from elastic.testing.ports import free_port
 
 # -- the wire ----------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from elastic.agent.processes.worker_env import (
     worker_env,
 )
 from elastic.config import Entrypoint, LaunchConfig
-from elastic.rendezvous.handler import RendezvousInfo
+from elastic.rendezvous.api import RendezvousInfo
 
 TORCHRUN_KEYS = {
     "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",

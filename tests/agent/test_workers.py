@@ -31,7 +31,7 @@ from elastic.agent.processes.workers import (
     resolve_log_root,
 )
 from elastic.config import Entrypoint, LaunchConfig, Std, StdMask
-from elastic.rendezvous.handler import RendezvousInfo
+from elastic.rendezvous.api import RendezvousInfo
 
 PRELUDE = """\
 import json, os, signal, subprocess, sys, time

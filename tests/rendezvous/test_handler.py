@@ -13,7 +13,7 @@ import pytest
 from backends.api import RangeResult
 from backends.counting import CountingBackend
 from backends.txn import TxnResult
-from elastic.rendezvous.decisions import MembershipChange
+from elastic.rendezvous.api import MembershipChange
 from elastic.rendezvous.errors import RendezvousClosedError, RendezvousStateError, RendezvousTimeoutError
 from elastic.rendezvous.handler import RendezvousHandler
 from elastic.rendezvous.settings import RendezvousSettings

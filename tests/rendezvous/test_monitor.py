@@ -7,7 +7,8 @@ import pytest
 
 from backends.api import EventType, KeyValue, WatchEvent
 from elastic.rendezvous import records
-from elastic.rendezvous.decisions import MembershipChange, RoundView
+from elastic.rendezvous.api import MembershipChange
+from elastic.rendezvous.decisions import RoundView
 from elastic.rendezvous.monitor import MembershipMonitor
 from elastic.rendezvous.records import ClosedRecord, Member, RendezvousKeys, RoundRecord
 from elastic.testing.fake_store import FakeHarness

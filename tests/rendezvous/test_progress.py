@@ -87,7 +87,7 @@ def test_a_lone_node_says_what_it_waits_for_and_its_timeout_names_the_last_count
                                   lease_ttl=2.0, join_timeout=3.5, last_call_timeout=1.0)
     handler = RendezvousHandler(settings, harness.connect(), "127.0.0.1", node_id="a", owns_backend=True)
     seen: list = []
-    handler.on_progress = seen.append
+    handler.on_progress(seen.append)
     try:
         with caplog.at_level(logging.INFO, logger="elastic.rendezvous.handler"):
             with pytest.raises(RendezvousTimeoutError, match=r"need at least 2 nodes \(last seen: 1 of 2 joined\)"):
@@ -98,7 +98,7 @@ def test_a_lone_node_says_what_it_waits_for_and_its_timeout_names_the_last_count
     lines = [r.getMessage() for r in caplog.records if "waiting for nodes" in r.getMessage()]
     assert lines and lines[0].startswith("Rendezvous job round 0 (node a): waiting for nodes: 1 of at least 2 nodes joined "
                                          "(at most 3); ")
-    assert seen[0].joined == 1 and seen[-1] is None and handler.progress is None
+    assert seen[0].joined == 1 and seen[-1] is None and handler.progress() is None
 
 
 def test_a_survivor_names_the_members_of_the_last_round_it_still_expects(caplog):

@@ -14,7 +14,7 @@ import pytest
 from backends.errors import BackendTimeoutError
 from backends.fake import InMemoryStore
 from backends.retry import RetryPolicy
-from elastic.rendezvous.decisions import MembershipChange
+from elastic.rendezvous.api import MembershipChange
 from elastic.rendezvous.handler import RendezvousHandler
 from elastic.rendezvous.settings import RendezvousSettings
 

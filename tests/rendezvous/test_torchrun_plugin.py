@@ -25,8 +25,8 @@ import torch.distributed as dist  # noqa: E402
 import torch.distributed.elastic.rendezvous.api as torch_api  # noqa: E402
 
 from elastic.rendezvous import errors as ours  # noqa: E402
-from elastic.rendezvous.decisions import MembershipChange  # noqa: E402
-from elastic.rendezvous.handler import RendezvousInfo  # noqa: E402
+from elastic.rendezvous.api import MembershipChange  # noqa: E402
+from elastic.rendezvous.api import RendezvousInfo  # noqa: E402
 from elastic.rendezvous.records import Member  # noqa: E402
 from elastic.rendezvous.torchrun_plugin import (  # noqa: E402
     BACKEND_NAME,

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from elastic.agent.processes.worker_env import worker_env
 from elastic.config import Entrypoint, LaunchConfig
-from elastic.rendezvous.handler import RendezvousInfo
+from elastic.rendezvous.api import RendezvousInfo
 
 HERE = Path(__file__).parent
 WORKERS = HERE / "workers"

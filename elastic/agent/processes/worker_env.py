@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Mapping
 from elastic.config import Entrypoint, LaunchConfig
 
 if TYPE_CHECKING:  # the handler module pulls in the backends; workers need none of it
-    from elastic.rendezvous.handler import RendezvousInfo
+    from elastic.rendezvous.api import RendezvousInfo
 
 __all__ = [
     "OMP_NOTICE",

@@ -49,7 +49,7 @@ from elastic.agent.processes.worker_env import python_executable, worker_argv, w
 from elastic.config import LaunchConfig, Std
 
 if TYPE_CHECKING:
-    from elastic.rendezvous.handler import RendezvousInfo
+    from elastic.rendezvous.api import RendezvousInfo
 
 log = logging.getLogger(__name__)
 
