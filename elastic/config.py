@@ -1,7 +1,9 @@
 """The launcher's resolved configuration: what ``elasticrun`` was asked to do.
 
 :class:`LaunchConfig` is produced by the pure ``config_from_args(argv, environ)`` in
-:mod:`elastic.launch.cli` and consumed by the agent. It never imports torch.
+:mod:`elastic.launch.cli` and consumed by the runner and the agent. Its rendezvous part is
+typed: the engine's :class:`~elastic.rendezvous.settings.RendezvousSettings` and the backend's
+spec (:mod:`elastic.rendezvous.backend_spec`), parsed once from the flags. It never imports torch.
 """
 
 from __future__ import annotations
@@ -9,6 +11,9 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 from typing import Mapping
+
+from elastic.rendezvous.backend_spec import BackendSpec, StandaloneSpec, StaticSpec
+from elastic.rendezvous.settings import RendezvousSettings
 
 
 class Std(enum.IntFlag):
@@ -53,11 +58,13 @@ class LaunchConfig:
         min_nodes, max_nodes: from ``--nnodes N`` or ``MIN:MAX``.
         nproc_per_node: worker processes on this node (``auto``/``gpu``/``cpu`` resolved).
         nproc_source: how nproc was decided (``"2"``, ``"auto: 4 GPUs"``, ``"cpu: 8 cores"``).
-        rdzv_backend: ``etcd``/``etcd-v3``/``tcp``/``c10d``/``static``.
-        rdzv_endpoint: backend endpoint(s); for ``--standalone``, filled in by the agent.
         run_id: ``--rdzv-id`` (random for ``--standalone``).
-        rdzv_conf: ``--rdzv-conf`` key/values (merged when repeated).
-        standalone: host an embedded built-in store on a free port.
+        backend: ``--rdzv-backend``, ``--rdzv-endpoint`` and the connection keys of
+            ``--rdzv-conf``, parsed (a :class:`StandaloneSpec` for ``--standalone``, which the
+            runner turns into a hosted store; a :class:`StaticSpec`, with ``--node-rank`` and
+            the master, for the static backend).
+        rendezvous: the engine's settings from the other ``--rdzv-conf`` keys; when not given,
+            the defaults for ``run_id``, ``min_nodes`` and ``max_nodes`` (which it must match).
         max_restarts: restarts allowed after worker failures (membership changes are free).
         monitor_interval: seconds between worker-state checks.
         start_method: ``spawn``/``fork``/``forkserver`` (accepted for compatibility; workers are
@@ -67,8 +74,6 @@ class LaunchConfig:
         log_dir: base of ``<log_dir>/<run_id>/attempt_<k>/<local_rank>/{stdout,stderr}.log``.
         redirects, tee: stream masks.
         local_ranks_filter: local ranks whose output is shown on the console (None: all).
-        node_rank: for the static backend.
-        master_addr, master_port: fixed master (static backend); None: chosen per round.
         local_addr: address other nodes use to reach this one (None: the host's FQDN).
         signals_to_handle: signal names forwarded to workers.
         shutdown_timeout: seconds between SIGTERM and SIGKILL when stopping workers.
@@ -86,11 +91,9 @@ class LaunchConfig:
     nproc_per_node: int
     entrypoint: Entrypoint
     nproc_source: str = ""
-    rdzv_backend: str = "static"
-    rdzv_endpoint: str = ""
     run_id: str = "none"
-    rdzv_conf: Mapping[str, str] = field(default_factory=dict)
-    standalone: bool = False
+    backend: BackendSpec = field(default_factory=StaticSpec)
+    rendezvous: RendezvousSettings = None  # type: ignore[assignment]  # filled in by __post_init__
     max_restarts: int = 0
     monitor_interval: float = 0.1
     start_method: str = "spawn"
@@ -99,9 +102,6 @@ class LaunchConfig:
     redirects: StdMask = field(default_factory=StdMask)
     tee: StdMask = field(default_factory=StdMask)
     local_ranks_filter: frozenset[int] | None = None
-    node_rank: int = 0
-    master_addr: str | None = None
-    master_port: int | None = None
     local_addr: str | None = None
     signals_to_handle: tuple[str, ...] = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
     shutdown_timeout: float = 30.0
@@ -112,3 +112,22 @@ class LaunchConfig:
     dry_run: bool = False
     prewarm: bool = False
     prewarm_modules: tuple[str, ...] = ("torch",)
+
+    def __post_init__(self) -> None:
+        """Default the rendezvous settings, or check that they describe this run.
+
+        Raises:
+            RendezvousConfigError: the run id or node range is invalid (no settings given).
+            ValueError: the given settings name another run id or node range.
+        """
+        if self.rendezvous is None:
+            object.__setattr__(self, "rendezvous", RendezvousSettings(self.run_id, self.min_nodes, self.max_nodes))
+        given = (self.rendezvous.run_id, self.rendezvous.min_nodes, self.rendezvous.max_nodes)
+        if given != (self.run_id, self.min_nodes, self.max_nodes):
+            raise ValueError(f"The rendezvous settings are for run {given[0]!r} with {given[1]}:{given[2]} nodes, "
+                             f"not run {self.run_id!r} with {self.min_nodes}:{self.max_nodes}.")
+
+    @property
+    def standalone(self) -> bool:
+        """Whether the runner hosts an embedded built-in store on a free port (``--standalone``)."""
+        return isinstance(self.backend, StandaloneSpec)

@@ -26,9 +26,10 @@ import signal
 import sys
 import uuid
 from dataclasses import dataclass, fields
+from functools import partial
 from typing import Any, Callable, Mapping, Sequence, TextIO
 
-from backends.endpoints import Endpoint, parse_endpoint, parse_endpoints
+from backends.endpoints import Endpoint, parse_endpoint
 from backends.errors import EndpointError
 from elastic import __version__
 from elastic.config import Entrypoint, LaunchConfig, Std, StdMask
@@ -38,13 +39,16 @@ from elastic.launch.flags import (
     START_METHODS, STATIC_DEFAULT_ADDR, STATIC_DEFAULT_PORT, VERSION_FLAGS, Option, format_help,
 )
 from elastic.rendezvous.errors import RendezvousConfigError
-from elastic.rendezvous.registry import BACKEND_NAMES, ETCD_DEFAULT_PORT, STORE_DEFAULT_PORT
-from elastic.rendezvous.settings import parse_rdzv_conf, settings_from_conf
+from elastic.rendezvous.backend_spec import (
+    BACKEND_NAMES, ETCD_NAMES, BackendSpec, StaticSpec, etcd_endpoints, etcd_spec, standalone_spec, store_endpoint,
+    store_spec,
+)
+from elastic.rendezvous.conf import parse_rdzv_conf
+from elastic.rendezvous.settings import RendezvousSettings, settings_from_conf
 
 log = logging.getLogger(__name__)
 
 _UNCATCHABLE_SIGNALS = ("SIGKILL", "SIGSTOP")
-_SECRET_CONF_KEYS = ("password", "token")
 
 
 class ConfigError(ValueError):
@@ -335,9 +339,17 @@ def _launch_default(name: str) -> Any:
 # -- rendezvous --------------------------------------------------------------------------------
 
 
+SpecMaker = Callable[[Mapping[str, str]], BackendSpec]
+"""Builds the backend spec from the parsed ``--rdzv-conf`` once the engine settings are valid."""
+
+
 def _rendezvous(sources: _Sources, min_nodes: int, max_nodes: int,
                 new_run_id: Callable[[], str], warn: Callable[[str], None]) -> dict[str, Any]:
-    """The rendezvous fields of :class:`LaunchConfig`, with torchrun's standalone shortcuts applied."""
+    """The rendezvous fields of :class:`LaunchConfig` (``run_id``, ``backend``, ``rendezvous``),
+    with torchrun's standalone shortcuts applied.
+
+    Errors come in the order a reader meets the flags: backend, endpoint, id, then options.
+    """
     backend_text, backend_where = sources.text("rdzv_backend")
     backend = (backend_text or "").strip().lower()
     if backend not in BACKEND_NAMES:
@@ -348,6 +360,7 @@ def _rendezvous(sources: _Sources, min_nodes: int, max_nodes: int,
     master_port = _optional_port(*sources.text("master_port"))
     conf = _rdzv_conf(sources)
 
+    make_spec: SpecMaker = standalone_spec  # --standalone and the single-node shortcuts
     if sources.switch("standalone"):
         if (min_nodes, max_nodes) != (1, 1):
             raise _fail("--standalone", f"runs a single node, so --nnodes must be 1 or 1:1 "
@@ -355,25 +368,26 @@ def _rendezvous(sources: _Sources, min_nodes: int, max_nodes: int,
         for dest in ("rdzv_backend", "rdzv_endpoint", "rdzv_id"):
             if sources.explicit(dest):
                 warn(f"--standalone ignores {_as_given(sources, dest)}")
-        chosen, why = _standalone(new_run_id()), "--standalone"
+        run_id, why = new_run_id(), "--standalone"
     elif backend == "static" and not endpoint and master_port is None and max_nodes == 1:
         # torchrun's shortcut: one static node with no master port runs standalone, so that jobs
         # stacked on one host never share a port.
         run_id = _run_id(sources) if sources.explicit("rdzv_id") else new_run_id()
-        chosen, why = _standalone(run_id), "a standalone store (one static node without --master-port)"
+        why = "a standalone store (one static node without --master-port)"
     elif backend == "static":
-        chosen, why = _static(sources, endpoint, min_nodes, max_nodes, node_rank, master_port, warn), ""
+        run_id, why = _run_id(sources), ""
+        make_spec = _static(sources, endpoint, min_nodes, max_nodes, node_rank, master_port, warn)
     else:
-        chosen, why = _dynamic(sources, backend, endpoint, max_nodes, warn)
+        run_id = _run_id(sources)
+        make_spec, why = _dynamic(sources, backend, endpoint, max_nodes, warn)
     if why:
         _warn_static_only(sources, node_rank, why, warn)
-    _validate_settings(sources, chosen["run_id"], min_nodes, max_nodes, conf)
-    return {**chosen, "rdzv_conf": conf}
-
-
-def _standalone(run_id: str) -> dict[str, Any]:
-    """An embedded built-in store on a free local port; the agent fills in the endpoint."""
-    return {"rdzv_backend": "c10d", "rdzv_endpoint": "", "run_id": run_id, "standalone": True}
+    settings = _settings(sources, run_id, min_nodes, max_nodes, conf)
+    try:
+        spec = make_spec(conf)
+    except RendezvousConfigError as error:
+        raise _fail(sources.texts("rdzv_conf")[1], _sentence_tail(error)) from error
+    return {"run_id": run_id, "backend": spec, "rendezvous": settings}
 
 
 def _run_id(sources: _Sources) -> str:
@@ -398,7 +412,7 @@ def _rdzv_conf(sources: _Sources) -> dict[str, str]:
 
 
 def _static(sources: _Sources, endpoint: str, min_nodes: int, max_nodes: int, node_rank: int,
-            master_port: int | None, warn: Callable[[str], None]) -> dict[str, Any]:
+            master_port: int | None, warn: Callable[[str], None]) -> SpecMaker:
     if min_nodes != max_nodes:
         raise _fail(sources.text("nnodes")[1], f"the static backend needs a fixed node count (got "
                     f"{min_nodes}:{max_nodes}); elastic ranges need --rdzv-backend etcd, c10d or tcp")
@@ -412,41 +426,42 @@ def _static(sources: _Sources, endpoint: str, min_nodes: int, max_nodes: int, no
                 warn(f"{_as_given(sources, dest)} is ignored: --rdzv-endpoint {endpoint} names the master")
     else:
         addr_text, addr_where = sources.text("master_addr")
-        addr = _optional_text(addr_text) or STATIC_DEFAULT_ADDR
-        if addr.startswith("[") and addr.endswith("]"):
-            addr = addr[1:-1]
+        addr = _host_address(_optional_text(addr_text)) or STATIC_DEFAULT_ADDR
         port = master_port or STATIC_DEFAULT_PORT
         master = _endpoint(Endpoint(addr, port).netloc, port, addr_where)
-    return {"rdzv_backend": "static", "rdzv_endpoint": master.netloc, "run_id": _run_id(sources),
-            "node_rank": node_rank, "master_addr": master.host, "master_port": master.port}
+    return lambda _conf: StaticSpec(node_rank, master)  # the static backend reads no --rdzv-conf key
 
 
 def _dynamic(sources: _Sources, backend: str, endpoint: str, max_nodes: int,
-             warn: Callable[[str], None]) -> tuple[dict[str, Any], str]:
+             warn: Callable[[str], None]) -> tuple[SpecMaker, str]:
+    """The spec maker of an etcd or store backend, and why static-only flags are ignored."""
     where = sources.text("rdzv_endpoint")[1]
     if not endpoint:
-        example = "etcd-0:2379,etcd-1:2379" if backend.startswith("etcd") else "node0:29400"
+        example = "etcd-0:2379,etcd-1:2379" if backend in ETCD_NAMES else "node0:29400"
         raise _fail(where, f"the {backend} backend needs an endpoint, such as --rdzv-endpoint {example}")
-    run_id = _run_id(sources)
-    if backend.startswith("etcd"):
-        try:
-            parse_endpoints(endpoint, ETCD_DEFAULT_PORT, allow_unix=True)
-        except EndpointError as error:
-            raise _fail(where, _sentence_tail(error)) from error
-    elif "," in endpoint:
-        raise _fail(where, f"the {backend} backend takes one HOST[:PORT] (got {endpoint!r})")
-    else:
-        host, colon, port = endpoint.rpartition(":")
-        if backend == "c10d" and colon and port == "0":
-            if max_nodes != 1:
-                raise _fail(where, f"port 0 (a free port) only works for a single node (--nnodes is {max_nodes})")
-            _endpoint(host, STORE_DEFAULT_PORT, where)
-            return _standalone(run_id), f"a standalone store (c10d on {endpoint})"
-        _endpoint(endpoint, STORE_DEFAULT_PORT, where)
+    free_port = backend == "c10d" and _free_port(endpoint)
+    try:
+        if backend in ETCD_NAMES:
+            make_spec: SpecMaker = partial(etcd_spec, backend, etcd_endpoints(endpoint))
+        else:
+            make_spec = partial(store_spec, backend,
+                                store_endpoint(backend, endpoint.rpartition(":")[0] if free_port else endpoint))
+    except RendezvousConfigError as error:
+        raise _fail(where, _sentence_tail(error)) from error
+    if free_port:
+        if max_nodes != 1:
+            raise _fail(where, f"port 0 (a free port) only works for a single node (--nnodes is {max_nodes})")
+        return standalone_spec, f"a standalone store (c10d on {endpoint})"
     if not sources.explicit("rdzv_id"):
-        warn(f"--rdzv-id is not set: every job using the id {run_id!r} on {endpoint} joins the same "
+        warn(f"--rdzv-id is not set: every job using the id {_run_id(sources)!r} on {endpoint} joins the same "
              "rendezvous; give each job its own id")
-    return {"rdzv_backend": backend, "rdzv_endpoint": endpoint, "run_id": run_id}, f"the {backend} backend"
+    return make_spec, f"the {backend} backend"
+
+
+def _free_port(endpoint: str) -> bool:
+    """``HOST:0``: c10d's request for a free port (a standalone store)."""
+    _, colon, port = endpoint.rpartition(":")
+    return bool(colon) and port == "0" and "," not in endpoint
 
 
 def _endpoint(text: str, default_port: int, where: str) -> Endpoint:
@@ -463,15 +478,15 @@ def _warn_static_only(sources: _Sources, node_rank: int, why: str, warn: Callabl
             warn(f"{_as_given(sources, dest)} is ignored: only the static backend uses it, and this run uses {why}")
 
 
-def _validate_settings(sources: _Sources, run_id: str, min_nodes: int, max_nodes: int,
-                       conf: Mapping[str, str]) -> None:
-    """Build the rendezvous settings once now, so a bad id or option fails here, not on a node later."""
+def _settings(sources: _Sources, run_id: str, min_nodes: int, max_nodes: int,
+              conf: Mapping[str, str]) -> RendezvousSettings:
+    """The engine's settings, built once here so a bad id or option fails now, not on a node later."""
     try:
-        settings_from_conf(run_id, min_nodes, max_nodes, {})
+        RendezvousSettings(run_id, min_nodes, max_nodes)
     except RendezvousConfigError as error:
         raise _fail(sources.text("rdzv_id")[1], _sentence_tail(error)) from error
     try:
-        settings_from_conf(run_id, min_nodes, max_nodes, conf)
+        return settings_from_conf(run_id, min_nodes, max_nodes, conf)
     except RendezvousConfigError as error:
         raise _fail(sources.texts("rdzv_conf")[1], _sentence_tail(error)) from error
 
@@ -627,14 +642,12 @@ def describe(config: LaunchConfig) -> str:
         ("entrypoint", f"{entry.kind} {shlex.join((entry.target, *entry.args))}"),
         ("nnodes", nodes + (" (elastic)" if config.min_nodes != config.max_nodes else "")),
         ("nproc_per_node", nproc),
-        ("rdzv_backend", config.rdzv_backend),
-        ("rdzv_endpoint", config.rdzv_endpoint or ("a free local port" if config.standalone else "none")),
+        ("rdzv_backend", config.backend.name),
+        ("rdzv_endpoint", config.backend.endpoint_text),
         ("run_id", config.run_id),
-        ("rdzv_conf", _conf_text(config.rdzv_conf)),
         ("standalone", _yes_no(config.standalone)),
-        ("node_rank", str(config.node_rank)),
-        ("master_addr", config.master_addr or "chosen each round"),
-        ("master_port", str(config.master_port) if config.master_port else "chosen each round"),
+        ("backend", config.backend.conf_text()),
+        ("rendezvous", _settings_text(config.rendezvous)),
         ("local_addr", config.local_addr or "this host's name"),
         ("role", config.role),
         ("max_restarts", str(config.max_restarts)),
@@ -663,10 +676,12 @@ def _yes_no(flag: bool) -> str:
     return "yes" if flag else "no"
 
 
-def _conf_text(conf: Mapping[str, str]) -> str:
-    if not conf:
-        return "none"
-    return ",".join(f"{key}={'***' if key in _SECRET_CONF_KEYS else value}" for key, value in conf.items())
+def _settings_text(settings: RendezvousSettings) -> str:
+    """The engine's settings in ``--rdzv-conf`` form (run id and node range are shown above)."""
+    return (f"join_timeout={settings.join_timeout:g},last_call_timeout={settings.last_call_timeout:g},"
+            f"close_timeout={settings.close_timeout:g},lease_ttl={settings.lease_ttl:g},"
+            f"namespace={settings.namespace},max_node_failures={settings.max_node_failures},"
+            f"exclusion_cooldown={settings.exclusion_cooldown:g},store_outage_timeout={settings.store_outage_timeout:g}")
 
 
 def _mask_text(mask: StdMask) -> str:

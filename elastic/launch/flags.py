@@ -13,12 +13,12 @@ import argparse
 from dataclasses import dataclass
 from typing import Any
 
-from elastic.rendezvous.registry import BACKEND_NAMES, ETCD_DEFAULT_PORT, STORE_DEFAULT_PORT
-from elastic.rendezvous.settings import BACKEND_KEYS, ENGINE_KEYS
+from elastic.rendezvous.backend_spec import (
+    BACKEND_NAMES, ETCD_DEFAULT_PORT, STATIC_DEFAULT_ADDR, STATIC_DEFAULT_PORT, STORE_DEFAULT_PORT,
+)
+from elastic.rendezvous.conf import BACKEND_KEYS, ENGINE_KEYS
 
 PROG = "elasticrun"
-STATIC_DEFAULT_ADDR = "127.0.0.1"
-STATIC_DEFAULT_PORT = 29500
 SHUTDOWN_TIMEOUT_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
 START_METHODS = ("spawn", "fork", "forkserver")
 NUMA_MODES = ("node", "socket", "exclusive", "core-complex")  # torch.numa.binding.AffinityMode

@@ -19,6 +19,7 @@ import threading
 import uuid
 from contextlib import ExitStack
 
+from backends.endpoints import Endpoint
 from elastic.agent.agent import ElasticAgent, ExclusionPolicy, SignalReceived
 from elastic.agent.observe.events import EventLog
 from elastic.agent.lifeline.keeper import Lifeline, state_dir
@@ -30,8 +31,8 @@ from elastic.agent.processes.worker_env import omp_threads_notice, python_execut
 from elastic.config import LaunchConfig
 from elastic.rendezvous.errors import RendezvousError
 from elastic.rendezvous.progress import WaitSnapshot
+from elastic.rendezvous.backend_spec import StandaloneSpec, StaticSpec
 from elastic.rendezvous.registry import create_handler
-from elastic.rendezvous.settings import settings_from_conf
 
 log = logging.getLogger(__name__)
 
@@ -44,19 +45,19 @@ def run(config: LaunchConfig) -> int:
         print(notice, file=sys.stderr)
     with ExitStack() as cleanup:
         try:
-            config = _with_standalone_store(config, cleanup)
             # torchrun's --standalone gives workers MASTER_ADDR=localhost; match it.
             node_addr = config.local_addr or ("localhost" if config.standalone else socket.getfqdn())
-            settings = settings_from_conf(config.run_id, config.min_nodes, config.max_nodes, config.rdzv_conf)
-            handler = create_handler(config.rdzv_backend, config.rdzv_endpoint, settings, node_addr,
-                                     node_rank=config.node_rank, local_world_size=config.nproc_per_node,
+            config = _with_standalone_store(config, cleanup)
+            settings = config.rendezvous
+            handler = create_handler(config.backend, settings, node_addr, local_world_size=config.nproc_per_node,
                                      role=config.role)
             events = cleanup.enter_context(EventLog(config.event_log, run_id=config.run_id, node=socket.gethostname()))
             # The node id, not the host name: two agents on one host are two nodes.
             metrics = AgentMetrics(run_id=config.run_id, node=handler.node_id)
             handler.on_progress(lambda progress: metrics.set_rendezvous_joined(progress and progress.joined))
             metrics.watch_store_outage(lambda: handler.membership().store_outage)
-            store_host = StoreHost(python_executable(os.environ), os.environ) if config.rdzv_backend != "static" else None
+            store_host = (StoreHost(python_executable(os.environ), os.environ)
+                          if not isinstance(config.backend, StaticSpec) else None)
             if store_host is not None:
                 cleanup.callback(store_host.close)
                 store_host.warm()  # imports torch while the rendezvous runs: warm if this node becomes master
@@ -84,8 +85,9 @@ def run(config: LaunchConfig) -> int:
 
 
 def _with_standalone_store(config: LaunchConfig, cleanup: ExitStack) -> LaunchConfig:
-    """For ``--standalone``: host the built-in store on a free loopback port, with a random token."""
-    if not config.standalone:
+    """For ``--standalone``: host the built-in store on a free loopback port, with a random token;
+    the config then names that store (a ``tcp`` :class:`StoreSpec`) and a run id."""
+    if not isinstance(config.backend, StandaloneSpec):
         return config
     from backends.tcp.server import start_server
 
@@ -93,8 +95,8 @@ def _with_standalone_store(config: LaunchConfig, cleanup: ExitStack) -> LaunchCo
     server = start_server("127.0.0.1", 0, token)
     cleanup.callback(server.stop)
     run_id = config.run_id if config.run_id not in ("", "none") else str(uuid.uuid4())
-    return dataclasses.replace(config, rdzv_backend="tcp", rdzv_endpoint=server.endpoint, run_id=run_id,
-                               rdzv_conf={**config.rdzv_conf, "token": token})
+    return dataclasses.replace(config, run_id=run_id, rendezvous=dataclasses.replace(config.rendezvous, run_id=run_id),
+                               backend=config.backend.hosted_at(Endpoint(server.host, server.port), token))
 
 
 def _start_templates(config: LaunchConfig, cleanup: ExitStack) -> TemplatePool | None:

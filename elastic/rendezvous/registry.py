@@ -1,6 +1,6 @@
-"""Rendezvous backends by name, as ``--rdzv-backend`` spells them.
+"""Connect to a rendezvous backend from its parsed spec (:mod:`elastic.rendezvous.backend_spec`).
 
-``etcd`` / ``etcd-v3``: etcd v3 at ``--rdzv-endpoint`` (comma-separated for a cluster).
+``etcd`` / ``etcd-v3``: etcd v3 at the spec's endpoints (a cluster, with failover).
 ``tcp``: a running built-in store (``elastic-store``, or another node's embedded one).
 ``c10d``: the built-in store, hosted by the node whose address matches the endpoint (or
          ``is_host=1``), as torchrun users expect; the others connect to it. The host binds
@@ -8,7 +8,8 @@
          or the explicit ``insecure_open_store=1``.
 ``static``: fixed ranks from ``--node-rank``, no elasticity, no backend.
 
-Optional dependencies (the etcd client) are imported only when their backend is chosen.
+Nothing here parses a string: the spec carries typed values. Optional dependencies (the etcd
+client) are imported only when their backend is chosen.
 """
 
 from __future__ import annotations
@@ -16,24 +17,18 @@ from __future__ import annotations
 import logging
 import socket
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Callable, Mapping
+from typing import Callable
 
 from backends.api import KVBackend
-from backends.endpoints import is_loopback_only, parse_endpoint
+from backends.endpoints import is_loopback_only
 from backends.errors import BackendError, EndpointError
+from elastic.rendezvous.backend_spec import (
+    OPEN_STORE_OPTION, BackendSpec, EtcdSpec, Hosting, StandaloneSpec, StaticSpec, StoreBackedSpec, StoreSpec,
+)
 from elastic.rendezvous.errors import RendezvousConfigError, RendezvousConnectionError
 from elastic.rendezvous.settings import RendezvousSettings
 
 log = logging.getLogger(__name__)
-
-ETCD_DEFAULT_PORT = 2379
-STORE_DEFAULT_PORT = 29400
-
-BACKEND_NAMES = ("etcd", "etcd-v3", "tcp", "c10d", "static")
-
-OPEN_STORE_OPTION = "insecure_open_store"
-"""``--rdzv-conf`` option that lets a c10d host serve its store off loopback without a token."""
 
 
 @dataclass
@@ -45,29 +40,27 @@ class OpenedBackend:
     hosted_endpoint: str | None = None
 
 
-def open_backend(name: str, endpoint: str, options: Mapping[str, str]) -> OpenedBackend:
-    """Connect to the backend ``name`` at ``endpoint``.
+def open_backend(spec: StoreBackedSpec) -> OpenedBackend:
+    """Connect to the backend ``spec`` names (hosting the store first when this node is a c10d host).
 
     Raises:
-        RendezvousConfigError: unknown backend, malformed endpoint or option.
+        RendezvousConfigError: a certificate file or secret file cannot be read, or the backend
+            refuses a limit; a c10d host would serve its store open off loopback.
         RendezvousConnectionError: the backend could not be reached or refused our credentials.
     """
     try:
-        if name in ("etcd", "etcd-v3"):
-            return _open_etcd(endpoint, options)
-        if name in ("tcp", "c10d"):
-            return _open_store(endpoint, options, may_host=(name == "c10d"))
+        if isinstance(spec, EtcdSpec):
+            return _open_etcd(spec)
+        return _open_store(spec)
     except EndpointError as error:
-        raise RendezvousConfigError(f"--rdzv-endpoint / --rdzv-conf for backend {name!r}: {error}") from error
+        raise RendezvousConfigError(f"--rdzv-endpoint / --rdzv-conf for backend {spec.name!r}: {error}") from error
     except BackendError as error:
-        raise RendezvousConnectionError(f"Cannot use the {name} backend at {endpoint!r}: {error}") from error
-    raise RendezvousConfigError(
-        f"Unknown rendezvous backend {name!r}; choose one of {', '.join(BACKEND_NAMES)}."
-    )
+        raise RendezvousConnectionError(
+            f"Cannot use the {spec.name} backend at {spec.endpoint_text!r}: {error}"
+        ) from error
 
 
-def _open_etcd(endpoint: str, options: Mapping[str, str]) -> OpenedBackend:
-    _check_removed_transport(options)
+def _open_etcd(spec: EtcdSpec) -> OpenedBackend:
     try:
         from backends.etcd import EtcdBackend, EtcdConfig
     except ImportError as error:
@@ -75,48 +68,43 @@ def _open_etcd(endpoint: str, options: Mapping[str, str]) -> OpenedBackend:
             f"The etcd backend's client is missing ({error}); reinstall etcd-elastic: it depends on "
             "python3-etcd3, grpcio and protobuf."
         ) from error
-    endpoints = endpoint
-    if options.get("protocol", "").lower() == "https" and "://" not in endpoint:
-        endpoints = ",".join(f"https://{item.strip()}" for item in endpoint.split(","))
+    certificate, credentials = spec.client_certificate, spec.credentials
     config = EtcdConfig(
-        endpoints=endpoints,
-        ca_cert=options.get("cacert"),
-        client_cert=options.get("cert"),
-        client_key=options.get("key"),
-        user=options.get("user"),
-        password=_secret(options, "password"),
-        **_timeouts(options),
-        **_response_limit(options),
+        endpoints=spec.endpoints,
+        ca_cert=spec.ca_cert,
+        client_cert=certificate.cert if certificate else None,
+        client_key=certificate.key if certificate else None,
+        user=credentials.user if credentials else None,
+        password=credentials.password.read() if credentials else None,
+        dial_timeout=spec.timeouts.dial,
+        request_timeout=spec.timeouts.request,
+        max_response_bytes=spec.max_response_bytes,
     )
     backend = EtcdBackend(config)
     backend.get("/")  # fail fast on a wrong endpoint or credentials, before any node state is written
     return OpenedBackend(backend, backend.close)
 
 
-def _open_store(endpoint: str, options: Mapping[str, str], may_host: bool) -> OpenedBackend:
+def _open_store(spec: StoreSpec) -> OpenedBackend:
     from backends.tcp.client import TcpStoreBackend, TcpStoreConfig
 
-    address = parse_endpoint(endpoint, STORE_DEFAULT_PORT)
-    token = _secret(options, "token")
+    address = spec.endpoint
+    token = spec.token.read() if spec.token else None
     release_server: Callable[[], None] = lambda: None
     hosted = None
-    if may_host and _should_host(address.host, options):
+    if _should_host(spec):
         from backends.tcp.server import start_server
 
         bind_host = address.host if _is_local(address.host) else "0.0.0.0"
-        check_open_hosting(bind_host, address.port, token, _flag(options, OPEN_STORE_OPTION))
+        check_open_hosting(bind_host, address.port, token, spec.insecure_open_store)
         try:
             server = start_server(bind_host, address.port, token)
             release_server, hosted = server.stop, server.endpoint
             log.info("Hosting the built-in rendezvous store on %s", hosted)
         except OSError as error:
             log.info("Not hosting the store on %s (%s); connecting to the existing one", address.netloc, error)
-    timeouts = _timeouts(options)
-    config = TcpStoreConfig(
-        address.netloc, token=token,
-        connect_timeout=timeouts.get("dial_timeout", 5.0),
-        request_timeout=timeouts.get("request_timeout", 10.0),
-    )
+    config = TcpStoreConfig(address.netloc, token=token, connect_timeout=spec.timeouts.dial,
+                            request_timeout=spec.timeouts.request)
     try:
         backend = TcpStoreBackend(config)
         backend.get("/")
@@ -151,14 +139,10 @@ def check_open_hosting(bind_host: str, port: int, token: str | None, allow_open:
     )
 
 
-def _should_host(host: str, options: Mapping[str, str]) -> bool:
-    if options.get("is_host") is not None:
-        return _flag(options, "is_host")
-    return _is_local(host)
-
-
-def _flag(options: Mapping[str, str], name: str) -> bool:
-    return options.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+def _should_host(spec: StoreSpec) -> bool:
+    if spec.hosting is Hosting.BY_ADDRESS:
+        return _is_local(spec.endpoint.host)
+    return spec.hosting is Hosting.HOST
 
 
 def _is_local(host: str) -> bool:
@@ -173,87 +157,32 @@ def _is_local(host: str) -> bool:
     return bool(target & (mine | {"127.0.0.1", "::1"}))
 
 
-def _check_removed_transport(options: Mapping[str, str]) -> None:
-    """``etcd_transport`` chose between grpcio and a built-in HTTP/2 client, which is gone.
-
-    ``grpcio`` is what the client uses, so it stays accepted; anything else gets one line.
-    """
-    transport = options.get("etcd_transport")
-    if transport is not None and transport.strip().lower() != "grpcio":
-        raise RendezvousConfigError(
-            f"--rdzv-conf etcd_transport={transport} was removed: the etcd client always uses grpcio; "
-            "drop etcd_transport from --rdzv-conf."
-        )
-
-
-def _response_limit(options: Mapping[str, str]) -> dict[str, int]:
-    """``max_response_bytes`` as an int (EtcdConfig checks its range); absent: the default."""
-    text = options.get("max_response_bytes")
-    if text is None:
-        return {}
-    try:
-        return {"max_response_bytes": int(text)}
-    except ValueError:
-        raise RendezvousConfigError(f"The rendezvous option max_response_bytes={text!r} must be bytes.") from None
-
-
-def _timeouts(options: Mapping[str, str]) -> dict[str, float]:
-    found: dict[str, float] = {}
-    for key, target in (("dial_timeout", "dial_timeout"), ("request_timeout", "request_timeout"),
-                        ("read_timeout", "request_timeout")):
-        if key in options:
-            try:
-                value = float(options[key])
-            except ValueError:
-                raise RendezvousConfigError(f"The rendezvous option {key}={options[key]!r} must be seconds.") from None
-            if value <= 0:
-                raise RendezvousConfigError(f"The rendezvous option {key}={options[key]!r} must be positive.")
-            found[target] = value
-    return found
-
-
-def _secret(options: Mapping[str, str], name: str) -> str | None:
-    """``name`` from options, or read from ``<name>_file``."""
-    if name in options:
-        return options[name]
-    path = options.get(f"{name}_file")
-    if path is None:
-        return None
-    try:
-        return Path(path).read_text().strip()
-    except OSError as error:
-        raise RendezvousConfigError(f"Cannot read {name}_file {path!r}: {error.strerror}.") from error
-
-
 def create_handler(
-    backend_name: str,
-    endpoint: str,
+    spec: BackendSpec,
     settings: RendezvousSettings,
     node_addr: str,
     *,
-    node_rank: int | None = None,
     local_world_size: int = 1,
     role: str = "default",
 ):
-    """Build the handler for ``--rdzv-backend backend_name``; the handler owns what it opened.
+    """Build the handler for the backend ``spec`` names; the handler owns what it opened.
 
     ``local_world_size`` and ``role`` describe this node's workers (published with its joins).
+    A :class:`StandaloneSpec` must be hosted first (``StandaloneSpec.hosted_at``).
 
     Raises:
-        RendezvousConfigError: unknown backend, malformed endpoint or option.
+        RendezvousConfigError: a file the spec names cannot be read, or an unhosted standalone spec.
         RendezvousConnectionError: the backend could not be reached.
     """
     from elastic.rendezvous.handler import RendezvousHandler
 
-    if backend_name == "static":
+    if isinstance(spec, StaticSpec):
         from elastic.rendezvous.static import StaticRendezvousHandler
 
-        if node_rank is None:
-            raise RendezvousConfigError("The static rendezvous backend needs --node-rank.")
-        master = parse_endpoint(endpoint, 29500) if endpoint else None
-        return StaticRendezvousHandler(settings.run_id, settings.max_nodes, node_rank,
-                                       master.host if master else "127.0.0.1", master.port if master else 29500)
-    opened = open_backend(backend_name, endpoint, settings.backend_options)
+        return StaticRendezvousHandler(settings.run_id, settings.max_nodes, spec.node_rank,
+                                       spec.master.host, spec.master.port)
+    if isinstance(spec, StandaloneSpec):
+        raise RendezvousConfigError("A --standalone store must be hosted before a handler can use it.")
+    opened = open_backend(spec)
     return RendezvousHandler(settings, opened.backend, node_addr, release=opened.release,
                              local_world_size=local_world_size, role=role)
-

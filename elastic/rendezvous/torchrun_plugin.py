@@ -37,7 +37,7 @@ import os
 import socket
 import time
 from datetime import timedelta
-from typing import Callable, Iterator, Mapping
+from typing import Callable, Iterator
 
 import torch.distributed as dist
 from torch.distributed.elastic.rendezvous import api as torch_api
@@ -46,6 +46,7 @@ from elastic.rendezvous import errors as ours
 from elastic.rendezvous.api import MembershipChange
 from elastic.rendezvous.api import RendezvousInfo
 from elastic.rendezvous.handler import RendezvousHandler
+from elastic.rendezvous.backend_spec import EtcdSpec, etcd_endpoints, etcd_spec
 from elastic.rendezvous.registry import create_handler
 from elastic.rendezvous.settings import RendezvousSettings, settings_from_conf
 
@@ -106,6 +107,19 @@ def settings_from_params(params: torch_api.RendezvousParameters) -> RendezvousSe
             lists the valid options.
     """
     return settings_from_conf(params.run_id, params.min_nodes, params.max_nodes, conf_from_params(params))
+
+
+def backend_from_params(params: torch_api.RendezvousParameters) -> EtcdSpec:
+    """The etcd spec for torch's parameters: ``params.endpoint`` and the connection options.
+
+    Raises:
+        ValueError: (our ``RendezvousConfigError``) no or a malformed endpoint, or a bad option.
+    """
+    if not params.endpoint:
+        raise ours.RendezvousConfigError(
+            f"The {BACKEND_NAME} rendezvous backend needs --rdzv-endpoint host:port (etcd's client URL)."
+        )
+    return etcd_spec(BACKEND_NAME, etcd_endpoints(params.endpoint), conf_from_params(params))
 
 
 def to_torch_error(error: ours.RendezvousError) -> Exception:
@@ -305,15 +319,14 @@ def create_rdzv_handler(params: torch_api.RendezvousParameters) -> TorchrunRende
         ValueError: no endpoint, an unknown ``--rdzv-conf`` option or a bad value.
         RendezvousConnectionError: etcd could not be reached or refused the credentials.
     """
-    if not params.endpoint:
-        raise ValueError(f"The {BACKEND_NAME} rendezvous backend needs --rdzv-endpoint host:port (etcd's client URL).")
     node_addr = params.local_addr or socket.getfqdn()
     with _torch_errors():
         settings = settings_from_params(params)
-        handler = create_handler(BACKEND_NAME, params.endpoint, settings, node_addr)
+        spec = backend_from_params(params)
+        handler = create_handler(spec, settings, node_addr)
     log.info("Rendezvous %s: node %s (%s) uses etcd at %s through torchrun",
-             settings.run_id, handler.node_id, node_addr, params.endpoint)
-    return TorchrunRendezvousHandler(handler, node_addr, store_timeout=_store_timeout(settings.backend_options))
+             settings.run_id, handler.node_id, node_addr, spec.endpoint_text)
+    return TorchrunRendezvousHandler(handler, node_addr, store_timeout=_store_timeout(params, spec))
 
 
 def handler_creator() -> Callable[[torch_api.RendezvousParameters], torch_api.RendezvousHandler]:
@@ -325,7 +338,7 @@ def handler_creator() -> Callable[[torch_api.RendezvousParameters], torch_api.Re
     return create_rdzv_handler
 
 
-def _store_timeout(options: Mapping[str, str]) -> float:
-    """``read_timeout`` (already validated as positive seconds by the registry) or the default."""
-    text = options.get("read_timeout")
-    return float(text) if text is not None else DEFAULT_STORE_TIMEOUT
+def _store_timeout(params: torch_api.RendezvousParameters, spec: EtcdSpec) -> float:
+    """``read_timeout`` or the default: torch's c10d store timeout is also our etcd request
+    timeout, and wins over ``request_timeout``, so its parsed value is the spec's."""
+    return spec.timeouts.request if "read_timeout" in conf_from_params(params) else DEFAULT_STORE_TIMEOUT

@@ -162,12 +162,14 @@ def setup_auth(endpoint: str, passwords, *extra: str) -> subprocess.CompletedPro
 def join_one_node_round(endpoint: str, conf: str) -> int:
     """Run one real rendezvous round (1 node) with ``conf`` as --rdzv-conf, as an agent would:
     lease, join key, close, watch. Returns the round's world size."""
+    from elastic.rendezvous.backend_spec import spec_from_conf
+    from elastic.rendezvous.conf import parse_rdzv_conf
     from elastic.rendezvous.registry import create_handler
-    from elastic.rendezvous.settings import parse_rdzv_conf, settings_from_conf
+    from elastic.rendezvous.settings import settings_from_conf
 
-    settings = settings_from_conf(f"chart-{os.getpid()}-{time.monotonic_ns()}", 1, 1,
-                                  parse_rdzv_conf(f"last_call_timeout=1,join_timeout=20,{conf}"))
-    handler = create_handler("etcd", endpoint, settings, node_addr="127.0.0.1")
+    parsed = parse_rdzv_conf(f"last_call_timeout=1,join_timeout=20,{conf}")
+    settings = settings_from_conf(f"chart-{os.getpid()}-{time.monotonic_ns()}", 1, 1, parsed)
+    handler = create_handler(spec_from_conf("etcd", endpoint, parsed), settings, node_addr="127.0.0.1")
     try:
         return handler.next_rendezvous().group_world_size
     finally:
@@ -205,6 +207,7 @@ def test_wait_for_etcd_stops_at_once_when_the_settings_are_wrong(conf, message):
 @pytest.mark.etcd
 def test_auth_setup_lets_only_the_jobs_user_in_and_is_idempotent(etcd, passwords, tmp_path):
     from elastic.rendezvous.errors import RendezvousConnectionError
+    from elastic.rendezvous.backend_spec import spec_from_conf
     from elastic.rendezvous.registry import open_backend
 
     root, user = passwords
@@ -216,7 +219,7 @@ def test_auth_setup_lets_only_the_jobs_user_in_and_is_idempotent(etcd, passwords
     waited = run_script("wait_for_etcd.py", f"--endpoint={etcd.endpoints}", f"--conf={conf}", "--timeout=20")
     assert waited.returncode == 0, waited.stderr
     with pytest.raises(RendezvousConnectionError):
-        open_backend("etcd", etcd.endpoints, {}).release()  # anonymous: auth is on
+        open_backend(spec_from_conf("etcd", etcd.endpoints, {})).release()  # anonymous: auth is on
 
     again = setup_auth(etcd.endpoints, passwords)
     assert again.returncode == 0, again.stderr
@@ -229,7 +232,7 @@ def test_auth_setup_lets_only_the_jobs_user_in_and_is_idempotent(etcd, passwords
     old = tmp_path / "old-password"
     old.write_text("job-secret")
     with pytest.raises(RendezvousConnectionError):
-        open_backend("etcd", etcd.endpoints, {"user": USER, "password_file": str(old)}).release()
+        open_backend(spec_from_conf("etcd", etcd.endpoints, {"user": USER, "password_file": str(old)})).release()
 
 
 @pytest.mark.etcd

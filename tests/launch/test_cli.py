@@ -10,13 +10,21 @@ from dataclasses import fields
 
 import pytest
 
+from backends.endpoints import Endpoint
 from elastic.launch.cli import ConfigError, HelpRequested, config_from_args, describe, parse_or_exit
 from elastic.config import Entrypoint, LaunchConfig, Std, StdMask
 from elastic.launch.devices import FixedDevices, HostDevices, count_nvidia_gpus, visible_gpu_count
 from elastic.launch.flags import OPTIONS, format_help
+from elastic.rendezvous.backend_spec import (
+    ClientCertificate, EtcdCredentials, EtcdSpec, Hosting, Secret, SecretFile, StandaloneSpec, StaticSpec, StoreSpec,
+    Timeouts,
+)
+from elastic.rendezvous.settings import RendezvousSettings
 
 ETCD = ("--rdzv-backend=etcd", "--rdzv-endpoint=etcd-0:2379", "--rdzv-id=job-1")
 """A complete dynamic rendezvous, so a case can vary one flag without tripping another's check."""
+ETCD_SPEC = EtcdSpec("etcd", (Endpoint("etcd-0", 2379),))
+"""What ETCD parses to with no --rdzv-conf."""
 
 RUN_ID = "run-from-test"
 
@@ -65,7 +73,8 @@ def run_cli(*argv: str) -> subprocess.CompletedProcess[str]:
 def test_a_bare_script_gets_torchruns_defaults_and_runs_standalone_like_torchrun():
     config, warnings = parse_with_warnings("train.py")
     assert (config.min_nodes, config.max_nodes, config.nproc_per_node, config.nproc_source) == (1, 1, 1, "1")
-    assert (config.rdzv_backend, config.rdzv_endpoint, config.run_id, config.standalone) == ("c10d", "", RUN_ID, True)
+    assert (config.backend, config.run_id, config.standalone) == (StandaloneSpec(), RUN_ID, True)
+    assert config.rendezvous == RendezvousSettings(RUN_ID, 1, 1)
     assert config.entrypoint == Entrypoint("script", "train.py", ())
     assert (config.max_restarts, config.monitor_interval) == (0, 0.1)
     assert (config.start_method, config.role) == ("spawn", "default")
@@ -79,12 +88,13 @@ def test_a_bare_script_gets_torchruns_defaults_and_runs_standalone_like_torchrun
 def test_unset_flags_resolve_to_the_launch_config_defaults():
     config = parse(*ETCD, "train.py")
     for name in ("max_restarts", "monitor_interval", "start_method", "role", "log_dir", "redirects", "tee",
-                 "local_ranks_filter", "node_rank", "local_addr", "master_addr", "master_port",
-                 "signals_to_handle", "shutdown_timeout", "exit_barrier_timeout", "metrics_port", "metrics_addr",
-                 "event_log", "dry_run", "rdzv_conf", "standalone"):
+                 "local_ranks_filter", "local_addr", "signals_to_handle", "shutdown_timeout", "exit_barrier_timeout",
+                 "metrics_port", "metrics_addr", "event_log", "dry_run"):
         default = next(field for field in fields(LaunchConfig) if field.name == name)
         expected = default.default_factory() if callable(default.default_factory) else default.default
         assert getattr(config, name) == expected, name
+    assert (config.backend, config.rendezvous, config.standalone) == (
+        ETCD_SPEC, RendezvousSettings("job-1", 1, 1), False)
 
 
 def test_every_torchrun_flag_is_accepted_with_its_spellings_default_and_twin(monkeypatch):
@@ -120,17 +130,19 @@ def test_every_multiword_flag_has_a_hyphen_and_an_underscore_spelling():
 SPELLINGS = [
     # (hyphenated flag, value or None for a switch, flags it needs, attribute, expected)
     ("--nproc-per-node", "3", (), "nproc_per_node", 3),
-    ("--rdzv-backend", "tcp", ("--rdzv-endpoint=store:29400", "--rdzv-id=j"), "rdzv_backend", "tcp"),
-    ("--rdzv-endpoint", "e1:2379,e2:2379", ("--rdzv-backend=etcd", "--rdzv-id=j"), "rdzv_endpoint", "e1:2379,e2:2379"),
+    ("--rdzv-backend", "tcp", ("--rdzv-endpoint=store:29400", "--rdzv-id=j"), "backend",
+     StoreSpec("tcp", Endpoint("store", 29400))),
+    ("--rdzv-endpoint", "e1:2379,e2:2379", ("--rdzv-backend=etcd", "--rdzv-id=j"), "backend",
+     EtcdSpec("etcd", (Endpoint("e1", 2379), Endpoint("e2", 2379)))),
     ("--rdzv-id", "job-7", ("--rdzv-backend=etcd", "--rdzv-endpoint=e:1"), "run_id", "job-7"),
-    ("--rdzv-conf", "lease_ttl=7", ETCD, "rdzv_conf", {"lease_ttl": "7"}),
+    ("--rdzv-conf", "lease_ttl=7", ETCD, "rendezvous", RendezvousSettings("job-1", 1, 1, lease_ttl=7.0)),
     ("--no-python", None, (), "entrypoint", Entrypoint("command", "train.py", ())),
     ("--run-path", None, (), "entrypoint", Entrypoint("run_path", "train.py", ())),
     ("--log-dir", "/var/log/job", (), "log_dir", "/var/log/job"),
     ("--local-ranks-filter", "0,2", (), "local_ranks_filter", frozenset({0, 2})),
-    ("--node-rank", "1", ("--nnodes=2",), "node_rank", 1),
-    ("--master-addr", "node0", ("--nnodes=2",), "master_addr", "node0"),
-    ("--master-port", "1234", (), "master_port", 1234),
+    ("--node-rank", "1", ("--nnodes=2",), "backend", StaticSpec(1)),
+    ("--master-addr", "node0", ("--nnodes=2",), "backend", StaticSpec(0, Endpoint("node0", 29500))),
+    ("--master-port", "1234", (), "backend", StaticSpec(0, Endpoint("127.0.0.1", 1234))),
     ("--local-addr", "10.0.0.7", (), "local_addr", "10.0.0.7"),
     ("--local-addr", "fd00::7", (), "local_addr", "fd00::7"),
     ("--local-addr", "[fd00::7]", (), "local_addr", "fd00::7"),  # URL brackets dropped: MASTER_ADDR is raw
@@ -196,10 +208,12 @@ TWINS = [
     # (variable, value, flags it needs, attribute, expected)
     ("PET_NNODES", "2:4", ETCD, "max_nodes", 4),
     ("PET_NPROC_PER_NODE", "5", (), "nproc_per_node", 5),
-    ("PET_RDZV_BACKEND", "etcd-v3", ("--rdzv-endpoint=e:2379", "--rdzv-id=j"), "rdzv_backend", "etcd-v3"),
-    ("PET_RDZV_ENDPOINT", "e:2379", ("--rdzv-backend=etcd", "--rdzv-id=j"), "rdzv_endpoint", "e:2379"),
+    ("PET_RDZV_BACKEND", "etcd-v3", ("--rdzv-endpoint=e:2379", "--rdzv-id=j"), "backend",
+     EtcdSpec("etcd-v3", (Endpoint("e", 2379),))),
+    ("PET_RDZV_ENDPOINT", "e:2379", ("--rdzv-backend=etcd", "--rdzv-id=j"), "backend",
+     EtcdSpec("etcd", (Endpoint("e", 2379),))),
     ("PET_RDZV_ID", "job-9", ("--rdzv-backend=etcd", "--rdzv-endpoint=e:2379"), "run_id", "job-9"),
-    ("PET_RDZV_CONF", "join_timeout=99", ETCD, "rdzv_conf", {"join_timeout": "99"}),
+    ("PET_RDZV_CONF", "join_timeout=99", ETCD, "rendezvous", RendezvousSettings("job-1", 1, 1, join_timeout=99.0)),
     ("PET_STANDALONE", "1", ETCD, "standalone", True),
     ("PET_MODULE", "1", (), "entrypoint", Entrypoint("module", "train.py", ())),
     ("PET_NO_PYTHON", "true", (), "entrypoint", Entrypoint("command", "train.py", ())),
@@ -209,9 +223,9 @@ TWINS = [
     ("PET_REDIRECTS", "2", (), "redirects", StdMask(Std.ERR)),
     ("PET_TEE", "0:3", (), "tee", StdMask(Std.NONE, {0: Std.ALL})),
     ("PET_LOCAL_RANKS_FILTER", "1", (), "local_ranks_filter", frozenset({1})),
-    ("PET_NODE_RANK", "1", ("--nnodes=2",), "node_rank", 1),
-    ("PET_MASTER_ADDR", "node0", ("--nnodes=2",), "master_addr", "node0"),
-    ("PET_MASTER_PORT", "2345", (), "master_port", 2345),
+    ("PET_NODE_RANK", "1", ("--nnodes=2",), "backend", StaticSpec(1)),
+    ("PET_MASTER_ADDR", "node0", ("--nnodes=2",), "backend", StaticSpec(0, Endpoint("node0", 29500))),
+    ("PET_MASTER_PORT", "2345", (), "backend", StaticSpec(0, Endpoint("127.0.0.1", 2345))),
     ("PET_LOCAL_ADDR", "10.1.1.1", (), "local_addr", "10.1.1.1"),
     ("PET_MAX_RESTARTS", "4", (), "max_restarts", 4),
     ("PET_MONITOR_INTERVAL", "2", (), "monitor_interval", 2.0),
@@ -243,7 +257,8 @@ def test_every_twin_in_the_table_is_tested_except_the_inert_ones():
     (("--nproc-per-node=2",), {"PET_NPROC_PER_NODE": "6"}, "nproc_per_node", 2),
     (("--max_restarts", "1"), {"PET_MAX_RESTARTS": "9"}, "max_restarts", 1),
     (("-m",), {"PET_MODULE": "0"}, "entrypoint", Entrypoint("module", "train.py", ())),
-    ((*ETCD, "--rdzv-conf=lease_ttl=9"), {"PET_RDZV_CONF": "join_timeout=5"}, "rdzv_conf", {"lease_ttl": "9"}),
+    ((*ETCD, "--rdzv-conf=lease_ttl=9"), {"PET_RDZV_CONF": "join_timeout=5"}, "rendezvous",
+     RendezvousSettings("job-1", 1, 1, lease_ttl=9.0)),
     (("--shutdown-timeout=3",), {"PET_SHUTDOWN_TIMEOUT": "4", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "5"},
      "shutdown_timeout", 3.0),
     ((), {"PET_SHUTDOWN_TIMEOUT": "4", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "5"}, "shutdown_timeout", 4.0),
@@ -366,7 +381,8 @@ def test_signals_are_normalised_deduplicated_and_validated():
 def test_rdzv_conf_repeats_and_merges_with_later_keys_winning():
     config = parse(*ETCD, "--rdzv-conf", "lease_ttl=5,join_timeout=10", "--rdzv_conf=join_timeout=20",
                    "--rdzv-conf", "namespace=/team,last-call-timeout=3", "train.py")
-    assert config.rdzv_conf == {"lease_ttl": "5", "join_timeout": "20", "namespace": "/team", "last_call_timeout": "3"}
+    assert config.rendezvous == RendezvousSettings("job-1", 1, 1, lease_ttl=5, join_timeout=20, namespace="/team",
+                                                   last_call_timeout=3)
 
 
 @pytest.mark.parametrize("text, says", [
@@ -380,10 +396,68 @@ def test_bad_rdzv_conf_fails_at_parse_time(text, says):
     assert message.startswith("--rdzv-conf: ") and says in message
 
 
+@pytest.mark.parametrize("argv, conf, says", [
+    (ETCD, "dial_timeout=0", "rendezvous option dial_timeout='0' must be a positive number"),
+    (ETCD, "read_timeout=soon", "rendezvous option read_timeout='soon' must be a number of seconds"),
+    (ETCD, "max_response_bytes=lots", "rendezvous option max_response_bytes='lots' must be a whole number of bytes"),
+    (ETCD, "etcd_transport=builtin", "rendezvous option etcd_transport=builtin was removed"),
+    (ETCD, "protocol=ftp", "rendezvous option protocol='ftp' must be one of http, https"),
+    (ETCD, "user=alice", "etcd user 'alice' was given without a password"),
+    (ETCD, "password_file=/p", "etcd password was given without a user name"),
+    (ETCD, "cert=/c.pem", "client certificate needs its key"),
+    (("--rdzv-backend=c10d", "--rdzv-endpoint=node0:29400", "--rdzv-id=j"), "is_host=maybe",
+     "rendezvous option is_host='maybe' must be 1 or 0 (true or false)"),
+    (("--standalone",), "request_timeout=-1", "rendezvous option request_timeout='-1' must be a positive number"),
+])
+def test_bad_backend_options_fail_at_parse_time_naming_the_option(argv, conf, says):
+    message = parse_error(*argv, "--rdzv-conf", conf, "train.py")
+    assert message.startswith("--rdzv-conf: ") and says in message and "\n" not in message
+
+
+def test_etcd_connection_options_are_parsed_into_the_spec_once():
+    config = parse(*ETCD, "--rdzv-endpoint=etcd-0,https://etcd-1:2380", "--rdzv-conf",
+                   "cacert=/tls/ca.crt,cert=/tls/c.crt,key=/tls/c.key,user=alice,password_file=/auth/pw,"
+                   "dial_timeout=2,request_timeout=3,read_timeout=4,max_response_bytes=4096,token=ignored-here",
+                   "train.py")
+    assert config.backend == EtcdSpec(
+        "etcd", (Endpoint("etcd-0", 2379), Endpoint("etcd-1", 2380, "https")), ca_cert="/tls/ca.crt",
+        client_certificate=ClientCertificate("/tls/c.crt", "/tls/c.key"),
+        credentials=EtcdCredentials("alice", SecretFile("password_file", "/auth/pw")),
+        timeouts=Timeouts(dial=2, request=4), max_response_bytes=4096)  # read_timeout is torch's request_timeout
+    assert config.rendezvous == RendezvousSettings("job-1", 1, 1)  # connection keys leave the engine alone
+
+
+def test_protocol_https_turns_plain_etcd_endpoints_into_tls_ones():
+    config = parse(*ETCD, "--rdzv-endpoint=e0,e1:2380", "--rdzv-conf=protocol=HTTPS", "train.py")
+    assert config.backend.endpoints == (Endpoint("e0", 2379, "https"), Endpoint("e1", 2380, "https"))
+
+
+@pytest.mark.parametrize("argv, conf, spec", [
+    (("--rdzv-backend=c10d", "--rdzv-endpoint=node0", "--rdzv-id=j"), "token_file=/t,is_host=1,insecure_open_store=yes",
+     StoreSpec("c10d", Endpoint("node0", 29400), SecretFile("token_file", "/t"), Hosting.HOST, True)),
+    (("--rdzv-backend=c10d", "--rdzv-endpoint=node0:1", "--rdzv-id=j"), "is_host=0,token=s3cret,read_timeout=7",
+     StoreSpec("c10d", Endpoint("node0", 1), Secret("token", "s3cret"), Hosting.CONNECT, timeouts=Timeouts(5, 7))),
+    (("--rdzv-backend=tcp", "--rdzv-endpoint=store:2", "--rdzv-id=j"), "is_host=1,cacert=/unused",
+     StoreSpec("tcp", Endpoint("store", 2), hosting=Hosting.CONNECT)),  # tcp never hosts; etcd keys unused
+    (("--standalone",), "dial_timeout=1,token=overridden", StandaloneSpec(Timeouts(dial=1, request=10))),
+])
+def test_store_options_are_parsed_into_the_spec_once(argv, conf, spec):
+    assert parse(*argv, f"--rdzv-conf={conf}", "train.py").backend == spec
+
+
+def test_secrets_are_in_neither_the_config_repr_nor_the_dry_run_but_file_paths_are():
+    config = parse(*ETCD, "--rdzv-conf=user=alice,password=hunter2", "train.py")
+    assert "hunter2" not in repr(config) and "hunter2" not in describe(config)
+    config = parse("--rdzv-backend=c10d", "--rdzv-endpoint=n:1", "--rdzv-id=j", "--rdzv-conf=token=s3cret", "train.py")
+    assert "s3cret" not in repr(config) and "token=***" in describe(config)
+    config = parse(*ETCD, "--rdzv-conf=user=alice,password_file=/auth/pw", "train.py")
+    assert "password_file=/auth/pw" in describe(config)
+
+
 def test_standalone_hosts_a_store_on_a_free_port_under_a_random_id_and_warns_about_ignored_flags():
     config, warnings = parse_with_warnings("--standalone", "--rdzv-backend=etcd", "--rdzv-endpoint=e:2379",
                                            "train.py", environ={"PET_RDZV_ID": "job-1"})
-    assert (config.rdzv_backend, config.rdzv_endpoint, config.run_id, config.standalone) == ("c10d", "", RUN_ID, True)
+    assert (config.backend, config.run_id, config.standalone) == (StandaloneSpec(), RUN_ID, True)
     assert warnings == ["--standalone ignores --rdzv-backend=etcd", "--standalone ignores --rdzv-endpoint=e:2379",
                         "--standalone ignores PET_RDZV_ID=job-1"]
 
@@ -399,46 +473,47 @@ def test_standalone_refuses_several_nodes(nnodes):
         f"--standalone: runs a single node, so --nnodes must be 1 or 1:1 (got {nnodes})")
 
 
-@pytest.mark.parametrize("argv, backend, endpoint, run_id, standalone", [
-    (("--rdzv-id=mine",), "c10d", "", "mine", True),
-    (("--master-port=29600",), "static", "127.0.0.1:29600", "none", False),
-    (("--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0", "--rdzv-id=stack-1"), "c10d", "", "stack-1", True),
-    (("--rdzv-backend=c10d", "--rdzv-endpoint=node0:29400", "--rdzv-id=j"), "c10d", "node0:29400", "j", False),
+@pytest.mark.parametrize("argv, backend, run_id", [
+    (("--rdzv-id=mine",), StandaloneSpec(), "mine"),
+    (("--master-port=29600",), StaticSpec(0, Endpoint("127.0.0.1", 29600)), "none"),
+    (("--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0", "--rdzv-id=stack-1"), StandaloneSpec(), "stack-1"),
+    (("--rdzv-backend=c10d", "--rdzv-endpoint=node0:29400", "--rdzv-id=j"),
+     StoreSpec("c10d", Endpoint("node0", 29400), hosting=Hosting.BY_ADDRESS), "j"),
 ])
-def test_single_node_shortcuts_match_torchrun(argv, backend, endpoint, run_id, standalone):
+def test_single_node_shortcuts_match_torchrun(argv, backend, run_id):
     config = parse(*argv, "train.py")
-    assert (config.rdzv_backend, config.rdzv_endpoint, config.run_id, config.standalone) == (
-        backend, endpoint, run_id, standalone)
+    assert (config.backend, config.run_id) == (backend, run_id)
+    assert config.rendezvous.run_id == run_id
 
 
 def test_static_nodes_meet_at_the_master_address_and_port():
     config, warnings = parse_with_warnings("--nnodes=2", "--node-rank=1", "--master-addr=node0",
                                            "--master-port=1234", "train.py")
-    assert (config.rdzv_backend, config.rdzv_endpoint, config.node_rank) == ("static", "node0:1234", 1)
-    assert (config.master_addr, config.master_port, config.standalone) == ("node0", 1234, False)
+    assert (config.backend, config.backend.endpoint_text) == (StaticSpec(1, Endpoint("node0", 1234)), "node0:1234")
+    assert not config.standalone
     assert warnings == []
 
 
 @pytest.mark.parametrize("argv, endpoint, master", [
-    (("--nnodes=2",), "127.0.0.1:29500", ("127.0.0.1", 29500)),
-    (("--nnodes=2", "--master-addr=[::1]"), "[::1]:29500", ("::1", 29500)),
-    (("--nnodes=2", "--rdzv-endpoint=node3"), "node3:29500", ("node3", 29500)),
+    (("--nnodes=2",), "127.0.0.1:29500", Endpoint("127.0.0.1", 29500)),
+    (("--nnodes=2", "--master-addr=[::1]"), "[::1]:29500", Endpoint("::1", 29500)),
+    (("--nnodes=2", "--rdzv-endpoint=node3"), "node3:29500", Endpoint("node3", 29500)),
 ])
 def test_static_master_defaults_follow_torchrun(argv, endpoint, master):
     config = parse(*argv, "train.py")
-    assert (config.rdzv_endpoint, (config.master_addr, config.master_port)) == (endpoint, master)
+    assert (config.backend.endpoint_text, config.backend) == (endpoint, StaticSpec(0, master))
 
 
 def test_a_static_endpoint_overrides_master_flags_with_a_warning():
     config, warnings = parse_with_warnings("--nnodes=2", "--rdzv-endpoint=node3:4000", "--master-addr=node0",
                                            "train.py")
-    assert (config.master_addr, config.master_port) == ("node3", 4000)
+    assert config.backend.master == Endpoint("node3", 4000)
     assert warnings == ["--master-addr=node0 is ignored: --rdzv-endpoint node3:4000 names the master"]
 
 
 def test_static_only_flags_are_ignored_with_a_warning_on_dynamic_backends():
     config, warnings = parse_with_warnings(*ETCD, "--node-rank=3", "--master-port=1234", "train.py")
-    assert (config.node_rank, config.master_port, config.master_addr) == (0, None, None)
+    assert config.backend == ETCD_SPEC
     assert warnings == [
         "--master-port=1234 is ignored: only the static backend uses it, and this run uses the etcd backend",
         "--node-rank=3 is ignored: only the static backend uses it, and this run uses the etcd backend",
@@ -493,6 +568,9 @@ BAD = [
     (("--rdzv-backend=tcp", "--rdzv-endpoint=a:1,b:2", "t.py"), {},
      "--rdzv-endpoint: the tcp backend takes one HOST[:PORT]"),
     (("--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0", "--nnodes=2", "t.py"), {}, "--rdzv-endpoint: port 0"),
+    (("--rdzv-backend=tcp", "--rdzv-endpoint=https://s:1", "t.py"), {},
+     "--rdzv-endpoint: the tcp backend's endpoint 'https://s:1' asks for TLS"),
+    (("--rdzv-backend=c10d", "--rdzv-endpoint=:0", "t.py"), {}, "--rdzv-endpoint: the endpoint '' has no host"),
     ((*ETCD, "--rdzv-id", "a/b", "t.py"), {}, "--rdzv-id: the run id ('a/b') must be"),
     ((*ETCD, "--rdzv-conf", "bogus=1", "t.py"), {}, "--rdzv-conf: unknown rendezvous option(s) bogus"),
     (("--standalone", "--nnodes", "2", "t.py"), {}, "--standalone: runs a single node"),
@@ -649,7 +727,8 @@ def test_describe_prints_every_setting_once_in_a_fixed_order_with_secrets_masked
     assert [key for key, _ in pairs][:3] == ["entrypoint", "nnodes", "nproc_per_node"]
     assert values["entrypoint"] == "script train.py --lr '0.1 0.2'"
     assert values["nnodes"] == "2:4 (elastic)" and values["nproc_per_node"] == "4 (auto: 4 GPUs)"
-    assert values["rdzv_conf"] == "user=u,password=***" and values["tee"] == "0:3,1:1"
+    assert values["backend"].startswith("user=u,password=***,") and values["tee"] == "0:3,1:1"
+    assert values["rendezvous"].startswith("join_timeout=600,") and "hunter2" not in repr(config)
     covered = {"min_nodes", "max_nodes", "nproc_source"}
     assert {field.name for field in fields(LaunchConfig)} - covered <= set(values)
 

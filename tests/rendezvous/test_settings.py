@@ -3,7 +3,8 @@
 import pytest
 
 from elastic.rendezvous.errors import RendezvousConfigError
-from elastic.rendezvous.settings import RendezvousSettings, parse_rdzv_conf, settings_from_conf
+from elastic.rendezvous.conf import parse_rdzv_conf
+from elastic.rendezvous.settings import RendezvousSettings, settings_from_conf
 
 
 def test_defaults_match_torch():
@@ -12,11 +13,27 @@ def test_defaults_match_torch():
     assert settings.lease_ttl >= 2 and settings.elastic
 
 
-def test_rdzv_conf_parses_torch_names_and_backend_options():
+def test_rdzv_conf_parses_torch_names_and_accepts_backend_options_without_reading_them():
     conf = parse_rdzv_conf(["join_timeout=900,last-call-timeout=5", "cacert=/ca.pem,lease_ttl=3"])
     settings = settings_from_conf("job", 2, 2, conf)
-    assert settings.join_timeout == 900 and settings.last_call_timeout == 5 and settings.lease_ttl == 3
-    assert settings.backend_options == {"cacert": "/ca.pem"}
+    assert settings == RendezvousSettings("job", 2, 2, join_timeout=900, last_call_timeout=5, lease_ttl=3)
+
+
+@pytest.mark.parametrize("conf, expected", [
+    ({}, {}),
+    ({"close_timeout": "7", "exclusion_cooldown": "8", "store_outage_timeout": "9"},
+     {"close_timeout": 7, "exclusion_cooldown": 8, "store_outage_timeout": 9}),
+    ({"max_node_failures": "3"}, {"max_node_failures": 3}),
+    ({"namespace": "team/a/"}, {"namespace": "/team/a"}),
+    ({"etcd_prefix": "/torch"}, {"namespace": "/torch"}),
+    ({"namespace": "/ours", "etcd_prefix": "/torch"}, {"namespace": "/ours"}),
+    ({"keep_alive_interval": "0.5"}, {"lease_ttl": 2.0}),  # 0.5 x 3 is below etcd's minimum
+    ({"keep_alive_max_attempt": "4"}, {"lease_ttl": 20.0}),  # torch's 5 s interval
+    ({"lease_ttl": "3", "keep_alive_interval": "9"}, {"lease_ttl": 3.0}),
+    ({"heartbeat": "whatever"}, {}),  # accepted, no effect: liveness is the lease
+])
+def test_each_engine_key_sets_its_setting(conf, expected):
+    assert settings_from_conf("job", 1, 2, conf) == RendezvousSettings("job", 1, 2, **expected)
 
 
 def test_torch_keepalive_options_set_the_lease_ttl():
@@ -50,7 +67,8 @@ def test_bad_settings_raise_sentences(kwargs, says):
         RendezvousSettings(**values)
 
 
-@pytest.mark.parametrize("text", ["join_timeout", "=5", "join_timeout=abc", "join_timeout=-3"])
+@pytest.mark.parametrize("text", ["join_timeout", "=5", "join_timeout=abc", "join_timeout=-3", "join_timeout=inf",
+                                  "max_node_failures=-1", "max_node_failures=1", "lease_ttl=1"])
 def test_malformed_rdzv_conf_is_rejected(text):
     with pytest.raises(RendezvousConfigError):
         settings_from_conf("job", 1, 1, parse_rdzv_conf(text))

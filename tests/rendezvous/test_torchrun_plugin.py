@@ -24,7 +24,11 @@ import pytest
 import torch.distributed as dist  # noqa: E402
 import torch.distributed.elastic.rendezvous.api as torch_api  # noqa: E402
 
+from backends.endpoints import Endpoint  # noqa: E402
 from elastic.rendezvous import errors as ours  # noqa: E402
+from elastic.rendezvous.backend_spec import (  # noqa: E402
+    ClientCertificate, EtcdCredentials, EtcdSpec, Secret, Timeouts,
+)
 from elastic.rendezvous.api import MembershipChange  # noqa: E402
 from elastic.rendezvous.api import RendezvousInfo  # noqa: E402
 from elastic.rendezvous.records import Member  # noqa: E402
@@ -32,6 +36,7 @@ from elastic.rendezvous.torchrun_plugin import (  # noqa: E402
     BACKEND_NAME,
     REJOIN_GRACE_S,
     TorchrunRendezvousHandler,
+    backend_from_params,
     conf_from_params,
     create_rdzv_handler,
     handler_creator,
@@ -213,6 +218,42 @@ def test_torch_option_names_become_ours():
 def test_an_explicit_join_timeout_wins_over_torchruns_rdzv_timeout():
     params = torch_api.RendezvousParameters(BACKEND_NAME, "127.0.0.1:2379", "job", 1, 1, timeout=900, join_timeout=30)
     assert conf_from_params(params)["join_timeout"] == "30"
+
+
+def test_torchs_parameters_become_the_same_typed_spec_as_elasticruns_flags():
+    params = torch_api.RendezvousParameters(
+        BACKEND_NAME, "e0:1,e1", "job", 1, 2, ca_cert="/ca.pem", ssl_cert="/c.pem", ssl_cert_key="/k.pem",
+        user="root", password="hunter2", protocol="https", read_timeout=30, dial_timeout="2",
+    )
+    spec = backend_from_params(params)
+    assert spec == EtcdSpec(
+        BACKEND_NAME, (Endpoint("e0", 1, "https"), Endpoint("e1", 2379, "https")), ca_cert="/ca.pem",
+        client_certificate=ClientCertificate("/c.pem", "/k.pem"),
+        credentials=EtcdCredentials("root", Secret("password", "hunter2")), timeouts=Timeouts(dial=2, request=30))
+    assert "hunter2" not in repr(spec)
+
+
+@pytest.mark.parametrize("config, expected", [
+    ({}, 60.0), ({"request_timeout": "9"}, 60.0), ({"read_timeout": "30"}, 30.0),
+    ({"read_timeout": "30", "request_timeout": "9"}, 30.0),
+])
+def test_the_agent_stores_timeout_is_read_timeout_or_torchs_default(config, expected):
+    from elastic.rendezvous.torchrun_plugin import _store_timeout
+
+    params = torch_api.RendezvousParameters(BACKEND_NAME, "e:1", "job", 1, 1, **config)
+    assert _store_timeout(params, backend_from_params(params)) == expected
+
+
+@pytest.mark.parametrize("endpoint, config, says", [
+    ("", {}, "needs --rdzv-endpoint"),
+    ("e:99999", {}, "has port '99999'"),
+    ("e:1", {"user": "root"}, "without a password"),
+    ("e:1", {"read_timeout": "-1"}, "read_timeout='-1' must be a positive number"),
+])
+def test_bad_torch_parameters_are_value_errors_before_connecting(endpoint, config, says):
+    params = torch_api.RendezvousParameters(BACKEND_NAME, endpoint, "job", 1, 1, **config)
+    with pytest.raises(ValueError, match=says):
+        create_rdzv_handler(params)
 
 
 @pytest.mark.parametrize("error, expected", [

@@ -11,7 +11,7 @@ from backends.endpoints import parse_endpoint, parse_endpoints
 from backends.errors import EndpointError
 from backends.etcd.config import EtcdConfig
 from elastic.rendezvous.errors import RendezvousConfigError
-from elastic.rendezvous.registry import open_backend
+from elastic.rendezvous.backend_spec import etcd_endpoints
 
 
 @pytest.mark.parametrize("text", [
@@ -37,7 +37,7 @@ def test_a_list_with_one_credentialed_endpoint_is_refused_redacted():
 
 def test_the_rendezvous_flags_refuse_user_info_redacted():
     with pytest.raises(RendezvousConfigError) as caught:
-        open_backend("etcd", "http://alice:secret@127.0.0.1:1", {})
+        etcd_endpoints("http://alice:secret@127.0.0.1:1")
     assert "secret" not in str(caught.value) and "password_file=" in str(caught.value)
 
 

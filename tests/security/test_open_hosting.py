@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from elastic.rendezvous.errors import RendezvousConfigError
+from elastic.rendezvous.backend_spec import spec_from_conf
 from elastic.rendezvous.registry import open_backend
 from hostile import REPO, StoreProcess
 from elastic.testing.ports import free_port
@@ -23,14 +24,14 @@ def listening(port: int) -> bool:
 def test_an_open_c10d_host_off_loopback_is_refused_naming_token_file_and_the_opt_out():
     port = free_port()
     with pytest.raises(RendezvousConfigError) as caught:
-        opened = open_backend("c10d", f"0.0.0.0:{port}", {"is_host": "1", "request_timeout": "2"})
+        opened = open_backend(spec_from_conf("c10d", f"0.0.0.0:{port}", {"is_host": "1", "request_timeout": "2"}))
         opened.release()
     message = str(caught.value)
     assert "token_file=" in message and "insecure_open_store=1" in message
     assert "\n" not in message
     assert not listening(port)
     for options in ({"insecure_open_store": "1"}, {"token": "s3cret"}):  # torchrun-style, or safe
-        opened = open_backend("c10d", f"0.0.0.0:{port}", {"is_host": "1", "request_timeout": "2", **options})
+        opened = open_backend(spec_from_conf("c10d", f"0.0.0.0:{port}", {"is_host": "1", "request_timeout": "2", **options}))
         try:
             assert opened.hosted_endpoint is not None
             assert opened.backend.put("/k", b"v") > 1
@@ -40,13 +41,13 @@ def test_an_open_c10d_host_off_loopback_is_refused_naming_token_file_and_the_opt
 
 def test_a_loopback_c10d_host_binds_loopback_only_and_needs_no_token():
     port = free_port()
-    opened = open_backend("c10d", f"127.0.0.1:{port}", {"is_host": "1"})
+    opened = open_backend(spec_from_conf("c10d", f"127.0.0.1:{port}", {"is_host": "1"}))
     try:
         assert opened.hosted_endpoint == f"127.0.0.1:{port}"
     finally:
         opened.release()
     with pytest.raises(RendezvousConfigError):  # the same node, asked to serve every interface
-        open_backend("c10d", f"0.0.0.0:{port}", {"is_host": "1"}).release()
+        open_backend(spec_from_conf("c10d", f"0.0.0.0:{port}", {"is_host": "1"})).release()
 
 
 def test_elastic_store_off_loopback_without_a_token_warns():

@@ -1,9 +1,9 @@
 """Wait until etcd accepts the job's connection settings, as elasticrun will use them.
 
 Run by the worker pods' init container with elasticrun's own ``--rdzv-endpoint`` and
-``--rdzv-conf`` connection options (TLS files, user, password file). It connects exactly as the
-agent does (``elastic.rendezvous.registry.open_backend``, which reads ``/`` to check the
-endpoints and credentials), so a pod starts its agent only once etcd is up, its certificates
+``--rdzv-conf`` connection options (TLS files, user, password file). It parses them as elasticrun does
+and connects as the agent does (``elastic.rendezvous.registry.open_backend``, which reads ``/``
+to check the endpoints and credentials), so a pod starts its agent only once etcd is up, its certificates
 verify and, with auth, its user exists.
 
 Exit status: 0 connected; 1 not reachable within ``--timeout`` seconds (Kubernetes retries the
@@ -17,8 +17,10 @@ import sys
 import time
 
 from elastic.rendezvous.errors import RendezvousConfigError, RendezvousConnectionError
+from elastic.rendezvous.backend_spec import spec_from_conf
+from elastic.rendezvous.conf import parse_rdzv_conf
 from elastic.rendezvous.registry import open_backend
-from elastic.rendezvous.settings import parse_rdzv_conf, settings_from_conf
+from elastic.rendezvous.settings import settings_from_conf
 
 RETRY_INTERVAL = 2.0
 
@@ -30,7 +32,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds before giving up")
     args = parser.parse_args(argv)
     try:  # the keys and values elasticrun would accept, or exit 2 now
-        options = settings_from_conf("wait-for-etcd", 1, 1, parse_rdzv_conf(args.conf)).backend_options
+        conf = parse_rdzv_conf(args.conf)
+        settings_from_conf("wait-for-etcd", 1, 1, conf)
+        spec = spec_from_conf("etcd", args.endpoint, conf)
     except RendezvousConfigError as error:
         print(f"wait-for-etcd: the connection settings are wrong: {error}", file=sys.stderr)
         return 2
@@ -40,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     while True:
         attempt += 1
         try:
-            opened = open_backend("etcd", args.endpoint, options)
+            opened = open_backend(spec)
         except RendezvousConfigError as error:
             print(f"wait-for-etcd: the connection settings are wrong: {error}", file=sys.stderr)
             return 2

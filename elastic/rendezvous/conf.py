@@ -1,0 +1,157 @@
+"""``--rdzv-conf``: its vocabulary, its ``K=V,...`` syntax, and typed readers of its values.
+
+Two tables name every key: :data:`ENGINE_KEYS`, read into
+:class:`~elastic.rendezvous.settings.RendezvousSettings`, and :data:`BACKEND_KEYS`, read into a
+backend spec (:mod:`elastic.rendezvous.backend_spec`). A key outside both is an error; a backend
+key the chosen backend does not use (``token`` with etcd) is accepted and unused, as before.
+
+:class:`ConfValues` is the one place a value's text becomes a number, a switch or a choice;
+a bad value raises :class:`RendezvousConfigError` with one line naming ``key=value`` and the
+accepted forms. This module imports neither torch nor a backend client.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+from elastic.rendezvous.errors import RendezvousConfigError
+
+#: rdzv-conf keys that configure the engine itself, with their meaning.
+ENGINE_KEYS = {
+    "join_timeout": "seconds a node waits for a round to include it (default 600)",
+    "last_call_timeout": "seconds to wait for more nodes once min_nodes have joined (default 30)",
+    "close_timeout": "seconds to wait for a round to be closed by its closer (default 30)",
+    "lease_ttl": "seconds after which a silent node is declared dead (default 5, at least 2)",
+    "keep_alive_interval": "torch's heartbeat interval; lease_ttl = interval x keep_alive_max_attempt",
+    "keep_alive_max_attempt": "torch's missed-heartbeat count (default 3)",
+    "heartbeat": "torch's heartbeat timeout; accepted and ignored (liveness is the lease)",
+    "namespace": "key prefix under which the rendezvous lives (default /elastic)",
+    "max_node_failures": "exclude a node whose own workers caused this many failure restarts in a row (default 0: off)",
+    "exclusion_cooldown": "seconds an excluded node stays out before it rejoins (default 600)",
+    "store_outage_timeout": "seconds a node trains on while the store does not answer, before it stops its workers "
+                            "(default 900)",
+    "etcd_prefix": "alias of namespace (torch's etcd rendezvous)",
+}
+
+#: rdzv-conf keys that configure the backend connection, with their meaning.
+BACKEND_KEYS = {
+    "cacert": "CA bundle to verify the etcd server (implies TLS)",
+    "cert": "client certificate for etcd TLS",
+    "key": "client private key for etcd TLS",
+    "protocol": "http or https (torch's etcd rendezvous)",
+    "user": "etcd user name",
+    "password": "etcd password",
+    "password_file": "file holding the etcd password",
+    "token": "shared token of the built-in TCP store",
+    "token_file": "file holding the TCP store token",
+    "etcd_transport": "removed (the etcd client always uses grpcio); 'grpcio' is still accepted",
+    "max_response_bytes": "largest etcd response the client accepts, in bytes (default 33554432, 32 MiB)",
+    "dial_timeout": "seconds to establish a connection",
+    "request_timeout": "seconds one backend request may take",
+    "read_timeout": "torch's c10d store timeout; alias of request_timeout",
+    "is_host": "c10d: whether this node hosts the built-in store (default: decided by address)",
+    "store_type": "c10d: accepted for torch compatibility (only 'tcp')",
+    "insecure_open_store": "c10d: 1 lets the host serve its store off loopback without a token, as torchrun does",
+}
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+def parse_rdzv_conf(text: str | Sequence[str]) -> dict[str, str]:
+    """Parse ``k=v,k2=v2`` (or several such strings) into a dict; later keys win; ``-`` in a key is ``_``.
+
+    Raises:
+        RendezvousConfigError: an entry is not ``key=value``.
+    """
+    parts = [text] if isinstance(text, str) else list(text)
+    config: dict[str, str] = {}
+    for part in parts:
+        for item in part.split(","):
+            item = item.strip()
+            if not item:
+                continue
+            key, equals, value = item.partition("=")
+            key = key.strip().replace("-", "_")
+            if not equals or not key:
+                raise RendezvousConfigError(
+                    f"The rendezvous option {item!r} is not key=value; expected e.g. --rdzv-conf join_timeout=900,lease_ttl=5."
+                )
+            config[key] = value.strip()
+    return config
+
+
+def check_known_keys(conf: Mapping[str, str]) -> None:
+    """Refuse keys outside :data:`ENGINE_KEYS` and :data:`BACKEND_KEYS`.
+
+    Raises:
+        RendezvousConfigError: an unknown key; the message lists the valid ones.
+    """
+    unknown = sorted(set(conf) - set(ENGINE_KEYS) - set(BACKEND_KEYS))
+    if unknown:
+        valid = ", ".join(sorted(ENGINE_KEYS) + sorted(BACKEND_KEYS))
+        raise RendezvousConfigError(f"Unknown rendezvous option(s) {', '.join(unknown)}; valid options are: {valid}.")
+
+
+@dataclass(frozen=True)
+class ConfValues:
+    """Typed readers over parsed ``--rdzv-conf`` key/values; each returns None for an absent key.
+
+    Every reader raises :class:`RendezvousConfigError` for a value it cannot take, with one line
+    naming ``key=value`` (cut to 100 characters) and the accepted forms.
+    """
+
+    values: Mapping[str, str]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.values
+
+    def text(self, key: str) -> str | None:
+        return self.values.get(key)
+
+    def seconds(self, key: str) -> float | None:
+        """A positive, finite number of seconds."""
+        text = self.values.get(key)
+        if text is None:
+            return None
+        try:
+            value = float(text)
+        except ValueError:
+            raise self._bad(key, "a number of seconds") from None
+        if not math.isfinite(value) or value <= 0:
+            raise self._bad(key, "a positive number")
+        return value
+
+    def whole(self, key: str, minimum: int, forms: str) -> int | None:
+        """A whole number >= ``minimum``; ``forms`` says what is accepted (``a whole number (0: off)``)."""
+        text = self.values.get(key)
+        if text is None:
+            return None
+        if not text.isdigit() or int(text) < minimum:
+            raise self._bad(key, forms)
+        return int(text)
+
+    def switch(self, key: str) -> bool | None:
+        """1/true/yes/on or 0/false/no/off (any case)."""
+        text = self.values.get(key)
+        if text is None:
+            return None
+        word = text.strip().lower()
+        if word not in _TRUE + _FALSE:
+            raise self._bad(key, "1 or 0 (true or false)")
+        return word in _TRUE
+
+    def choice(self, key: str, choices: Sequence[str]) -> str | None:
+        """One of ``choices`` (any case; returned lower-cased)."""
+        text = self.values.get(key)
+        if text is None:
+            return None
+        word = text.strip().lower()
+        if word not in choices:
+            raise self._bad(key, f"one of {', '.join(choices)}")
+        return word
+
+    def _bad(self, key: str, forms: str) -> RendezvousConfigError:
+        return RendezvousConfigError(f"The rendezvous option {key}={self.values[key][:100]!r} must be {forms}.")
