@@ -128,7 +128,8 @@ import os
 import sys
 from typing import Sequence
 
-from elastic.launch.cli import PROG, describe, parse_or_exit
+from elastic.launch.cli import PROG, parse_or_exit
+from elastic.launch.describe import describe
 
 
 def main(argv: Sequence[str] | None = None) -> int | None:

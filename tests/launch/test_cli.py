@@ -11,7 +11,8 @@ from dataclasses import fields
 import pytest
 
 from backends.endpoints import Endpoint
-from elastic.launch.cli import ConfigError, HelpRequested, config_from_args, describe, parse_or_exit
+from elastic.launch.cli import ConfigError, HelpRequested, config_from_args, parse_or_exit
+from elastic.launch.describe import describe
 from elastic.config import Entrypoint, LaunchConfig, Std, StdMask
 from elastic.launch.devices import FixedDevices, HostDevices, count_nvidia_gpus, visible_gpu_count
 from elastic.launch.flags import OPTIONS, format_help
@@ -749,7 +750,7 @@ def test_dry_run_prints_the_resolved_config_and_exits_0():
 
 @pytest.mark.parametrize("code", [
     "import elastic.run, sys; assert 'torch' not in sys.modules, 'torch imported'",
-    "import sys; from elastic.launch.cli import config_from_args, describe; "
+    "import sys; from elastic.launch.cli import config_from_args; from elastic.launch.describe import describe; "
     "describe(config_from_args(['--nnodes=1:4', '--nproc-per-node=auto', '--rdzv-backend=etcd', "
     "'--rdzv-endpoint=e:2379', '--rdzv-id=j', 'train.py', '--lr', '1'], {}, warn=print)); "
     "assert 'torch' not in sys.modules, 'torch imported'",
