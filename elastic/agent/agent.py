@@ -1,63 +1,52 @@
 """The elastic agent: one worker group per node, restarted on failure or membership change.
 
-The loop: rendezvous → start the worker group → watch it and the membership signal →
-:func:`elastic.agent.decisions.decide` → restart, finish (exit barrier) or give up. The
+The loop: rendezvous → settle the last restart → start the worker group → watch it and the
+membership → :func:`elastic.agent.decisions.decide` → act: restart (a
+:class:`~elastic.agent.restarts.PendingRestart`), finish (exit barrier) or give up. The
 membership signal comes from the rendezvous watch, so survivors blocked in a collective are
 stopped within the lease TTL of a peer's death, not after a collective timeout. A worker
 failure restarts the group at once; this node's next join reports it, and the round's closer
-counts it against ``--max-restarts`` only if the next round still has every member of the
-last one (else it was a dead peer's consequence). Every member reads the count from the round
-record, so all agree on it (:func:`elastic.rendezvous.decisions.agreed_restart_count`). The
-agent never imports torch.
+counts it against ``--max-restarts`` only if the next round still has every member of the last
+one (:mod:`elastic.agent.restarts`).
+
+Every wait is on one :class:`~elastic.agent.waking.Waker`: worker exits and membership changes
+wake it, and a handled signal is only recorded there and acted on at the next wait point (the
+workers get the signal, stop, and the agent exits 128 + its number). The agent never imports torch.
 """
 
 from __future__ import annotations
 
 import logging
 import signal
-import sys
-import threading
 import time
 from dataclasses import dataclass
-from typing import IO, Callable
+from typing import IO, Callable, TypeVar
 
+from elastic.agent.attempts import Attempts
 from elastic.agent.decisions import AgentAction, AgentView, decide, should_exclude
-from elastic.agent.errors import StoreHostError, WorkerStartError
-from elastic.agent.observe.events import Event, EventLog, RestartCause
-from elastic.agent.processes.failures import first_failure, signal_name
+from elastic.agent.exclusion import ExclusionPolicy, exclusion_reason
+from elastic.agent.groups import GroupFactory, Workers, worker_groups
 from elastic.agent.lifeline.keeper import Lifeline
+from elastic.agent.observe.events import Event, EventLog
 from elastic.agent.observe.metrics import AgentMetrics
-from elastic.agent.processes.store_host import StoreHost
+from elastic.agent.observe.report import AgentReport
 from elastic.agent.prewarm.pool import TemplatePool
-from elastic.agent.processes.workers import GroupState, GroupStatus, WorkerGroup
+from elastic.agent.processes.failures import first_failure
+from elastic.agent.processes.store_host import StoreHost
+from elastic.agent.processes.workers import GroupState, GroupStatus
+from elastic.agent.restarts import PendingCause, PendingRestart, settle
+from elastic.agent.waking import Interrupted, Waker
 from elastic.config import LaunchConfig
-from elastic.rendezvous.api import MembershipChange
+from elastic.rendezvous.api import MembershipChange, MembershipStatus, Rendezvous, RendezvousInfo
 from elastic.rendezvous.errors import RendezvousClosedError, RendezvousError
-from elastic.rendezvous.api import Rendezvous, RendezvousInfo
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 # How long a node joining a running job waits for its worker templates (they import torch);
 # past it, it joins and its workers start normally.
 TEMPLATE_WARM_TIMEOUT_S = 120.0
-
-
-class SignalReceived(Exception):
-    """Raised in the agent's main thread when a handled signal arrives."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(f"received {signal.Signals(signum).name}")
-        self.signum = signum
-
-
-@dataclass(frozen=True)
-class ExclusionPolicy:
-    """``--rdzv-conf max_node_failures=N,exclusion_cooldown=S``: a node whose own workers caused
-    N failure restarts in a row leaves for S seconds while ``min_nodes`` others remain."""
-
-    max_node_failures: int
-    cooldown: float
-    min_nodes: int
 
 
 @dataclass(frozen=True)
@@ -68,24 +57,43 @@ class AgentResult:
     reason: str
 
 
+@dataclass(frozen=True)
+class Verdict:
+    """What one watch of the workers decided, with what it saw."""
+
+    action: AgentAction
+    state: GroupState
+    membership: MembershipStatus
+
+
+Step = AgentResult | PendingRestart | None
+"""What acting on a verdict gives: the end, a restart to settle, or (None) a rejoin with none."""
+
+
 class ElasticAgent:
     """Runs the worker group of one node until the job finishes, fails for good, or is signalled.
 
     Args:
         config: the launch configuration.
-        handler: a rendezvous handler (ours or the static one).
+        rendezvous: ours or the static one.
         host: this node's name, for reports.
         events, metrics: observability sinks (metrics may be None).
         lease_ttl: how long a dead peer takes to be noticed (the failure grace period).
+        console: where notices and the root cause go (default ``sys.stderr``).
+        clock: monotonic seconds (deadlines: the failure grace, the outage memory, the cooldown).
+        store_host: hosts the master's store for the workers (None: rank 0's worker does).
+        exclusion: the exclusion policy (None: off).
         lifeline: keeps the PID file of live workers its watchdog and a restarted agent read
             (see :mod:`elastic.agent.lifeline.keeper`); None: no PID file.
         templates: pre-warmed worker templates (``--prewarm``); None: workers start normally.
+        groups: makes each attempt's worker group (default: real :class:`WorkerGroup` s).
+        waker: what the agent waits on; signals it catches (:meth:`Waker.catching`) stop the agent.
     """
 
     def __init__(
         self,
         config: LaunchConfig,
-        handler: Rendezvous,
+        rendezvous: Rendezvous,
         *,
         host: str,
         events: EventLog,
@@ -97,76 +105,76 @@ class ElasticAgent:
         exclusion: ExclusionPolicy | None = None,
         lifeline: Lifeline | None = None,
         templates: TemplatePool | None = None,
+        groups: GroupFactory | None = None,
+        waker: Waker | None = None,
     ) -> None:
         self.config = config
-        self.handler = handler
+        self.rendezvous = rendezvous
         self.host = host
         self.events = events
-        self.metrics = metrics
         self.lease_ttl = lease_ttl
-        self._console = console if console is not None else sys.stderr
+        self.node_id: str = rendezvous.node_id
+        self._report = AgentReport(events, metrics, console, run_id=rendezvous.run_id, host=host)
         self._clock = clock
-        self._lifeline = lifeline
+        self._exclusion = exclusion
         self._templates = templates
-        self._group: WorkerGroup | None = None
-        self._last_group: WorkerGroup | None = None
+        self._waker = waker or Waker()
+        self._attempts = Attempts(groups or worker_groups(config, self.node_id, templates), self._waker, self._report,
+                                  run_id=rendezvous.run_id, host=host, shutdown_timeout=config.shutdown_timeout, store_host=store_host,
+                                  lifeline=lifeline, templates=templates)
         self.restarts_used = 0
-        self._unsettled: _UnsettledFailure | None = None
-        self._membership_restart = False
+        self._failures_in_a_row = 0  # failure restarts this node's own workers caused, in a row
         self._outage_seen: float | None = None  # when the store was last seen not answering
         self.attempt = 0
         self.healthy = True
-        self.node_id: str = handler.node_id
-        self._membership_seen = threading.Event()
-        handler.on_change(self._membership_seen.set)
-        self._store_host = store_host
-        self._store_host_failed = False
-        self._exclusion = exclusion
-        self._failures_in_a_row = 0  # failure restarts this node's own workers caused, in a row
+        rendezvous.on_change(self._waker.wake)
+        self._actions: dict[AgentAction, Callable[[Verdict], Step]] = {
+            AgentAction.RESTART_AFTER_FAILURE: self._restart_after_failure,
+            AgentAction.RESTART_FOR_MEMBERSHIP: self._restart_for_membership,
+            AgentAction.RESTART_FOR_OUTAGE: self._restart_for_outage,
+            AgentAction.EXCLUDE: self._sit_out,
+            AgentAction.FINISH: self._finish,
+            AgentAction.GIVE_UP: self._give_up,
+            AgentAction.STOP_CLOSED: lambda _: self._end(1, "closed_by_peer", "the rendezvous was closed by "
+                                                         "another node (the job failed there or was stopped)"),
+            AgentAction.STOP_BLIND: lambda verdict: self._end(1, "store_unreachable", verdict.membership.reason
+                                                              or "the store does not answer"),
+        }
 
     # -- the loop -------------------------------------------------------------------------------
     def run(self) -> AgentResult:
         """Run until done; never raises for job outcomes (they become the result)."""
         try:
             return self._run()
-        except SignalReceived as received:
-            log.warning("Run %s node %s: received %s; stopping the workers", self.handler.run_id, self.host,
-                        signal.Signals(received.signum).name)
-            self._stop_group(forward=received.signum)
-            self.handler.shutdown()
-            name = signal.Signals(received.signum).name
-            self.events.emit(Event.JOB_FINISHED, status=f"signalled:{name}")
-            return AgentResult(128 + received.signum, f"the agent received {name}; workers stopped")
+        except Interrupted as interrupted:
+            return self._signalled(interrupted.signum)
         except RendezvousError as error:
-            self._stop_group()
-            self.handler.shutdown()
-            if isinstance(error, RendezvousClosedError) and error.job_finished and self._last_group is None:
-                # A late (or restarted) agent of a job that already succeeded: nothing to do.
-                self.events.emit(Event.JOB_FINISHED, status="already_finished")
-                reason = f"{error}; nothing to do (use a new --rdzv-id to run the job again)"
-                log.warning("Run %s node %s: %s", self.handler.run_id, self.host, reason)
-                return AgentResult(0, reason)
-            closed = isinstance(error, RendezvousClosedError)
-            self.events.emit(Event.JOB_FINISHED, status="rendezvous_closed" if closed else "rendezvous_error")
-            return AgentResult(1, str(error))
+            return self._rendezvous_failed(error)
         finally:
             self.healthy = False
-            if self._store_host is not None:
-                self._store_host.close()
+            self._attempts.close()
 
     def _run(self) -> AgentResult:
         self._warm_before_joining_a_running_job()
+        pending: PendingRestart | None = None
         while True:
             info = self._rendezvous()
-            self._settle_failure(info)
-            group = self._start_group(info)
+            self._settle(pending, info)
+            # TORCHELASTIC_RESTART_COUNT: the round record's count, or (static) the node's own.
+            group = self._attempts.start(info, self.attempt, self.restarts_used)
             if group is None:
-                action, state = AgentAction.GIVE_UP, GroupState(GroupStatus.FAILED)
+                step = self._act(Verdict(AgentAction.GIVE_UP, GroupState(GroupStatus.FAILED), MembershipStatus()))
             else:
-                action, state = self._watch(group)
-            result = self._act(action, state)
-            if result is not None:
-                return result
+                step = self._act(self._watch(group))
+            if isinstance(step, AgentResult):
+                return step
+            pending = step
+            self.attempt += 1
+
+    def _blocking(self, call: Callable[[], T], what: str) -> T:
+        """A rendezvous call that cannot wait on the waker: a signal meanwhile shuts the rendezvous
+        down (which ends the call) and raises Interrupted."""
+        return self._waker.call(call, what=what, interrupt=self.rendezvous.shutdown)
 
     def _warm_before_joining_a_running_job(self) -> None:
         """With ``--prewarm``, a node that joins a running job waits for its templates first.
@@ -177,217 +185,169 @@ class ElasticAgent:
         the job training meanwhile. A first start does not wait: every node imports at once,
         overlapped with the rendezvous.
         """
-        if self._templates is None or not self.handler.job_running():
-            return
-        started = self._clock()
-        ready = self._templates.wait_ready(TEMPLATE_WARM_TIMEOUT_S)
-        log.info("Run %s node %s: joins the running job after its worker templates %s (%.1fs)",
-                 self.handler.run_id, self.host, "are ready" if ready else "are not all ready (those ranks start normally)",
-                 self._clock() - started)
+        if self._templates is not None and self._blocking(self.rendezvous.job_running, "job-running"):
+            self._attempts.await_templates(TEMPLATE_WARM_TIMEOUT_S, "joins the running job")
 
     def _rendezvous(self) -> RendezvousInfo:
         started = self._clock()
-        info = self.handler.next_rendezvous()
-        duration = self._clock() - started
-        self.events.emit(Event.ROUND_JOINED, round=info.round, group_rank=info.group_rank,
-                         group_world_size=info.group_world_size, members=[m.node_id for m in info.members],
-                         duration_s=round(duration, 4), master=f"{info.master_addr}:{info.master_port}")
-        if self.metrics:
-            self.metrics.round_joined(duration_s=duration, members=info.group_world_size)
+        info = self._blocking(self.rendezvous.next_rendezvous, "rendezvous")
+        self._report.round_joined(info, self._clock() - started)
         return info
 
-    def _start_group(self, info: RendezvousInfo) -> WorkerGroup | None:
-        use_agent_store = self._serve_store(info)
-        group = WorkerGroup(self.config, info, attempt=self.attempt, restart_count=self._restart_count(info),
-                            use_agent_store=use_agent_store, node_id=self.node_id, templates=self._templates)
-        try:
-            # Called from run(), in the agent's main thread, which lives as long as the agent: the
-            # workers' parent-death signal follows the thread that forked them (lifeline.py).
-            group.start()
-        except WorkerStartError as error:
-            print(f"elasticrun: cannot start the workers: {error}", file=self._console)
-            return None
-        if self._lifeline is not None:
-            self._lifeline.track(group.pids().values())
-        self._group = self._last_group = group
-        ranks = group.global_ranks()
-        log.info("Run %s node %s: attempt %d started %d workers (ranks %d..%d of %d)",
-                 info.run_id, self.host, self.attempt, self.config.nproc_per_node,
-                 ranks[0], ranks[-1], group.world_size)
-        return group
+    def _settle(self, pending: PendingRestart | None, info: RendezvousInfo) -> None:
+        """Account for the restart that led to round ``info`` (see :func:`settle`)."""
+        settled = settle(pending, info, self.restarts_used, self._failures_in_a_row, self.node_id)
+        self.restarts_used, self._failures_in_a_row = settled.restarts_used, settled.failures_in_a_row
+        if pending is None or settled.recorded is None:
+            return
+        if settled.not_counted:
+            self._report.not_counted(settled.not_counted)
+        if settled.counted:
+            self._report.failure_notice(pending.state, self.restarts_used, self.config.max_restarts)
+        self._report.restart(settled.recorded, self.restarts_used, self.config.max_restarts, pending.reason)
 
     def spares(self) -> int:
-        """Nodes waiting as spares beyond this node's full round (0 for handlers without spares)."""
-        return self.handler.membership().spares
+        """Nodes waiting as spares beyond this node's full round (0 for rendezvous without spares)."""
+        return self.rendezvous.membership().spares
 
-    def _restart_count(self, info: RendezvousInfo) -> int:
-        """``TORCHELASTIC_RESTART_COUNT``: the round record's agreed count, or (static
-        rendezvous, no record) this node's own."""
-        return info.restart_count if info.layout is not None else self.restarts_used
-
-    def _serve_store(self, info: RendezvousInfo) -> bool:
-        """Whether workers use an agent-hosted store (``TORCHELASTIC_USE_AGENT_STORE``).
-
-        On the master node the store helper serves the master port the round record names,
-        on the socket that has listened since the join; workers everywhere connect as clients.
-        Without a helper (static rendezvous, or no torch for it) rank 0's worker hosts the store.
-        """
-        listener = info.master_listener
-        if listener is None:  # another node hosts (or nobody can: then rank 0's worker does)
-            return info.group_rank != 0 and info.layout is not None and self._store_host is not None
-        if self._store_host is None or self._store_host_failed:
-            listener.close()
-            return False
-        try:
-            self._store_host.serve(listener, info.master_addr)
-            return True
-        except StoreHostError as error:
-            self._store_host_failed = True
-            log.warning("Run %s node %s: %s; rank 0's worker hosts the store instead", info.run_id, self.host, error)
-            return False
-
-    def _watch(self, group: WorkerGroup) -> tuple[AgentAction, GroupState]:
-        """Wait on worker exits and the membership signal until something must be done."""
+    def _watch(self, group: Workers) -> Verdict:
+        """Wait on the waker (worker exits, membership changes, signals) until something must be done."""
         grace_deadline: float | None = None
         reported_exits = 0
-        self._membership_seen.clear()
         while True:
-            state = group.wait(timeout=self.config.monitor_interval)
-            reported_exits = self._report_exits(state, reported_exits)
-            membership = self.handler.membership()
-            change, reason = membership.change, membership.reason
-            if self.metrics:
-                self.metrics.set_nodes_waiting(membership.waiting, membership.spares)
-                self.metrics.set_workers(running=len(state.running), succeeded=0,
-                                         failed=len(state.failures))
-            in_outage = self._in_store_outage()
+            self._waker.check()
+            state = group.poll()
+            reported_exits = self._report.worker_exits(state, reported_exits)
+            membership = self.rendezvous.membership()
+            self._report.looked(state, membership)
             grace_over = True
-            if state.status is GroupStatus.FAILED and change is None:
+            if state.status is GroupStatus.FAILED and membership.change is None:
                 if grace_deadline is None:
                     # Only a peer's death can be a membership change in disguise; alone, there is no peer.
-                    grace = self.lease_ttl + 1.0 if group.rdzv.group_world_size > 1 else 0.0
-                    grace_deadline = self._clock() + grace
+                    grace_deadline = self._clock() + (self.lease_ttl + 1.0 if group.rdzv.group_world_size > 1 else 0.0)
                     group.stop()
                 grace_over = self._clock() >= grace_deadline
-            view = AgentView(state.status, change, self.restarts_used, self.config.max_restarts, grace_over,
-                             self._would_exclude(group), in_outage)
+            view = AgentView(state.status, membership.change, self.restarts_used, self.config.max_restarts, grace_over,
+                             self._would_exclude(group), self._in_store_outage(membership))
             action = decide(view)
             if action is AgentAction.KEEP_RUNNING:
-                continue
-            if action is AgentAction.AWAIT_MEMBERSHIP:
-                remaining = max(grace_deadline - self._clock(), 0.0)
-                if change is None:
-                    self._membership_seen.wait(remaining)
-                else:  # a change already seen that does not settle it (peers rejoining): look again soon
-                    time.sleep(min(remaining, self.config.monitor_interval))
-                continue
-            if change is not None:
-                self._report_change(change, reason)
-            return action, group.poll()
+                self._waker.wait(self.config.monitor_interval)
+            elif action is AgentAction.AWAIT_MEMBERSHIP:  # only while a failure's grace runs
+                self._waker.wait((grace_deadline or 0.0) - self._clock())
+            else:
+                if membership.change is not None:
+                    self._report.change(membership)
+                return Verdict(action, group.poll(), membership)
 
-    def _in_store_outage(self) -> bool:
+    def _in_store_outage(self, membership: MembershipStatus) -> bool:
         """Whether the store does not answer now, or did not within the last lease TTL + 1 s (the
         grace a failure gets to show its cause)."""
-        outage = self.handler.membership().store_outage
         now = self._clock()
-        if outage > 0:
+        if membership.store_outage > 0:
             self._outage_seen = now
         return self._outage_seen is not None and now - self._outage_seen <= self.lease_ttl + 1.0
 
-    def _would_exclude(self, group: WorkerGroup) -> bool:
+    def _would_exclude(self, group: Workers) -> bool:
         policy = self._exclusion
-        if policy is None or not self.handler.supports_exclusion:
+        if policy is None or not self.rendezvous.supports_exclusion:
             return False
         return should_exclude(self._failures_in_a_row, policy.max_node_failures, group.rdzv.group_world_size,
                               policy.min_nodes)
 
-    def _sit_out(self, state: GroupState) -> AgentResult | None:
+    # -- acting on a verdict: the group is stopped once, then one handler runs -----------------------
+    def _act(self, verdict: Verdict) -> Step:
+        """Stop the workers, then apply the verdict; returns the result, a restart, or None (rejoin)."""
+        self._attempts.stop()
+        return self._actions[verdict.action](verdict)
+
+    def _restart_after_failure(self, verdict: Verdict) -> PendingRestart:
+        # Restart at once, but count the failure only once the next round shows every member
+        # survived: a peer's death breaks our collectives before its lease expires. Our join
+        # reports the failure; the closer decides the count for every member.
+        self._report_failure(verdict.state)
+        return self._pending(PendingCause.FAILURE, verdict, "")
+
+    def _restart_for_membership(self, verdict: Verdict) -> PendingRestart:
+        if verdict.membership.change is MembershipChange.NODES_WAITING:
+            # Our workers may have failed first, and the change is our peers' rejoin: report it
+            # (the closer decides). A failure beside a lost member or our own lost lease is that
+            # loss's consequence (collectives broken by a peer that moved on) and is not reported.
+            self._report_failure(verdict.state)
+        return self._pending(PendingCause.MEMBERSHIP, verdict, verdict.membership.reason)
+
+    def _restart_for_outage(self, verdict: Verdict) -> PendingRestart:
+        reason = "workers failed while the store did not answer"
+        log.warning("Run %s node %s: %s; restarting them without charging --max-restarts (the rejoin waits for "
+                    "the store)", self.rendezvous.run_id, self.host, reason)
+        return self._pending(PendingCause.OUTAGE, verdict, reason)
+
+    def _pending(self, cause: PendingCause, verdict: Verdict, reason: str) -> PendingRestart:
+        group = self._attempts.last
+        members = tuple(member.node_id for member in group.rdzv.members) if group is not None else ()
+        return PendingRestart(cause, verdict.state, members, reason)
+
+    def _sit_out(self, verdict: Verdict) -> AgentResult | None:
         """Leave the rendezvous for the exclusion cooldown; None to rejoin after it, or the result
         when the job ended meanwhile."""
         policy = self._exclusion
-        assert policy is not None
+        assert policy is not None  # decide() excludes only under a policy
         failures = self._failures_in_a_row + 1
-        first = first_failure(state.failures)
-        cause = f"rank {first.global_rank} {_exit_text(first.exitcode)}" if first else "its workers failed"
-        reason = (f"its own workers failed {failures} times in a row (max_node_failures={policy.max_node_failures}; "
-                  f"last: {cause})")
-        self.handler.exclude(policy.cooldown, reason)
-        self.events.emit(Event.NODE_EXCLUDED, reason=reason, cooldown_s=policy.cooldown, failures_in_a_row=failures)
-        if self.metrics:
-            self.metrics.set_excluded(True)
-        print(f"elasticrun: node {self.node_id} is excluded for {policy.cooldown:g}s: {reason}; the others go on "
-              f"without it", file=self._console)
+        reason = exclusion_reason(policy, failures, verdict.state)
+        self._blocking(lambda: self.rendezvous.exclude(policy.cooldown, reason), "exclude")
+        self._report.excluded(self.node_id, reason, policy.cooldown, failures)
         deadline = self._clock() + policy.cooldown
         while (remaining := deadline - self._clock()) > 0:
-            time.sleep(min(remaining, 2.0))
-            if self.handler.is_closed():
-                self.events.emit(Event.JOB_FINISHED, status="closed_while_excluded")
-                self.handler.shutdown()
-                return AgentResult(0, "the job ended while this node was excluded")
-        if self.metrics:
-            self.metrics.set_excluded(False)
-        log.info("Run %s node %s: the exclusion cooldown ended; rejoining", self.handler.run_id, self.host)
+            self._waker.wait(min(remaining, 2.0))
+            if self._blocking(self.rendezvous.is_closed, "is-closed"):
+                return self._end(0, "closed_while_excluded", "the job ended while this node was excluded")
+        self._report.readmitted()
         self._failures_in_a_row = 0
-        self.attempt += 1
         return None
 
-    def _act(self, action: AgentAction, state: GroupState) -> AgentResult | None:
-        """Apply ``action``; returns the final result, or None to go round again."""
-        if action is AgentAction.EXCLUDE:
-            self._stop_group()
-            return self._sit_out(state)
-        if action is AgentAction.FINISH:
-            self._stop_group()
-            self._exit_barrier()
-            self.handler.shutdown()
-            self.events.emit(Event.JOB_FINISHED, status="succeeded")
-            return AgentResult(0, "workers finished")
-        if action is AgentAction.RESTART_AFTER_FAILURE:
-            self._stop_group()
-            # Restart at once, but count the failure only once the next round shows every member
-            # survived: a peer's death breaks our collectives before its lease expires. Our join
-            # reports the failure; the closer decides the count for every member.
-            self._report_failure(state)
-            self._unsettled = _UnsettledFailure(state, self._last_members())
-            self.attempt += 1
-            return None
-        if action is AgentAction.RESTART_FOR_MEMBERSHIP:
-            self._stop_group()
-            if self.handler.membership().change is MembershipChange.NODES_WAITING:
-                # Our workers may have failed first, and the change is our peers' rejoin: report it
-                # (the closer decides). A failure beside a lost member or our own lost lease is that
-                # loss's consequence (collectives broken by a peer that moved on) and is not reported.
-                self._report_failure(state)
-            self._membership_restart = True  # its cause is recorded once the next round says it
-            self.attempt += 1
-            return None
-        if action is AgentAction.RESTART_FOR_OUTAGE:
-            self._stop_group()
-            log.warning("Run %s node %s: workers failed while the store did not answer; restarting them without "
-                        "charging --max-restarts (the rejoin waits for the store)", self.handler.run_id, self.host)
-            self._membership_restart = True
-            self.attempt += 1
-            return None
-        if action is AgentAction.STOP_BLIND:
-            self._stop_group()
-            reason = self.handler.membership().reason
-            self.events.emit(Event.JOB_FINISHED, status="store_unreachable")
-            self.handler.shutdown()
-            return AgentResult(1, reason or "the store does not answer")
-        if action is AgentAction.STOP_CLOSED:
-            self._stop_group()
-            self.handler.shutdown()
-            self.events.emit(Event.JOB_FINISHED, status="closed_by_peer")
-            return AgentResult(1, "the rendezvous was closed by another node (the job failed there or was stopped)")
-        # GIVE_UP
-        self._stop_group()
-        summary = self._print_failure(state, final=True)
-        self.handler.set_closed(f"node {self.host} gave up after {self.restarts_used} restarts")
-        self.handler.shutdown()
-        self.events.emit(Event.JOB_FINISHED, status="failed")
-        # The reason is the report's title, not its top rule (printed last as "elasticrun: ====...").
-        title = next((line for line in summary.splitlines() if line.strip("=-")), "")
-        return AgentResult(1, title or "workers failed")
+    def _finish(self, verdict: Verdict) -> AgentResult:
+        """Exit barrier: wait for the other members' workers, then close the rendezvous.
+
+        Best effort, as torchrun's: our workers have succeeded, so a backend that goes away now
+        (a c10d host that finished first stops its store) is logged, not turned into a failure.
+        """
+        try:
+            if self._blocking(lambda: self.rendezvous.finish(self.config.exit_barrier_timeout), "exit-barrier"):
+                self._blocking(lambda: self.rendezvous.set_closed(RendezvousClosedError.JOB_FINISHED), "close")
+        except RendezvousError as error:
+            log.warning("Run %s node %s: the exit barrier failed (%s); the workers had finished, so exiting 0",
+                        self.rendezvous.run_id, self.host, error)
+        return self._end(0, "succeeded", "workers finished")
+
+    def _give_up(self, verdict: Verdict) -> AgentResult:
+        first = first_failure(verdict.state.failures)
+        last = self._attempts.last
+        summary = last.failure_report(self.host) if first and last else ""
+        title = self._report.root_cause(summary)
+        reason = f"node {self.host} gave up after {self.restarts_used} restarts"
+        self._blocking(lambda: self.rendezvous.set_closed(reason), "close")
+        return self._end(1, "failed", title or "workers failed")
+
+    def _end(self, exit_code: int, status: str, reason: str) -> AgentResult:
+        self.rendezvous.shutdown()
+        self.events.emit(Event.JOB_FINISHED, status=status)
+        return AgentResult(exit_code, reason)
+
+    # -- the ways out of the loop -------------------------------------------------------------------
+    def _signalled(self, signum: int) -> AgentResult:
+        name = signal.Signals(signum).name
+        log.warning("Run %s node %s: received %s; stopping the workers", self.rendezvous.run_id, self.host, name)
+        self._attempts.stop(forward=signum)
+        return self._end(128 + signum, f"signalled:{name}", f"the agent received {name}; workers stopped")
+
+    def _rendezvous_failed(self, error: RendezvousError) -> AgentResult:
+        self._attempts.stop()
+        if isinstance(error, RendezvousClosedError) and error.job_finished and self._attempts.last is None:
+            # A late (or restarted) agent of a job that already succeeded: nothing to do.
+            reason = f"{error}; nothing to do (use a new --rdzv-id to run the job again)"
+            log.warning("Run %s node %s: %s", self.rendezvous.run_id, self.host, reason)
+            return self._end(0, "already_finished", reason)
+        status = "rendezvous_closed" if isinstance(error, RendezvousClosedError) else "rendezvous_error"
+        return self._end(1, status, str(error))
 
     # -- helpers --------------------------------------------------------------------------------
     def _report_failure(self, state: GroupState) -> None:
@@ -395,130 +355,4 @@ class ElasticAgent:
         first exit's wall time: the next round's closer counts it and names the culprit."""
         first = first_failure([failure for failure in state.failures if not failure.during_stop])
         if first is not None:
-            self.handler.report_failure(first.exit_time)
-
-    def _settle_failure(self, info: RendezvousInfo) -> None:
-        """Count the failure that caused this round, unless a member of the previous one is gone.
-
-        Its restart is then a membership change (DESIGN §4: those are free): the peer died, and
-        our workers failed on the connections it reset, before its lease expired. With a round
-        record the closer decided that for every member; the static rendezvous decides locally.
-        """
-        unsettled, self._unsettled = self._unsettled, None
-        membership_restart, self._membership_restart = self._membership_restart, False
-        if info.layout is not None:
-            self._settle_agreed(info, unsettled, membership_restart)
-            return
-        if membership_restart:
-            self._record_restart(RestartCause.MEMBERSHIP_CHANGE)
-        if unsettled is None:
-            return
-        lost = sorted(set(unsettled.members) - {member.node_id for member in info.members})
-        if lost:
-            reason = f"worker failure after the loss of {', '.join(lost)} (absent from round {info.round})"
-            self.events.emit(Event.MEMBER_LOST, reason=reason)
-            log.info("Run %s node %s: %s; not counted as a failure", info.run_id, self.host, reason)
-            self._record_restart(RestartCause.MEMBERSHIP_CHANGE)
-            return
-        self.restarts_used += 1
-        self._print_failure(unsettled.state, final=False)
-        self._record_restart(RestartCause.WORKER_FAILURE)
-
-    def _settle_agreed(self, info: RendezvousInfo, unsettled: _UnsettledFailure | None,
-                       membership_restart: bool) -> None:
-        """Take the round record's restart count; record this node's restart under the cause it
-        agreed on (a failure restart when the count went up)."""
-        counted = info.restart_count > self.restarts_used
-        self.restarts_used = info.restart_count
-        # Exclusion counts only the failures this node was charged with, in a row.
-        self._failures_in_a_row = self._failures_in_a_row + 1 if info.culprit == self.node_id else 0
-        if unsettled is None and not membership_restart:
-            return
-        if counted:
-            if unsettled is not None:
-                self._print_failure(unsettled.state, final=False)
-            self._record_restart(RestartCause.WORKER_FAILURE)
-            return
-        if unsettled is not None:
-            reason = f"worker failure not counted: a member of the previous round is absent from round {info.round}"
-            self.events.emit(Event.MEMBER_LOST, reason=reason)
-            log.info("Run %s node %s: %s", info.run_id, self.host, reason)
-        self._record_restart(RestartCause.MEMBERSHIP_CHANGE)
-
-    def _record_restart(self, cause: RestartCause) -> None:
-        self.events.emit(Event.RESTART, cause=cause, restart_count=self.restarts_used,
-                         remaining=self.config.max_restarts - self.restarts_used)
-        if self.metrics:
-            self.metrics.restart(cause)
-
-    def _last_members(self) -> tuple[str, ...]:
-        group = self._last_group
-        return tuple(member.node_id for member in group.rdzv.members) if group is not None else ()
-
-    def _exit_barrier(self) -> None:
-        """Wait for the other members' workers, then close the rendezvous.
-
-        Best effort, as torchrun's: our workers have succeeded, so a backend that goes away now
-        (a c10d host that finished first stops its store) is logged, not turned into a failure.
-        """
-        try:
-            finished = self.handler.finish(self.config.exit_barrier_timeout)
-            if finished:
-                self.handler.set_closed("the job finished")
-        except RendezvousError as error:
-            log.warning("Run %s node %s: the exit barrier failed (%s); the workers had finished, so exiting 0",
-                        self.handler.run_id, self.host, error)
-
-    def _stop_group(self, forward: int | None = None) -> None:
-        group, self._group = self._group, None
-        if group is None:
-            return
-        if forward is not None:
-            group.send_signal(forward)
-        group.stop(self.config.shutdown_timeout)
-        if self._store_host is not None:
-            self._store_host.release()
-        if self._lifeline is not None:
-            self._lifeline.untrack(group.pids().values())
-
-    def _report_exits(self, state: GroupState, reported: int) -> int:
-        for failure in state.failures[reported:]:
-            self.events.emit(Event.WORKER_EXIT, local_rank=failure.local_rank, global_rank=failure.global_rank,
-                             exitcode=failure.exitcode, signal=signal_name(failure.exitcode))
-            if self.metrics:
-                self.metrics.worker_exit(exitcode=failure.exitcode)
-        return len(state.failures)
-
-    def _report_change(self, change: MembershipChange, reason: str) -> None:
-        if change is MembershipChange.NODES_WAITING:
-            self.events.emit(Event.NODES_WAITING, count=self.handler.membership().waiting, reason=reason)
-        elif change is MembershipChange.MEMBER_LOST:
-            self.events.emit(Event.MEMBER_LOST, reason=reason)
-        log.info("Run %s node %s: %s; restarting the workers (does not count as a failure)",
-                 self.handler.run_id, self.host, reason)
-
-    def _print_failure(self, state: GroupState, final: bool) -> str:
-        """Print the root-cause summary (final) or a one-line notice (before a restart)."""
-        first = first_failure(state.failures)
-        if first is None or self._last_group is None:
-            return ""
-        if not final:
-            print(f"elasticrun: worker rank {first.global_rank} failed ({_exit_text(first.exitcode)}); "
-                  f"restart {self.restarts_used} of {self.config.max_restarts}", file=self._console)
-            return ""
-        summary = self._last_group.failure_report(self.host)
-        print(summary, file=self._console)
-        return summary
-
-
-@dataclass(frozen=True)
-class _UnsettledFailure:
-    """A worker failure restarted at once, counted or not after the next round (see _settle_failure)."""
-
-    state: GroupState
-    members: tuple[str, ...]
-
-
-def _exit_text(exitcode: int) -> str:
-    name = signal_name(exitcode)
-    return f"killed by {name}" if name else f"exit code {exitcode}"
+            self.rendezvous.report_failure(first.exit_time)

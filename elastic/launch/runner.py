@@ -1,7 +1,8 @@
 """``run(config)``: the effectful half of ``elasticrun`` (parsing is the pure half, in elastic.launch.cli).
 
 Sets up what the agent needs — the embedded store for ``--standalone``, the rendezvous handler,
-the event log, the metrics server, signal handling — runs the agent, and returns the exit code.
+the event log, the metrics server, signal handling (a signal only wakes the agent, see
+:mod:`elastic.agent.waking`) — runs the agent, and returns the exit code.
 Setup errors (a malformed endpoint, an unreachable backend, a busy metrics port) are printed as
 one line, never as a traceback.
 """
@@ -12,21 +13,21 @@ import dataclasses
 import logging
 import os
 import secrets
-import signal
 import socket
 import sys
-import threading
 import uuid
 from contextlib import ExitStack
 
 from backends.endpoints import Endpoint
-from elastic.agent.agent import ElasticAgent, ExclusionPolicy, SignalReceived
+from elastic.agent.agent import ElasticAgent
+from elastic.agent.exclusion import ExclusionPolicy
 from elastic.agent.observe.events import EventLog
 from elastic.agent.lifeline.keeper import Lifeline, state_dir
 from elastic.agent.errors import AgentError
 from elastic.agent.observe.metrics import AgentMetrics, MetricsServer
 from elastic.agent.processes.store_host import StoreHost
 from elastic.agent.prewarm.pool import TemplatePool
+from elastic.agent.waking import Waker
 from elastic.agent.processes.worker_env import omp_threads_notice, python_executable
 from elastic.config import LaunchConfig
 from elastic.rendezvous.errors import RendezvousError
@@ -65,9 +66,11 @@ def run(config: LaunchConfig) -> int:
             lifeline = _open_lifeline(config, cleanup)
             exclusion = (ExclusionPolicy(settings.max_node_failures, settings.exclusion_cooldown, settings.min_nodes)
                          if settings.max_node_failures else None)
+            waker = Waker()
+            cleanup.callback(waker.close)
             agent = ElasticAgent(config, handler, host=socket.gethostname(), events=events, metrics=metrics,
                                  lease_ttl=settings.lease_ttl, store_host=store_host, lifeline=lifeline,
-                                 exclusion=exclusion, templates=templates)
+                                 exclusion=exclusion, templates=templates, waker=waker)
             if config.metrics_port is not None:
                 server = MetricsServer(config.metrics_port, config.metrics_addr, registry=metrics.registry,
                                        health=lambda: health(agent.healthy, handler.progress(), agent.spares(),
@@ -77,8 +80,8 @@ def run(config: LaunchConfig) -> int:
         except (RendezvousError, AgentError, ValueError) as error:
             print(f"elasticrun: {error}", file=sys.stderr)
             return 1
-        _install_signal_handlers(config.signals_to_handle)
-        result = agent.run()
+        with waker.catching(config.signals_to_handle):
+            result = agent.run()
     if result.exit_code != 0:
         print(f"elasticrun: {result.reason}", file=sys.stderr)
     return result.exit_code
@@ -135,21 +138,6 @@ def health(healthy: bool, progress: WaitSnapshot | None, spares: int = 0, store_
     if progress is not None:
         return True, f"waiting for rendezvous ({progress.counts_text()}){outage}"
     return True, (f"running; spares: {spares}" if spares else "running") + outage
-
-
-def _install_signal_handlers(names: tuple[str, ...]) -> None:
-    """Turn each handled signal into SignalReceived in the main thread (the agent then stops workers)."""
-    if threading.current_thread() is not threading.main_thread():
-        return
-
-    def raise_received(signum, _frame):
-        raise SignalReceived(signum)
-
-    for name in names:
-        try:
-            signal.signal(getattr(signal, name), raise_received)
-        except (AttributeError, OSError, ValueError):
-            log.warning("Cannot handle signal %s on this platform", name)
 
 
 def _configure_logging() -> None:

@@ -174,7 +174,7 @@ def test_agent_metrics_export_every_documented_series_from_the_start(agent_metri
     assert sample(families, f"{ROUND_DURATION_SECONDS}_count", ROUND_DURATION_SECONDS) == 0
     assert sample(families, MEMBERS) == 0
     assert sample(families, NODES_WAITING) == 0
-    for cause in ("worker_failure", "membership_change"):
+    for cause in ("worker_failure", "membership_change", "store_outage"):
         assert sample(families, RESTARTS_TOTAL, cause=cause) == 0
     for state in ("running", "succeeded", "failed"):
         assert sample(families, WORKERS, state=state) == 0

@@ -51,10 +51,15 @@ class Event(str, enum.Enum):
 
 
 class RestartCause(str, enum.Enum):
-    """Why the agent restarted its worker group; only ``WORKER_FAILURE`` counts as a failure."""
+    """Why the agent restarted its worker group; only ``WORKER_FAILURE`` counts as a failure.
+
+    STORE_OUTAGE: the workers failed while the store did not answer (or within the grace period
+    after); they are restarted uncharged, as the failure is most likely the outage's doing.
+    """
 
     WORKER_FAILURE = "worker_failure"
     MEMBERSHIP_CHANGE = "membership_change"
+    STORE_OUTAGE = "store_outage"
 
 
 RESTART_CAUSES: frozenset[str] = frozenset(c.value for c in RestartCause)

@@ -25,7 +25,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import IO, TYPE_CHECKING, Mapping
+from typing import IO, TYPE_CHECKING, Callable, Mapping
 
 from elastic.agent.errors import WorkerStartError
 from elastic.agent.processes.failures import (
@@ -181,6 +181,7 @@ class WorkerGroup:
         self._workers = [self._plan(local_rank) for local_rank in range(config.nproc_per_node)]
         self._cond = threading.Condition()
         self._exits = 0
+        self._exit_callbacks: list[Callable[[], None]] = []
         self._stop_lock = threading.RLock()
         self._stop_began: float | None = None
         self._stopped = False
@@ -282,6 +283,11 @@ class WorkerGroup:
             status = GroupStatus.RUNNING
         return GroupState(status=status, failures=failures, running=running)
 
+    def on_exit(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` after each worker exit is recorded (from a watcher thread; it must be
+        quick and never raise). Exits before the call are seen by :meth:`poll`."""
+        self._exit_callbacks.append(callback)
+
     def wait(self, timeout: float | None = None) -> GroupState:
         """Block until a worker exits (or the group is no longer running) or ``timeout`` passes."""
         with self._cond:
@@ -321,7 +327,7 @@ class WorkerGroup:
         SIGTERM to all, up to ``timeout`` (default ``config.shutdown_timeout``) for them to exit,
         then SIGKILL to what is left; waits (bounded) for the exits and the log pumps.
         """
-        with self._stop_lock:  # re-entrant: a signal handler may stop while stop() runs
+        with self._stop_lock:  # re-entrant, and an interrupted stop() is redone by the next call
             if self._stop_began is None:
                 self._stop_began = time.monotonic()
             if not self._started:
@@ -410,6 +416,8 @@ class WorkerGroup:
             worker.exit_monotonic, worker.exit_time = time.monotonic(), time.time()
             self._exits += 1
             self._cond.notify_all()
+        for callback in list(self._exit_callbacks):
+            callback()
         if code != 0 and self._stop_began is None:
             log.warning(
                 "Run %s attempt %d: local rank %d (rank %d, pid %d) exited with %d.",

@@ -1,0 +1,135 @@
+"""Each attempt's worker group on this node: started with its store and lifeline, stopped once.
+
+The agent (:mod:`elastic.agent.agent`) decides when; this module does the starting and the
+stopping: the pre-warmed templates waited for where a signal is seen, the master's store handed
+to the store helper, the workers' pids tracked by the lifeline, and all of it undone at the stop.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from elastic.agent.errors import StoreHostError, WorkerStartError
+from elastic.agent.groups import GroupFactory, Workers
+from elastic.agent.lifeline.keeper import Lifeline
+from elastic.agent.observe.report import AgentReport
+from elastic.agent.prewarm.pool import READY_TIMEOUT_S, TemplatePool
+from elastic.agent.processes.store_host import StoreHost
+from elastic.agent.waking import Waker
+from elastic.rendezvous.api import RendezvousInfo
+
+log = logging.getLogger(__name__)
+
+
+class Attempts:
+    """Starts and stops the worker group of each attempt (one at a time).
+
+    Args:
+        groups: makes the group of an attempt.
+        waker: the agent's waker (worker exits wake it; template waits happen on it).
+        report: where a start failure is printed.
+        run_id, host: name the run and this node in logs.
+        shutdown_timeout: seconds between SIGTERM and SIGKILL when stopping.
+        store_host: hosts the master's store for the workers (None: rank 0's worker does).
+        lifeline: tracks the live workers' pids (None: no PID file).
+        templates: pre-warmed worker templates (None: workers start normally).
+    """
+
+    def __init__(self, groups: GroupFactory, waker: Waker, report: AgentReport, *, run_id: str, host: str,
+                 shutdown_timeout: float, store_host: StoreHost | None = None, lifeline: Lifeline | None = None,
+                 templates: TemplatePool | None = None) -> None:
+        self._groups = groups
+        self._waker = waker
+        self._report = report
+        self._run_id = run_id
+        self._host = host
+        self._shutdown_timeout = shutdown_timeout
+        self._store_host = store_host
+        self._store_host_failed = False
+        self._lifeline = lifeline
+        self._templates = templates
+        self.running: Workers | None = None
+        """The group started and not yet stopped."""
+        self.last: Workers | None = None
+        """The group started last (kept after its stop, for its failure report)."""
+
+    def await_templates(self, timeout: float, why: str) -> None:
+        """Wait up to ``timeout`` seconds for the pre-warmed templates (if any) to import.
+
+        Raises:
+            Interrupted: a signal arrived meanwhile.
+        """
+        templates = self._templates
+        if templates is None:
+            return
+        started = time.monotonic()
+        ready = self._waker.call(lambda: templates.wait_ready(timeout), what="templates")
+        log.info("Run %s node %s: %s after its worker templates %s (%.1fs)", self._run_id, self._host, why,
+                 "are ready" if ready else "are not all ready (those ranks start normally)", time.monotonic() - started)
+
+    def start(self, info: RendezvousInfo, attempt: int, restart_count: int) -> Workers | None:
+        """Start the workers of ``attempt`` in round ``info``; None (after one console line) when
+        they cannot start. Call from the main thread: the workers' parent-death signal follows
+        the thread that forked them (:mod:`elastic.agent.lifeline.keeper`).
+
+        Raises:
+            Interrupted: a signal arrived while waiting for the templates.
+        """
+        templates = self._templates
+        if templates is not None:  # a fork waits for its template: wait here, where a signal is seen
+            self._waker.call(lambda: templates.wait_ready(READY_TIMEOUT_S), what="templates")
+        use_agent_store = self._serve_store(info)
+        group = self._groups(info, attempt=attempt, restart_count=restart_count, use_agent_store=use_agent_store)
+        group.on_exit(self._waker.wake)
+        try:
+            group.start()
+        except WorkerStartError as error:
+            self._report.print(f"elasticrun: cannot start the workers: {error}")
+            return None
+        if self._lifeline is not None:
+            self._lifeline.track(group.pids().values())
+        self.running = self.last = group
+        ranks = group.global_ranks()
+        log.info("Run %s node %s: attempt %d started %d workers (ranks %d..%d of %d)",
+                 info.run_id, self._host, attempt, len(ranks), ranks[0], ranks[-1], group.world_size)
+        return group
+
+    def stop(self, forward: int | None = None) -> None:
+        """Stop the running group, if any (first sending it ``forward``, a signal number)."""
+        group, self.running = self.running, None
+        if group is None:
+            return
+        if forward is not None:
+            group.send_signal(forward)
+        group.stop(self._shutdown_timeout)
+        if self._store_host is not None:
+            self._store_host.release()
+        if self._lifeline is not None:
+            self._lifeline.untrack(group.pids().values())
+
+    def close(self) -> None:
+        """Stop the store helper (the agent is done)."""
+        if self._store_host is not None:
+            self._store_host.close()
+
+    def _serve_store(self, info: RendezvousInfo) -> bool:
+        """Whether workers use an agent-hosted store (``TORCHELASTIC_USE_AGENT_STORE``).
+
+        On the master node the store helper serves the master port the round record names,
+        on the socket that has listened since the join; workers everywhere connect as clients.
+        Without a helper (static rendezvous, or no torch for it) rank 0's worker hosts the store.
+        """
+        listener = info.master_listener
+        if listener is None:  # another node hosts (or nobody can: then rank 0's worker does)
+            return info.group_rank != 0 and info.agreed and self._store_host is not None
+        if self._store_host is None or self._store_host_failed:
+            listener.close()
+            return False
+        try:
+            self._store_host.serve(listener, info.master_addr)
+            return True
+        except StoreHostError as error:
+            self._store_host_failed = True
+            log.warning("Run %s node %s: %s; rank 0's worker hosts the store instead", info.run_id, self._host, error)
+            return False

@@ -1,0 +1,117 @@
+"""What the agent tells about its run: events, metrics and console lines, one method per happening.
+
+The agent's loop (:mod:`elastic.agent.agent`) calls these instead of writing to the event log,
+the metrics and the console itself, so each happening is told the same way everywhere.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import IO
+
+from elastic.agent.observe.events import Event, EventLog, RestartCause
+from elastic.agent.observe.metrics import AgentMetrics
+from elastic.agent.processes.failures import first_failure, signal_name
+from elastic.agent.processes.workers import GroupState
+from elastic.rendezvous.api import MembershipChange, MembershipStatus, RendezvousInfo
+
+log = logging.getLogger(__name__)
+
+
+class AgentReport:
+    """Tells the events, the metrics (optional) and the console what the agent of ``host`` does.
+
+    Args:
+        events: the event log.
+        metrics: the Prometheus metrics (None: none).
+        console: where notices and the root cause go (default ``sys.stderr``).
+        run_id, host: name the run and the node in log lines.
+    """
+
+    def __init__(self, events: EventLog, metrics: AgentMetrics | None, console: IO | None, *, run_id: str,
+                 host: str) -> None:
+        self.events = events
+        self.metrics = metrics
+        self._console = console if console is not None else sys.stderr
+        self._run_id = run_id
+        self._host = host
+
+    def round_joined(self, info: RendezvousInfo, duration: float) -> None:
+        self.events.emit(Event.ROUND_JOINED, round=info.round, group_rank=info.group_rank,
+                         group_world_size=info.group_world_size, members=[m.node_id for m in info.members],
+                         duration_s=round(duration, 4), master=f"{info.master_addr}:{info.master_port}")
+        if self.metrics:
+            self.metrics.round_joined(duration_s=duration, members=info.group_world_size)
+
+    def looked(self, state: GroupState, membership: MembershipStatus) -> None:
+        """One look at the workers and the membership: the gauges."""
+        if self.metrics:
+            self.metrics.set_nodes_waiting(membership.waiting, membership.spares)
+            self.metrics.set_workers(running=len(state.running), succeeded=0, failed=len(state.failures))
+
+    def worker_exits(self, state: GroupState, reported: int) -> int:
+        """Tell the failures of ``state`` past the first ``reported``; returns how many are told."""
+        for failure in state.failures[reported:]:
+            self.events.emit(Event.WORKER_EXIT, local_rank=failure.local_rank, global_rank=failure.global_rank,
+                             exitcode=failure.exitcode, signal=signal_name(failure.exitcode))
+            if self.metrics:
+                self.metrics.worker_exit(exitcode=failure.exitcode)
+        return len(state.failures)
+
+    def change(self, membership: MembershipStatus) -> None:
+        """A membership change the agent restarts (or stops) for."""
+        if membership.change is MembershipChange.NODES_WAITING:
+            self.events.emit(Event.NODES_WAITING, count=membership.waiting, reason=membership.reason)
+        elif membership.change is MembershipChange.MEMBER_LOST:
+            self.events.emit(Event.MEMBER_LOST, reason=membership.reason)
+        log.info("Run %s node %s: %s; restarting the workers (does not count as a failure)",
+                 self._run_id, self._host, membership.reason)
+
+    def not_counted(self, reason: str) -> None:
+        """This node's worker failure turned out a lost member's consequence."""
+        self.events.emit(Event.MEMBER_LOST, reason=reason)
+        log.info("Run %s node %s: %s", self._run_id, self._host, reason)
+
+    def restart(self, cause: RestartCause, restarts_used: int, max_restarts: int, reason: str = "") -> None:
+        extra = {"reason": reason} if reason else {}
+        self.events.emit(Event.RESTART, cause=cause, restart_count=restarts_used,
+                         remaining=max_restarts - restarts_used, **extra)
+        if self.metrics:
+            self.metrics.restart(cause)
+
+    def failure_notice(self, state: GroupState, restarts_used: int, max_restarts: int) -> None:
+        """One line before a counted failure restart."""
+        first = first_failure(state.failures)
+        if first is not None:
+            print(f"elasticrun: worker rank {first.global_rank} failed ({exit_text(first.exitcode)}); "
+                  f"restart {restarts_used} of {max_restarts}", file=self._console)
+
+    def root_cause(self, summary: str) -> str:
+        """Print the final root-cause ``summary``; returns its title ("" when empty)."""
+        if not summary:
+            return ""
+        print(summary, file=self._console)
+        # The title, not the report's top rule (printed last as "elasticrun: ====...").
+        return next((line for line in summary.splitlines() if line.strip("=-")), "")
+
+    def excluded(self, node_id: str, reason: str, cooldown: float, failures_in_a_row: int) -> None:
+        self.events.emit(Event.NODE_EXCLUDED, reason=reason, cooldown_s=cooldown, failures_in_a_row=failures_in_a_row)
+        if self.metrics:
+            self.metrics.set_excluded(True)
+        print(f"elasticrun: node {node_id} is excluded for {cooldown:g}s: {reason}; the others go on without it",
+              file=self._console)
+
+    def readmitted(self) -> None:
+        if self.metrics:
+            self.metrics.set_excluded(False)
+        log.info("Run %s node %s: the exclusion cooldown ended; rejoining", self._run_id, self._host)
+
+    def print(self, line: str) -> None:
+        print(line, file=self._console)
+
+
+def exit_text(exitcode: int) -> str:
+    """``killed by SIGKILL`` or ``exit code 1``."""
+    name = signal_name(exitcode)
+    return f"killed by {name}" if name else f"exit code {exitcode}"
