@@ -16,7 +16,7 @@ from typing import Any
 from elastic.rendezvous.backend_spec import (
     BACKEND_NAMES, ETCD_DEFAULT_PORT, STATIC_DEFAULT_ADDR, STATIC_DEFAULT_PORT, STORE_DEFAULT_PORT,
 )
-from elastic.rendezvous.conf import BACKEND_KEYS, ENGINE_KEYS
+from elastic.rendezvous.conf import BACKEND_KEYS, ENGINE_KEYS, NO_EFFECT_KEYS, TORCH_ALIASES
 
 PROG = "elasticrun"
 SHUTDOWN_TIMEOUT_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
@@ -100,7 +100,10 @@ OPTIONS: tuple[Option, ...] = (
     _option("--rdzv-id", RENDEZVOUS, "Job id shared by all nodes of a job (letters, digits, '.', '_', '-').",
             metavar="ID", default="none"),
     _option("--rdzv-conf", RENDEZVOUS, "Rendezvous options K=V[,K=V...]; repeatable, merged, later keys win. "
-            f"Keys: {', '.join(sorted(ENGINE_KEYS) + sorted(BACKEND_KEYS))}. Unknown keys are errors.",
+            f"Keys: {', '.join(sorted(ENGINE_KEYS) + sorted(BACKEND_KEYS))}. The keys torch's handlers read are "
+            f"accepted too: {', '.join(sorted(TORCH_ALIASES))} (our TLS keys), timeout (join_timeout; no effect "
+            f"with c10d and static, as in torch), {', '.join(sorted(NO_EFFECT_KEYS))} (no effect; a note says "
+            "why). Unknown keys are errors.",
             metavar="K=V,...", default="", repeatable=True),
     _option("--standalone", RENDEZVOUS, "One node: host an embedded built-in store on a free local port "
             "under a random run id; --rdzv-backend, --rdzv-endpoint and --rdzv-id are ignored (with a "
