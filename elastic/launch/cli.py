@@ -7,7 +7,9 @@ and ``--help`` are built from.
 
 The command line is split by hand rather than by argparse's ``REMAINDER``, which drops a ``--``
 that follows the script: everything from the first word that is not a launcher flag (or that
-follows a ``--``) is the training command and reaches the workers untouched.
+follows a ``--``) is the training command and reaches the workers untouched. Before it, a long
+flag may be abbreviated exactly as torchrun's argparse parser allows (``--nproc-per=2``,
+``--max_re=3``; :func:`~elastic.launch.flags.flag_candidates`); ``PET_*`` names never are.
 
 :func:`config_from_args` is pure: the environment, the device counts, the run-id generator and
 the warning sink are injected. Bad input raises :class:`ConfigError` with one line naming the
@@ -35,7 +37,7 @@ from elastic.config import Entrypoint, LaunchConfig, Std, StdMask
 from elastic.launch.devices import DeviceProbe, HostDevices
 from elastic.launch.flags import (
     COMPAT, HELP_FLAGS, NUMA_MODES, OPTIONS, OPTIONS_BY_FLAG, PROG, SHUTDOWN_TIMEOUT_ENV, START_METHODS,
-    VERSION_FLAGS, format_help,
+    VERSION_FLAGS, flag_candidates, format_help,
 )
 from elastic.launch.rendezvous_flags import rendezvous_fields
 from elastic.launch.values import (
@@ -76,27 +78,60 @@ def split_command_line(argv: Sequence[str]) -> tuple[dict[str, list[str]], list[
             return given, list(argv[index + 1:])
         if not word.startswith("-") or word == "-":
             return given, list(argv[index:])
-        if word in HELP_FLAGS:
-            raise HelpRequested(format_help())
-        if word in VERSION_FLAGS:
-            raise HelpRequested(f"{PROG} {__version__}\n")
-        flag, value = _split_flag(word)
-        option = OPTIONS_BY_FLAG.get(flag)
-        if option is None:
-            raise ConfigError(f"{flag}: unknown flag{_did_you_mean(flag)} (see {PROG} --help)")
+        typed, value = _split_flag(word)
+        flag = _resolve(typed)
+        if flag in HELP_FLAGS + VERSION_FLAGS:
+            if value is not None:
+                raise ConfigError(f"{flag}: takes no value (got {value!r})")
+            raise HelpRequested(format_help() if flag in HELP_FLAGS else f"{PROG} {__version__}\n")
+        option = OPTIONS_BY_FLAG[flag]
         if not option.takes_value:
             if value is not None:
                 raise ConfigError(f"{option.name}: a switch takes no value (got {value!r})")
             value = "1"
         elif value is None:
             following = argv[index + 1] if index + 1 < len(argv) else None
-            if following is None or (following.startswith("-") and _split_flag(following)[0] in OPTIONS_BY_FLAG):
+            if following is None or _reads_as_flag(following):
                 raise ConfigError(f"{option.name}: expects a value ({option.metavar})")
             value = following
             index += 1
         given.setdefault(option.dest, []).append(value)
         index += 1
     return given, []
+
+
+def _resolve(flag: str) -> str:
+    """The flag ``flag`` names, abbreviations expanded as torchrun's parser expands them.
+
+    Raises:
+        ConfigError: an unknown flag, or an ambiguous abbreviation (naming what it could match).
+    """
+    candidates = flag_candidates(flag)
+    if len(candidates) == 1:
+        return candidates[0]
+    if not candidates:
+        raise ConfigError(f"{flag}: unknown flag{_did_you_mean(flag)} (see {PROG} --help)")
+    meant = list(dict.fromkeys(_long_name(candidate) for candidate in candidates))
+    hint = meant[0] if len(meant) == 1 else f"one of {', '.join(meant)}"
+    raise ConfigError(f"{flag}: ambiguous abbreviation, could match {', '.join(candidates)}; did you mean {hint}?")
+
+
+def _long_name(flag: str) -> str:
+    option = OPTIONS_BY_FLAG.get(flag)
+    return option.long_flag if option is not None else flag
+
+
+_NEGATIVE_NUMBER = re.compile(r"-[0-9]+|-[0-9]*\.[0-9]+")
+
+
+def _reads_as_flag(word: str) -> bool:
+    """Whether argparse reads ``word`` after a flag as another flag rather than its value: a flag
+    or an abbreviation of one; else any ``-`` word but ``-``, a negative number or one with a space."""
+    if not word.startswith("-") or word == "-":
+        return False
+    if flag_candidates(_split_flag(word)[0]):
+        return True
+    return not (_NEGATIVE_NUMBER.fullmatch(word) or " " in word)
 
 
 def _split_flag(word: str) -> tuple[str, str | None]:
@@ -110,10 +145,9 @@ def _split_flag(word: str) -> tuple[str, str | None]:
 
 
 def _did_you_mean(flag: str) -> str:
-    """A suggestion for a misspelt or abbreviated flag (flags are never abbreviated silently)."""
-    longer = [known for known in OPTIONS_BY_FLAG if len(flag) > 2 and known.startswith(flag)]
-    close = longer[:1] or difflib.get_close_matches(flag, list(OPTIONS_BY_FLAG), n=1, cutoff=0.75)
-    return f"; did you mean {close[0]}?" if close else ""
+    """A suggestion for a misspelt flag (one that abbreviates none)."""
+    close = difflib.get_close_matches(flag, list(OPTIONS_BY_FLAG), n=1, cutoff=0.75)
+    return f"; did you mean {_long_name(close[0])}?" if close else ""
 
 
 def _nnodes(text: str | None, where: str) -> tuple[int, int]:

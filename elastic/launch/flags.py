@@ -172,6 +172,36 @@ OPTIONS_BY_FLAG: dict[str, Option] = {flag: option for option in OPTIONS for fla
 HELP_FLAGS = ("-h", "--help")
 VERSION_FLAGS = ("--version",)
 
+TORCHRUN_LONG_FLAGS: tuple[str, ...] = (
+    *(flag for option in OPTIONS if option.group != ADDITIONS for flag in option.flags if flag.startswith("--")),
+    "--help",
+)
+"""Every long spelling torchrun 2.13's parser has, in its order: what an abbreviation is matched against first."""
+
+OWN_LONG_FLAGS: tuple[str, ...] = (
+    *(flag for option in OPTIONS if option.group == ADDITIONS for flag in option.flags if flag.startswith("--")),
+    *VERSION_FLAGS,
+)
+"""The long spellings only elasticrun has."""
+
+
+def flag_candidates(flag: str) -> tuple[str, ...]:
+    """The flags ``flag`` (a word's part before ``=``) may stand for, as torchrun's argparse
+    parser (``allow_abbrev``) reads it: itself when it is a flag; else, for a ``--`` word, every
+    torchrun spelling it is a prefix of; else every elasticrun-only spelling it is a prefix of.
+
+    One: that flag. Several: ambiguous, even when they spell one flag (argparse counts
+    spellings, so ``--nproc`` is ambiguous under torchrun too). None: unknown. torchrun's
+    spellings come first so that what torchrun accepts means the same here (``--event-l`` is
+    ``--event-log-handler``, although ``--event-log`` shares the prefix).
+    """
+    if flag in OPTIONS_BY_FLAG or flag in HELP_FLAGS or flag in VERSION_FLAGS:
+        return (flag,)
+    if not flag.startswith("--"):
+        return ()
+    return (tuple(known for known in TORCHRUN_LONG_FLAGS if known.startswith(flag))
+            or tuple(known for known in OWN_LONG_FLAGS if known.startswith(flag)))
+
 
 class _HelpFormatter(argparse.HelpFormatter):
     """Shows a flag's value once: ``--nproc-per-node, --nproc_per_node N|auto|cpu|gpu``."""

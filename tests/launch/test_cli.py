@@ -594,8 +594,9 @@ BAD = [
     (("--prewarm-modules", "torch,os.path;rm", "t.py"), {}, "--prewarm-modules: 'os.path;rm' is not a module name"),
     (("t.py",), {"PET_PREWARM": "sure"}, "--prewarm (from PET_PREWARM): 'sure' is not 1 or 0"),
     (("--bogus", "t.py"), {}, "--bogus: unknown flag (see elasticrun --help)"),
-    (("--nproc", "2", "t.py"), {}, "--nproc: unknown flag; did you mean --nproc-per-node?"),
-    (("--nnode=2", "t.py"), {}, "--nnode: unknown flag; did you mean --nnodes?"),
+    (("--nproc", "2", "t.py"), {}, "--nproc: ambiguous abbreviation, could match --nproc-per-node, "
+                                   "--nproc_per_node; did you mean --nproc-per-node?"),  # as torchrun's argparse
+    (("--nnodez=2", "t.py"), {}, "--nnodez: unknown flag; did you mean --nnodes?"),
     (("--nnodes",), {}, "--nnodes: expects a value (N|MIN:MAX)"),
     (("--nnodes", "--standalone", "t.py"), {}, "--nnodes: expects a value"),
     (("--standalone=1", "t.py"), {}, "--standalone: a switch takes no value (got '1')"),
