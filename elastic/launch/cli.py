@@ -36,8 +36,8 @@ from elastic import __version__
 from elastic.config import Entrypoint, LaunchConfig, Std, StdMask
 from elastic.launch.devices import DeviceProbe, HostDevices
 from elastic.launch.flags import (
-    COMPAT, HELP_FLAGS, NUMA_MODES, OPTIONS, OPTIONS_BY_FLAG, PROG, SHUTDOWN_TIMEOUT_ENV, START_METHODS,
-    VERSION_FLAGS, flag_candidates, format_help,
+    COMPAT, HELP_FLAGS, LOG_LINE_PREFIX_TEMPLATE_ENV, NUMA_MODES, OPTIONS, OPTIONS_BY_FLAG, PROG,
+    SHUTDOWN_TIMEOUT_ENV, START_METHODS, VERSION_FLAGS, flag_candidates, format_help,
 )
 from elastic.launch.rendezvous_flags import rendezvous_fields
 from elastic.launch.values import (
@@ -306,7 +306,7 @@ def config_from_args(
     """Resolve an ``elasticrun`` command line (without the program name) into a :class:`LaunchConfig`.
 
     ``environ`` supplies the ``PET_*`` twins (and ``CUDA_VISIBLE_DEVICES``,
-    ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT``); ``devices`` counts CPUs and GPUs for
+    ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT``, ``TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE``); ``devices`` counts CPUs and GPUs for
     ``--nproc-per-node auto|cpu|gpu`` (default: this host, asked only then); ``new_run_id`` names
     standalone runs; ``warn`` receives one line per flag that is accepted but ignored, once the
     whole command line is valid (default: this module's logger).
@@ -344,6 +344,7 @@ def config_from_args(
         redirects=_std_mask(*sources.text("redirects")),
         tee=_std_mask(*sources.text("tee")),
         local_ranks_filter=_local_ranks(*sources.text("local_ranks_filter")),
+        log_line_prefix_template=environ.get(LOG_LINE_PREFIX_TEMPLATE_ENV) or None,
         local_addr=host_address(optional_text(sources.text("local_addr")[0])),
         signals_to_handle=_signals(*sources.text("signals_to_handle")),
         shutdown_timeout=_shutdown_timeout(sources),

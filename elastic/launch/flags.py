@@ -20,6 +20,7 @@ from elastic.rendezvous.conf import BACKEND_KEYS, ENGINE_KEYS, NO_EFFECT_KEYS, T
 
 PROG = "elasticrun"
 SHUTDOWN_TIMEOUT_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
+LOG_LINE_PREFIX_TEMPLATE_ENV = "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"
 START_METHODS = ("spawn", "fork", "forkserver")
 NUMA_MODES = ("node", "socket", "exclusive", "core-complex")  # torch.numa.binding.AffinityMode
 

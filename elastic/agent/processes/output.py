@@ -106,8 +106,9 @@ def attempt_log_dir(log_root: str, run_id: str, attempt: int, node_id: str | Non
 def console_prefix(template: str | None, role: str, rank: int, local_rank: int) -> str:
     """The console prefix of a tee'd line: ``[default0]:``, or torchrun's
     ``TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE`` with ``${role_name}``, ``${rank}`` (global) and
-    ``${local_rank}`` substituted."""
-    if template is None:
+    ``${local_rank}`` substituted as torch does it (``string.Template.safe_substitute``: other
+    names and a malformed ``$`` stay as written; an empty template counts as unset)."""
+    if not template:
         return f"[{role}{local_rank}]:"
     return Template(template).safe_substitute(role_name=role, rank=rank, local_rank=local_rank)
 

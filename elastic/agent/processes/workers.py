@@ -131,7 +131,8 @@ class WorkerGroup:
         environ: the base environment of workers (default: the agent's ``os.environ``).
         python: the interpreter (default: ``$PYTHON_EXEC`` or ours).
         console_stdout, console_stderr: the console (default: ``sys.stdout``/``sys.stderr``).
-        line_prefix_template: torchrun's ``TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE``.
+        line_prefix_template: torchrun's ``TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE`` (default: the
+            config's, which the CLI reads from the environment).
         node_id: this node's id in the rendezvous, naming its log directory (agents may share
             ``--log-dir``).
         process_lister: the process table stop() reads (default: ``/proc``; tests inject one).
@@ -173,7 +174,8 @@ class WorkerGroup:
         self._python = python or python_executable(self._environ)
         self._console_out = console_stdout if console_stdout is not None else sys.stdout
         self._console_err = console_stderr if console_stderr is not None else sys.stderr
-        self._prefix_template = line_prefix_template
+        self._prefix_template = (config.log_line_prefix_template if line_prefix_template is None
+                                 else line_prefix_template)
         self._templates = templates if templates is not None and templates.serves(config.entrypoint) else None
         self.log_dir = attempt_log_dir(
             log_root or resolve_log_root(config.log_dir), rdzv.run_id, attempt, node_id
