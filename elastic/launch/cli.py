@@ -37,7 +37,8 @@ from elastic.launch.flags import (
 from elastic.launch.rendezvous_flags import rendezvous_fields
 from elastic.launch.scan import HelpRequested, split_command_line
 
-__all__ = ["ConfigError", "HelpRequested", "config_from_args", "parse_or_exit", "split_command_line"]
+__all__ = ["ConfigError", "HelpRequested", "config_from_args", "installed_logs_specs", "parse_or_exit",
+           "split_command_line"]
 from elastic.launch.values import (
     ConfigError, Sources, as_given, choice, fail, host_address, integer, optional_port, optional_text, seconds,
 )
@@ -134,6 +135,30 @@ def _signals(text: str | None, where: str) -> tuple[str, ...]:
     return tuple(names)
 
 
+LOGS_SPECS_GROUP = "torchrun.logs_specs"
+
+
+def installed_logs_specs() -> list[str]:
+    """The names in the ``torchrun.logs_specs`` entry-point group, read from the installed
+    distributions' metadata without loading any (so without importing torch)."""
+    from importlib.metadata import entry_points
+
+    return sorted({point.name for point in entry_points(group=LOGS_SPECS_GROUP)})
+
+
+def _logs_specs(sources: Sources, installed: Callable[[], Sequence[str]]) -> str | None:
+    """``--logs-specs``: a name torchrun would find in its entry-point group, checked now, as
+    torchrun checks it before starting anything."""
+    name, where = sources.text("logs_specs")
+    if name is None:
+        return None
+    names = installed()
+    if name not in names:
+        raise fail(where, f"no entry point {name!r} in the {LOGS_SPECS_GROUP} group (installed: "
+                          f"{', '.join(names) or 'none'}); install the package that provides it")
+    return name
+
+
 def _shutdown_timeout(sources: Sources) -> float:
     text, where = sources.text("shutdown_timeout")
     if text is None and sources.environ.get(SHUTDOWN_TIMEOUT_ENV, "").strip():
@@ -199,6 +224,7 @@ def config_from_args(
     devices: DeviceProbe | None = None,
     new_run_id: Callable[[], str] = _random_run_id,
     warn: Callable[[str], None] | None = None,
+    logs_specs_names: Callable[[], Sequence[str]] = installed_logs_specs,
 ) -> LaunchConfig:
     """Resolve an ``elasticrun`` command line (without the program name) into a :class:`LaunchConfig`.
 
@@ -206,7 +232,8 @@ def config_from_args(
     ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT``, ``TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE``); ``devices`` counts CPUs and GPUs for
     ``--nproc-per-node auto|cpu|gpu`` (default: this host, asked only then); ``new_run_id`` names
     standalone runs; ``warn`` receives one line per flag that is accepted but ignored, once the
-    whole command line is valid (default: this module's logger).
+    whole command line is valid (default: this module's logger); ``logs_specs_names`` lists the
+    ``--logs-specs`` names installed (asked only when the flag is given).
 
     Raises:
         ConfigError: a flag, a ``PET_*`` value or the training command is invalid; the message
@@ -242,6 +269,7 @@ def config_from_args(
         tee=_std_mask(*sources.text("tee")),
         local_ranks_filter=_local_ranks(*sources.text("local_ranks_filter")),
         log_line_prefix_template=environ.get(LOG_LINE_PREFIX_TEMPLATE_ENV) or None,
+        logs_specs=_logs_specs(sources, logs_specs_names),
         local_addr=host_address(optional_text(sources.text("local_addr")[0])),
         signals_to_handle=_signals(*sources.text("signals_to_handle")),
         shutdown_timeout=_shutdown_timeout(sources),

@@ -123,6 +123,10 @@ OPTIONS: tuple[Option, ...] = (
             short="-t", metavar="0-3|RANK:0-3,...", default="0"),
     _option("--local-ranks-filter", OUTPUT, "Show only these local ranks' output on the console, e.g. 0,1 "
             "(log files keep everything; default: all ranks).", metavar="RANKS", default=""),
+    _option("--logs-specs", OUTPUT, "A torchrun.logs_specs entry point (a torch LogsSpecs class, e.g. torch's "
+            "default) that decides where each rank's output goes instead of --log-dir's layout; it runs in a "
+            "helper process that imports torch, which the launch waits for. An unknown name is refused at once.",
+            metavar="NAME", env=False),
     _option("--node-rank", STATIC, "This node's rank; static backend only.", metavar="N", default="0"),
     _option("--master-addr", STATIC, f"Address of the node of rank 0; static backend only (default "
             f"{STATIC_DEFAULT_ADDR}). IPv6 as [::1].", metavar="HOST"),
@@ -159,8 +163,6 @@ OPTIONS: tuple[Option, ...] = (
             "(no PET_ twin: a dry run is asked for each time).", env=False),
     _option("--event-log-handler", COMPAT, f"{_NO_EFFECT}: torch's event handlers need torch; use "
             "--event-log FILE.", metavar="NAME", default="null"),
-    _option("--logs-specs", COMPAT, f"{_NO_EFFECT}: the log layout is fixed (see --log-dir).",
-            metavar="NAME", env=False),
     _option("--numa-binding", COMPAT, f"{_NO_EFFECT}: workers are not pinned to CPUs.",
             metavar="|".join(NUMA_MODES), env=False),
     _option("--duplicate-stdout-filters", COMPAT, f"{_NO_EFFECT}.", metavar="PATTERNS", default=""),

@@ -160,7 +160,7 @@ SPELLINGS = [
     ("--dry-run", None, (), "dry_run", True),
     ("--prewarm-modules", "torch,numpy", (), "prewarm_modules", ("torch", "numpy")),
     ("--event-log-handler", "console", (), "event_log", None),
-    ("--logs-specs", "custom", (), "event_log", None),
+    ("--logs-specs", "default", (), "logs_specs", "default"),  # torch registers its DefaultLogsSpecs
     ("--numa-binding", "node", (), "event_log", None),
     ("--duplicate-stdout-filters", "apple", (), "event_log", None),
     ("--duplicate-stderr-filters", "pear", (), "event_log", None),
@@ -668,7 +668,6 @@ def test_the_entry_point_exits_2_with_one_stderr_line_and_no_traceback(argv):
 
 @pytest.mark.parametrize("argv, warning", [
     (("--event-log-handler=console",), "--event-log-handler=console"),
-    (("--logs-specs", "mine"), "--logs-specs=mine"),
     (("--numa-binding=node",), "--numa-binding=node"),
     (("--duplicate-stdout-filters=a,b",), "--duplicate-stdout-filters=a,b"),
     (("--virtual-local-rank",), "--virtual-local-rank"),
