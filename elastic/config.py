@@ -74,6 +74,11 @@ class LaunchConfig:
         log_dir: base of ``<log_dir>/<run_id>/attempt_<k>/<local_rank>/{stdout,stderr}.log``.
         redirects, tee: stream masks.
         local_ranks_filter: local ranks whose output is shown on the console (None: all).
+        log_line_prefix_template: torchrun's ``TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE``: the console
+            prefix of tee'd lines, with ``${role_name}``, ``${rank}`` and ``${local_rank}``
+            substituted (None or empty: ``[${role_name}${local_rank}]:``).
+        logs_specs: ``--logs-specs``: the name of a ``torchrun.logs_specs`` entry point (a torch
+            ``LogsSpecs`` class) that decides where each rank's output goes; None: our layout.
         local_addr: address other nodes use to reach this one (None: the host's FQDN).
         signals_to_handle: signal names forwarded to workers.
         shutdown_timeout: seconds between SIGTERM and SIGKILL when stopping workers.
@@ -102,6 +107,8 @@ class LaunchConfig:
     redirects: StdMask = field(default_factory=StdMask)
     tee: StdMask = field(default_factory=StdMask)
     local_ranks_filter: frozenset[int] | None = None
+    log_line_prefix_template: str | None = None
+    logs_specs: str | None = None
     local_addr: str | None = None
     signals_to_handle: tuple[str, ...] = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
     shutdown_timeout: float = 30.0

@@ -95,7 +95,15 @@ Output
 ``-r/--redirects`` sends worker streams to log files and ``-t/--tee`` to log files and the
 console: ``0`` none, ``1`` stdout, ``2`` stderr, ``3`` both, for all local ranks, or per local
 rank (``-t 0:3,1:2``). Files live under ``--log-dir``. ``--local-ranks-filter 0`` shows only
-local rank 0 on the console.
+local rank 0 on the console. A tee'd line is prefixed ``[default0]:`` (role and local rank),
+or as ``TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE`` says, with ``${role_name}``, ``${rank}`` and
+``${local_rank}`` substituted as torchrun does::
+
+    TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[rank${rank}]:' elasticrun -r 3 -t 3 train.py
+
+``--logs-specs NAME`` hands the layout to a ``torchrun.logs_specs`` plugin (a torch
+``LogsSpecs`` class, such as torch's own ``default``): it decides where each rank's files go,
+as under torchrun. A name no installed package registers is refused at once.
 
 Not in torchrun
 ---------------
@@ -108,11 +116,28 @@ Differences from torchrun
 -------------------------
 
 * Accepted but without effect (a warning says so when set): ``--start-method`` (workers are
-  always fresh processes), ``--event-log-handler``, ``--logs-specs``, ``--numa-binding``,
+  always fresh processes), ``--event-log-handler``, ``--numa-binding``,
   ``--duplicate-stdout-filters``, ``--duplicate-stderr-filters``, ``--virtual-local-rank``.
 * ``--rdzv-backend`` is ``etcd``/``etcd-v3`` (etcd's v3 API; never v2), ``tcp``, ``c10d`` or
-  ``static``. Unknown ``--rdzv-conf`` keys are errors, not silently ignored.
-* Flags cannot be abbreviated (``--nproc`` is an error, with a suggestion).
+  ``static``.
+* ``--rdzv-conf`` takes every key torch 2.13's rendezvous handlers read. ``ca_cert``,
+  ``ssl_cert``, ``ssl_cert_key`` are our ``cacert``, ``cert``, ``key``; ``timeout`` is
+  ``join_timeout`` with etcd and tcp (torch's etcd handler reads it as its join deadline) and, as
+  in torch, has no effect with c10d, static or a standalone run. ``heartbeat_timeout``,
+  ``heartbeat``, ``rank``, ``use_libuv`` and ``store_type=tcp`` change nothing here (liveness
+  is the lease; ``--node-rank`` gives the rank; the built-in store is TCP): each given is said
+  once, at start, with the reason. ``store_type=file`` is refused (no file store). Keys no torch
+  handler reads are errors listing the valid ones, where torchrun ignores them silently.
+* Flags abbreviate as in torchrun's argparse parser: any prefix that matches one spelling
+  (``--nproc-per=2``, ``--max_re=3``, ``--redirect=3``). A prefix of both spellings of one flag
+  is ambiguous there too (``--nproc``), and is refused with one line naming the matches and the
+  flag meant. Our own flags (``--metrics-port``, ...) abbreviate where no torchrun flag shares
+  the prefix (``--event-l`` stays ``--event-log-handler``). Words after the script are never
+  read as flags: torchrun refuses an ambiguous prefix even there (``train.py --nproc=3``).
+* ``--logs-specs``: the plugin runs in a helper process started with the launch under the
+  workers' interpreter (``$PYTHON_EXEC``), since the launcher does not import torch; the launch
+  waits for that helper's torch import before joining the rendezvous. The name is checked
+  against the launcher's own installed packages, the class loaded from the workers'.
 * ``--nproc-per-node`` detects NVIDIA GPUs only; give XPU and other accelerators a number.
 * A bad command line prints one line, ``elasticrun: error: <flag>: <what is accepted>``, and
   exits with status 2.

@@ -5,23 +5,22 @@ Every torchrun 2.13 flag is accepted with its default, both spellings (``--nproc
 variable counts as unset); :mod:`elastic.launch.flags` is the table the scanning, the validation
 and ``--help`` are built from.
 
-The command line is split by hand rather than by argparse's ``REMAINDER``, which drops a ``--``
-that follows the script: everything from the first word that is not a launcher flag (or that
-follows a ``--``) is the training command and reaches the workers untouched.
+:mod:`.scan` splits the command line into the launcher's flags (abbreviations expanded as
+torchrun's argparse parser expands them; ``PET_*`` names never are) and the training command,
+which reaches the workers untouched.
 
 :func:`config_from_args` is pure: the environment, the device counts, the run-id generator and
 the warning sink are injected. Bad input raises :class:`ConfigError` with one line naming the
 flag (or its ``PET_*`` twin) and the accepted forms; :func:`parse_or_exit` prints that line and
 exits with status 2, as argparse does.
 
-Beside this module: :mod:`.values` (where a flag's text comes from, and the value parsers),
+Beside this module: :mod:`.scan`, :mod:`.values` (where a flag's text comes from, and the value parsers),
 :mod:`.rendezvous_flags` (the rendezvous flags as typed settings and a backend spec) and
 :mod:`.describe` (``--dry-run``'s text).
 """
 
 from __future__ import annotations
 
-import difflib
 import logging
 import re
 import signal
@@ -30,14 +29,16 @@ import uuid
 from dataclasses import fields
 from typing import Any, Callable, Mapping, Sequence, TextIO
 
-from elastic import __version__
 from elastic.config import Entrypoint, LaunchConfig, Std, StdMask
 from elastic.launch.devices import DeviceProbe, HostDevices
 from elastic.launch.flags import (
-    COMPAT, HELP_FLAGS, NUMA_MODES, OPTIONS, OPTIONS_BY_FLAG, PROG, SHUTDOWN_TIMEOUT_ENV, START_METHODS,
-    VERSION_FLAGS, format_help,
+    COMPAT, LOG_LINE_PREFIX_TEMPLATE_ENV, NUMA_MODES, OPTIONS, PROG, SHUTDOWN_TIMEOUT_ENV, START_METHODS,
 )
 from elastic.launch.rendezvous_flags import rendezvous_fields
+from elastic.launch.scan import HelpRequested, split_command_line
+
+__all__ = ["ConfigError", "HelpRequested", "config_from_args", "installed_logs_specs", "parse_or_exit",
+           "split_command_line"]
 from elastic.launch.values import (
     ConfigError, Sources, as_given, choice, fail, host_address, integer, optional_port, optional_text, seconds,
 )
@@ -45,75 +46,6 @@ from elastic.launch.values import (
 log = logging.getLogger(__name__)
 
 _UNCATCHABLE_SIGNALS = ("SIGKILL", "SIGSTOP")
-
-
-class HelpRequested(Exception):
-    """``-h``/``--help`` was given; :attr:`text` is the help to print (the run stops with status 0)."""
-
-    def __init__(self, text: str) -> None:
-        super().__init__("help requested")
-        self.text = text
-
-
-# -- splitting the command line ----------------------------------------------------------------
-
-
-def split_command_line(argv: Sequence[str]) -> tuple[dict[str, list[str]], list[str]]:
-    """Separate the launcher's flags from the training command.
-
-    Returns ``({dest: [text, ...]}, [script, *script_args])``; a switch given records ``"1"``.
-    The command starts at the first word that is not a flag or a flag's value, or after ``--``.
-
-    Raises:
-        ConfigError: an unknown flag, a missing value, or a value given to a switch.
-        HelpRequested: ``-h``/``--help`` (or ``--version``) appeared before the script.
-    """
-    given: dict[str, list[str]] = {}
-    index = 0
-    while index < len(argv):
-        word = argv[index]
-        if word == "--":
-            return given, list(argv[index + 1:])
-        if not word.startswith("-") or word == "-":
-            return given, list(argv[index:])
-        if word in HELP_FLAGS:
-            raise HelpRequested(format_help())
-        if word in VERSION_FLAGS:
-            raise HelpRequested(f"{PROG} {__version__}\n")
-        flag, value = _split_flag(word)
-        option = OPTIONS_BY_FLAG.get(flag)
-        if option is None:
-            raise ConfigError(f"{flag}: unknown flag{_did_you_mean(flag)} (see {PROG} --help)")
-        if not option.takes_value:
-            if value is not None:
-                raise ConfigError(f"{option.name}: a switch takes no value (got {value!r})")
-            value = "1"
-        elif value is None:
-            following = argv[index + 1] if index + 1 < len(argv) else None
-            if following is None or (following.startswith("-") and _split_flag(following)[0] in OPTIONS_BY_FLAG):
-                raise ConfigError(f"{option.name}: expects a value ({option.metavar})")
-            value = following
-            index += 1
-        given.setdefault(option.dest, []).append(value)
-        index += 1
-    return given, []
-
-
-def _split_flag(word: str) -> tuple[str, str | None]:
-    """``--a=b`` -> (``--a``, ``b``); ``-r3`` / ``-r=3`` -> (``-r``, ``3``); ``--a`` -> (``--a``, None)."""
-    if word.startswith("--"):
-        flag, equals, value = word.partition("=")
-        return flag, value if equals else None
-    if len(word) > 2:
-        return word[:2], word[3:] if word[2] == "=" else word[2:]
-    return word, None
-
-
-def _did_you_mean(flag: str) -> str:
-    """A suggestion for a misspelt or abbreviated flag (flags are never abbreviated silently)."""
-    longer = [known for known in OPTIONS_BY_FLAG if len(flag) > 2 and known.startswith(flag)]
-    close = longer[:1] or difflib.get_close_matches(flag, list(OPTIONS_BY_FLAG), n=1, cutoff=0.75)
-    return f"; did you mean {close[0]}?" if close else ""
 
 
 def _nnodes(text: str | None, where: str) -> tuple[int, int]:
@@ -203,6 +135,30 @@ def _signals(text: str | None, where: str) -> tuple[str, ...]:
     return tuple(names)
 
 
+LOGS_SPECS_GROUP = "torchrun.logs_specs"
+
+
+def installed_logs_specs() -> list[str]:
+    """The names in the ``torchrun.logs_specs`` entry-point group, read from the installed
+    distributions' metadata without loading any (so without importing torch)."""
+    from importlib.metadata import entry_points
+
+    return sorted({point.name for point in entry_points(group=LOGS_SPECS_GROUP)})
+
+
+def _logs_specs(sources: Sources, installed: Callable[[], Sequence[str]]) -> str | None:
+    """``--logs-specs``: a name torchrun would find in its entry-point group, checked now, as
+    torchrun checks it before starting anything."""
+    name, where = sources.text("logs_specs")
+    if name is None:
+        return None
+    names = installed()
+    if name not in names:
+        raise fail(where, f"no entry point {name!r} in the {LOGS_SPECS_GROUP} group (installed: "
+                          f"{', '.join(names) or 'none'}); install the package that provides it")
+    return name
+
+
 def _shutdown_timeout(sources: Sources) -> float:
     text, where = sources.text("shutdown_timeout")
     if text is None and sources.environ.get(SHUTDOWN_TIMEOUT_ENV, "").strip():
@@ -268,14 +224,16 @@ def config_from_args(
     devices: DeviceProbe | None = None,
     new_run_id: Callable[[], str] = _random_run_id,
     warn: Callable[[str], None] | None = None,
+    logs_specs_names: Callable[[], Sequence[str]] = installed_logs_specs,
 ) -> LaunchConfig:
     """Resolve an ``elasticrun`` command line (without the program name) into a :class:`LaunchConfig`.
 
     ``environ`` supplies the ``PET_*`` twins (and ``CUDA_VISIBLE_DEVICES``,
-    ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT``); ``devices`` counts CPUs and GPUs for
+    ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT``, ``TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE``); ``devices`` counts CPUs and GPUs for
     ``--nproc-per-node auto|cpu|gpu`` (default: this host, asked only then); ``new_run_id`` names
     standalone runs; ``warn`` receives one line per flag that is accepted but ignored, once the
-    whole command line is valid (default: this module's logger).
+    whole command line is valid (default: this module's logger); ``logs_specs_names`` lists the
+    ``--logs-specs`` names installed (asked only when the flag is given).
 
     Raises:
         ConfigError: a flag, a ``PET_*`` value or the training command is invalid; the message
@@ -310,6 +268,8 @@ def config_from_args(
         redirects=_std_mask(*sources.text("redirects")),
         tee=_std_mask(*sources.text("tee")),
         local_ranks_filter=_local_ranks(*sources.text("local_ranks_filter")),
+        log_line_prefix_template=environ.get(LOG_LINE_PREFIX_TEMPLATE_ENV) or None,
+        logs_specs=_logs_specs(sources, logs_specs_names),
         local_addr=host_address(optional_text(sources.text("local_addr")[0])),
         signals_to_handle=_signals(*sources.text("signals_to_handle")),
         shutdown_timeout=_shutdown_timeout(sources),

@@ -35,6 +35,8 @@ def describe(config: LaunchConfig) -> str:
         ("tee", _mask_text(config.tee)),
         ("local_ranks_filter", ",".join(map(str, sorted(config.local_ranks_filter)))
          if config.local_ranks_filter is not None else "all"),
+        ("log_line_prefix_template", config.log_line_prefix_template or "[${role_name}${local_rank}]: (default)"),
+        ("logs_specs", config.logs_specs or "none (the layout of --log-dir)"),
         ("signals_to_handle", ",".join(config.signals_to_handle)),
         ("shutdown_timeout", f"{config.shutdown_timeout:g}s"),
         ("exit_barrier_timeout", f"{config.exit_barrier_timeout:g}s"),

@@ -16,10 +16,11 @@ from typing import Any
 from elastic.rendezvous.backend_spec import (
     BACKEND_NAMES, ETCD_DEFAULT_PORT, STATIC_DEFAULT_ADDR, STATIC_DEFAULT_PORT, STORE_DEFAULT_PORT,
 )
-from elastic.rendezvous.conf import BACKEND_KEYS, ENGINE_KEYS
+from elastic.rendezvous.conf import BACKEND_KEYS, ENGINE_KEYS, NO_EFFECT_KEYS, TORCH_ALIASES
 
 PROG = "elasticrun"
 SHUTDOWN_TIMEOUT_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
+LOG_LINE_PREFIX_TEMPLATE_ENV = "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"
 START_METHODS = ("spawn", "fork", "forkserver")
 NUMA_MODES = ("node", "socket", "exclusive", "core-complex")  # torch.numa.binding.AffinityMode
 
@@ -100,7 +101,10 @@ OPTIONS: tuple[Option, ...] = (
     _option("--rdzv-id", RENDEZVOUS, "Job id shared by all nodes of a job (letters, digits, '.', '_', '-').",
             metavar="ID", default="none"),
     _option("--rdzv-conf", RENDEZVOUS, "Rendezvous options K=V[,K=V...]; repeatable, merged, later keys win. "
-            f"Keys: {', '.join(sorted(ENGINE_KEYS) + sorted(BACKEND_KEYS))}. Unknown keys are errors.",
+            f"Keys: {', '.join(sorted(ENGINE_KEYS) + sorted(BACKEND_KEYS))}. The keys torch's handlers read are "
+            f"accepted too: {', '.join(sorted(TORCH_ALIASES))} (our TLS keys), timeout (join_timeout; no effect "
+            f"with c10d and static, as in torch), {', '.join(sorted(NO_EFFECT_KEYS))} (no effect; a note says "
+            "why). Unknown keys are errors.",
             metavar="K=V,...", default="", repeatable=True),
     _option("--standalone", RENDEZVOUS, "One node: host an embedded built-in store on a free local port "
             "under a random run id; --rdzv-backend, --rdzv-endpoint and --rdzv-id are ignored (with a "
@@ -119,6 +123,10 @@ OPTIONS: tuple[Option, ...] = (
             short="-t", metavar="0-3|RANK:0-3,...", default="0"),
     _option("--local-ranks-filter", OUTPUT, "Show only these local ranks' output on the console, e.g. 0,1 "
             "(log files keep everything; default: all ranks).", metavar="RANKS", default=""),
+    _option("--logs-specs", OUTPUT, "A torchrun.logs_specs entry point (a torch LogsSpecs class, e.g. torch's "
+            "default) that decides where each rank's output goes instead of --log-dir's layout; it runs in a "
+            "helper process that imports torch, which the launch waits for. An unknown name is refused at once.",
+            metavar="NAME", env=False),
     _option("--node-rank", STATIC, "This node's rank; static backend only.", metavar="N", default="0"),
     _option("--master-addr", STATIC, f"Address of the node of rank 0; static backend only (default "
             f"{STATIC_DEFAULT_ADDR}). IPv6 as [::1].", metavar="HOST"),
@@ -155,8 +163,6 @@ OPTIONS: tuple[Option, ...] = (
             "(no PET_ twin: a dry run is asked for each time).", env=False),
     _option("--event-log-handler", COMPAT, f"{_NO_EFFECT}: torch's event handlers need torch; use "
             "--event-log FILE.", metavar="NAME", default="null"),
-    _option("--logs-specs", COMPAT, f"{_NO_EFFECT}: the log layout is fixed (see --log-dir).",
-            metavar="NAME", env=False),
     _option("--numa-binding", COMPAT, f"{_NO_EFFECT}: workers are not pinned to CPUs.",
             metavar="|".join(NUMA_MODES), env=False),
     _option("--duplicate-stdout-filters", COMPAT, f"{_NO_EFFECT}.", metavar="PATTERNS", default=""),
@@ -168,6 +174,36 @@ OPTIONS_BY_DEST: dict[str, Option] = {option.dest: option for option in OPTIONS}
 OPTIONS_BY_FLAG: dict[str, Option] = {flag: option for option in OPTIONS for flag in option.flags}
 HELP_FLAGS = ("-h", "--help")
 VERSION_FLAGS = ("--version",)
+
+TORCHRUN_LONG_FLAGS: tuple[str, ...] = (
+    *(flag for option in OPTIONS if option.group != ADDITIONS for flag in option.flags if flag.startswith("--")),
+    "--help",
+)
+"""Every long spelling torchrun 2.13's parser has, in its order: what an abbreviation is matched against first."""
+
+OWN_LONG_FLAGS: tuple[str, ...] = (
+    *(flag for option in OPTIONS if option.group == ADDITIONS for flag in option.flags if flag.startswith("--")),
+    *VERSION_FLAGS,
+)
+"""The long spellings only elasticrun has."""
+
+
+def flag_candidates(flag: str) -> tuple[str, ...]:
+    """The flags ``flag`` (a word's part before ``=``) may stand for, as torchrun's argparse
+    parser (``allow_abbrev``) reads it: itself when it is a flag; else, for a ``--`` word, every
+    torchrun spelling it is a prefix of; else every elasticrun-only spelling it is a prefix of.
+
+    One: that flag. Several: ambiguous, even when they spell one flag (argparse counts
+    spellings, so ``--nproc`` is ambiguous under torchrun too). None: unknown. torchrun's
+    spellings come first so that what torchrun accepts means the same here (``--event-l`` is
+    ``--event-log-handler``, although ``--event-log`` shares the prefix).
+    """
+    if flag in OPTIONS_BY_FLAG or flag in HELP_FLAGS or flag in VERSION_FLAGS:
+        return (flag,)
+    if not flag.startswith("--"):
+        return ()
+    return (tuple(known for known in TORCHRUN_LONG_FLAGS if known.startswith(flag))
+            or tuple(known for known in OWN_LONG_FLAGS if known.startswith(flag)))
 
 
 class _HelpFormatter(argparse.HelpFormatter):

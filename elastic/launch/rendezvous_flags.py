@@ -22,7 +22,7 @@ from elastic.rendezvous.backend_spec import (
     BACKEND_NAMES, ETCD_NAMES, BackendSpec, StaticSpec, etcd_endpoints, etcd_spec, standalone_spec, store_endpoint,
     store_spec,
 )
-from elastic.rendezvous.conf import parse_rdzv_conf
+from elastic.rendezvous.conf import from_torch, parse_rdzv_conf
 from elastic.rendezvous.errors import RendezvousConfigError
 from elastic.rendezvous.settings import RendezvousSettings, settings_from_conf
 
@@ -49,7 +49,7 @@ def rendezvous_fields(sources: Sources, min_nodes: int, max_nodes: int,
     endpoint = (sources.text("rdzv_endpoint")[0] or "").strip()
     node_rank = integer(*sources.text("node_rank"), minimum=0)
     master_port = optional_port(*sources.text("master_port"))
-    conf = _rdzv_conf(sources)
+    conf = _rdzv_conf(sources, _torch_backend(sources, backend, endpoint, master_port, max_nodes), warn)
 
     make_spec: SpecMaker = standalone_spec  # --standalone and the single-node shortcuts
     if sources.switch("standalone"):
@@ -85,12 +85,25 @@ def _run_id(sources: Sources) -> str:
     return (sources.text("rdzv_id")[0] or "").strip()
 
 
-def _rdzv_conf(sources: Sources) -> dict[str, str]:
+def _rdzv_conf(sources: Sources, torch_backend: str, warn: Callable[[str], None]) -> Mapping[str, str]:
+    """``--rdzv-conf`` in our vocabulary (torch's keys mapped, as torchrun's plugin maps them);
+    a torch key that has no effect here is said once, through ``warn``."""
     texts, where = sources.texts("rdzv_conf")
     try:
-        return parse_rdzv_conf(texts)
+        conf = from_torch(parse_rdzv_conf(texts), torch_backend)
     except RendezvousConfigError as error:
         raise fail(where, sentence_tail(error)) from error
+    for note in conf.notes:
+        warn(note)
+    return conf.values
+
+
+def _torch_backend(sources: Sources, backend: str, endpoint: str, master_port: int | None, max_nodes: int) -> str:
+    """The backend torchrun would run this command line on: its single-node shortcuts run c10d."""
+    if sources.switch("standalone") or (backend == "static" and not endpoint and master_port is None
+                                        and max_nodes == 1):
+        return "c10d"
+    return backend
 
 
 def _static(sources: Sources, endpoint: str, min_nodes: int, max_nodes: int, node_rank: int,

@@ -25,6 +25,7 @@ from elastic.agent.observe.events import EventLog
 from elastic.agent.lifeline.keeper import Lifeline, state_dir
 from elastic.agent.errors import AgentError
 from elastic.agent.observe.metrics import AgentMetrics, MetricsServer
+from elastic.agent.processes.logs_specs import LogsSpecsHost, shared_host
 from elastic.agent.processes.store_host import StoreHost
 from elastic.agent.prewarm.pool import TemplatePool
 from elastic.agent.waking import Waker
@@ -46,6 +47,7 @@ def run(config: LaunchConfig) -> int:
         print(notice, file=sys.stderr)
     with ExitStack() as cleanup:
         try:
+            logs_specs = _start_logs_specs(config, cleanup)  # imports torch while the rest is set up
             # torchrun's --standalone gives workers MASTER_ADDR=localhost; match it.
             node_addr = config.local_addr or ("localhost" if config.standalone else socket.getfqdn())
             config = _with_standalone_store(config, cleanup)
@@ -77,6 +79,8 @@ def run(config: LaunchConfig) -> int:
                                                              handler.membership().store_outage))
                 cleanup.callback(server.stop)
                 server.start()  # it logs where it serves
+            if logs_specs is not None:
+                logs_specs.wait_ready()  # a plugin that cannot load stops us before we join, as in torchrun
         except (RendezvousError, AgentError, ValueError) as error:
             print(f"elasticrun: {error}", file=sys.stderr)
             return 1
@@ -100,6 +104,16 @@ def _with_standalone_store(config: LaunchConfig, cleanup: ExitStack) -> LaunchCo
     run_id = config.run_id if config.run_id not in ("", "none") else str(uuid.uuid4())
     return dataclasses.replace(config, run_id=run_id, rendezvous=dataclasses.replace(config.rendezvous, run_id=run_id),
                                backend=config.backend.hosted_at(Endpoint(server.host, server.port), token))
+
+
+def _start_logs_specs(config: LaunchConfig, cleanup: ExitStack) -> LogsSpecsHost | None:
+    """For ``--logs-specs``: start the plugin's helper, which every attempt's workers then use."""
+    if not config.logs_specs:
+        return None
+    host = shared_host(config, os.environ, python_executable(os.environ))
+    cleanup.callback(host.close)
+    host.start()
+    return host
 
 
 def _start_templates(config: LaunchConfig, cleanup: ExitStack) -> TemplatePool | None:

@@ -1,9 +1,13 @@
 """``--rdzv-conf``: its vocabulary, its ``K=V,...`` syntax, and typed readers of its values.
 
-Two tables name every key: :data:`ENGINE_KEYS`, read into
+Two tables name our keys: :data:`ENGINE_KEYS`, read into
 :class:`~elastic.rendezvous.settings.RendezvousSettings`, and :data:`BACKEND_KEYS`, read into a
-backend spec (:mod:`elastic.rendezvous.backend_spec`). A key outside both is an error; a backend
-key the chosen backend does not use (``token`` with etcd) is accepted and unused, as before.
+backend spec (:mod:`elastic.rendezvous.backend_spec`); a backend key the chosen backend does not
+use (``token`` with etcd) is accepted and unused. Two more name the keys torch 2.13's rendezvous
+handlers read that are not ours: :data:`TORCH_ALIASES` (another name for one of ours) and
+:data:`NO_EFFECT_KEYS` (accepted with a note saying why nothing changes); ``timeout`` is either,
+by backend. :func:`from_torch` turns a command line's or torchrun's key/values into ours; it
+is the one mapping the CLI and the torchrun plugin share. Any other key is an error.
 
 :class:`ConfValues` is the one place a value's text becomes a number, a switch or a choice;
 a bad value raises :class:`RendezvousConfigError` with one line naming ``key=value`` and the
@@ -26,7 +30,6 @@ ENGINE_KEYS = {
     "lease_ttl": "seconds after which a silent node is declared dead (default 5, at least 2)",
     "keep_alive_interval": "torch's heartbeat interval; lease_ttl = interval x keep_alive_max_attempt",
     "keep_alive_max_attempt": "torch's missed-heartbeat count (default 3)",
-    "heartbeat": "torch's heartbeat timeout; accepted and ignored (liveness is the lease)",
     "namespace": "key prefix under which the rendezvous lives (default /elastic)",
     "max_node_failures": "exclude a node whose own workers caused this many failure restarts in a row (default 0: off)",
     "exclusion_cooldown": "seconds an excluded node stays out before it rejoins (default 600)",
@@ -52,8 +55,34 @@ BACKEND_KEYS = {
     "request_timeout": "seconds one backend request may take",
     "read_timeout": "torch's c10d store timeout; alias of request_timeout",
     "is_host": "c10d: whether this node hosts the built-in store (default: decided by address)",
-    "store_type": "c10d: accepted for torch compatibility (only 'tcp')",
     "insecure_open_store": "c10d: 1 lets the host serve its store off loopback without a token, as torchrun does",
+}
+
+#: torch 2.13's names for keys of ours (its etcd-v2 backend's TLS options).
+TORCH_ALIASES = {"ca_cert": "cacert", "ssl_cert": "cert", "ssl_cert_key": "key"}
+
+_LIVENESS = "liveness here is the node's lease (lease_ttl, or keep_alive_interval x keep_alive_max_attempt)"
+
+#: Keys torch's handlers read that change nothing here, with the reason the note gives.
+NO_EFFECT_KEYS = {
+    "heartbeat_timeout": f"torch's dynamic rendezvous reads it as its keep-alive deadline; {_LIVENESS}",
+    "heartbeat": f"torch documents it for its dynamic rendezvous but reads heartbeat_timeout; {_LIVENESS}",
+    "rank": "torchrun's static rendezvous takes it from --node-rank; set --node-rank",
+    "use_libuv": "older torch's c10d store switch (torch 2.13 reads USE_LIBUV from the environment); "
+                 "the built-in store has no libuv mode",
+    "store_type": "only torch's c10d rendezvous reads it, and the built-in store is always a TCP store "
+                  "(store_type=tcp)",
+}
+
+TIMEOUT_KEY = "timeout"
+"""torch's rendezvous timeout (torchrun's launcher always sets it, 900 by default): the etcd
+rendezvous's join deadline, our ``join_timeout`` (which wins when both are given). Backends
+whose torch handler does not read it that way are in :data:`TIMEOUT_NO_EFFECT`."""
+
+#: The backends (by torch's name for them) with which ``timeout`` has no effect, and why.
+TIMEOUT_NO_EFFECT = {
+    "c10d": "torch's c10d rendezvous does not read it either; its join deadline is join_timeout",
+    "static": "the static backend waits for no rendezvous (torch's static one uses it as its store's timeout)",
 }
 
 _TRUE = ("1", "true", "yes", "on")
@@ -83,16 +112,71 @@ def parse_rdzv_conf(text: str | Sequence[str]) -> dict[str, str]:
     return config
 
 
+def valid_keys() -> list[str]:
+    """Every key ``--rdzv-conf`` accepts: ours, then torch's that are not ours, each sorted."""
+    torch_only = {*TORCH_ALIASES, *NO_EFFECT_KEYS, TIMEOUT_KEY}
+    return sorted({*ENGINE_KEYS, *BACKEND_KEYS}) + sorted(torch_only)
+
+
 def check_known_keys(conf: Mapping[str, str]) -> None:
-    """Refuse keys outside :data:`ENGINE_KEYS` and :data:`BACKEND_KEYS`.
+    """Refuse keys that are neither ours nor read by a torch handler (:func:`valid_keys`).
 
     Raises:
         RendezvousConfigError: an unknown key; the message lists the valid ones.
     """
-    unknown = sorted(set(conf) - set(ENGINE_KEYS) - set(BACKEND_KEYS))
+    valid = valid_keys()
+    unknown = sorted(set(conf) - set(valid))
     if unknown:
-        valid = ", ".join(sorted(ENGINE_KEYS) + sorted(BACKEND_KEYS))
-        raise RendezvousConfigError(f"Unknown rendezvous option(s) {', '.join(unknown)}; valid options are: {valid}.")
+        raise RendezvousConfigError(
+            f"Unknown rendezvous option(s) {', '.join(unknown)}; valid options are: {', '.join(valid)}."
+        )
+
+
+@dataclass(frozen=True)
+class OurConf:
+    """``--rdzv-conf`` in our vocabulary: the key/values our readers take, and one note per key
+    given that has no effect here (``timeout=5 has no effect: ...``), to be said once at start."""
+
+    values: Mapping[str, str]
+    notes: tuple[str, ...] = ()
+
+
+def from_torch(conf: Mapping[str, str], backend: str) -> OurConf:
+    """Map torch's keys onto ours: aliases renamed (our own name wins when both are given),
+    ``timeout`` to ``join_timeout`` unless ``backend`` (torch's name: ``c10d`` for a standalone
+    run) is in :data:`TIMEOUT_NO_EFFECT`, and the keys of :data:`NO_EFFECT_KEYS` dropped with a note.
+
+    Raises:
+        RendezvousConfigError: an unknown key (the message lists the valid ones), or a
+            ``store_type`` other than ``tcp`` for the built-in store.
+    """
+    check_known_keys(conf)
+    values = {key: value for key, value in conf.items() if key in ENGINE_KEYS or key in BACKEND_KEYS}
+    notes = []
+    for key, value in conf.items():
+        if key in TORCH_ALIASES:
+            values.setdefault(TORCH_ALIASES[key], value)
+        elif key == TIMEOUT_KEY and backend not in TIMEOUT_NO_EFFECT:
+            values.setdefault("join_timeout", value)
+        elif key == TIMEOUT_KEY:
+            notes.append(_no_effect(key, value, TIMEOUT_NO_EFFECT[backend]))
+        elif key in NO_EFFECT_KEYS:
+            _check_store_type(key, value, backend)
+            notes.append(_no_effect(key, value, NO_EFFECT_KEYS[key]))
+    return OurConf(values, tuple(notes))
+
+
+def _no_effect(key: str, value: str, why: str) -> str:
+    return f"--rdzv-conf {key}={value[:100]} has no effect: {why}"
+
+
+def _check_store_type(key: str, value: str, backend: str) -> None:
+    """A c10d file store (``store_type=file``) cannot be had here; other backends never read the key."""
+    if key == "store_type" and backend in ("c10d", "tcp") and value.strip().lower() != "tcp":
+        raise RendezvousConfigError(
+            f"The rendezvous option store_type={value[:100]!r} is not supported: the built-in store is a TCP "
+            "store (torch's c10d file store has no equivalent here); drop store_type or set it to tcp."
+        )
 
 
 @dataclass(frozen=True)

@@ -3,9 +3,10 @@
 Torch's names are accepted so a torchrun command line moves over unchanged: ``join_timeout``,
 ``last_call_timeout``, ``close_timeout``, ``keep_alive_interval`` / ``keep_alive_max_attempt``
 (which, when ``lease_ttl`` is not given, set the lease TTL to their product, i.e. the time
-torch would take to declare a node dead), ``heartbeat`` (accepted, no effect) and
-``etcd_prefix``. The connection keys (TLS, credentials, timeouts) belong to the backend spec
-(:mod:`elastic.rendezvous.backend_spec`); the vocabulary of both is :mod:`elastic.rendezvous.conf`.
+torch would take to declare a node dead) and ``etcd_prefix``; torch's other keys (``timeout``,
+``heartbeat_timeout``, ...) are mapped or noted by :func:`elastic.rendezvous.conf.from_torch`
+before they get here. The connection keys (TLS, credentials, timeouts) belong to the backend
+spec (:mod:`elastic.rendezvous.backend_spec`); the vocabulary of both is :mod:`elastic.rendezvous.conf`.
 """
 
 from __future__ import annotations
@@ -86,8 +87,9 @@ class RendezvousSettings:
 
 
 def settings_from_conf(run_id: str, min_nodes: int, max_nodes: int, conf: Mapping[str, str]) -> RendezvousSettings:
-    """Build settings from ``--rdzv-conf`` key/values (the engine's keys; backend keys are read
-    into a backend spec by :mod:`elastic.rendezvous.backend_spec`).
+    """Build settings from ``--rdzv-conf`` key/values in our vocabulary (the engine's keys; backend
+    keys are read into a backend spec by :mod:`elastic.rendezvous.backend_spec`). torch's own keys
+    pass the check but are read only once :func:`~elastic.rendezvous.conf.from_torch` mapped them.
 
     Raises:
         RendezvousConfigError: an unknown key (the message lists the valid ones) or a bad value.

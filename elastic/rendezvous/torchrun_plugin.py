@@ -23,10 +23,12 @@ Per round, :class:`TorchrunRendezvousHandler`
 Our errors reach torch's agent as torch's rendezvous exceptions (``raise ... from``). This module
 imports torch; nothing on our own launcher's path imports it.
 
-Options (``--rdzv-conf``) are ours (:mod:`elastic.rendezvous.settings`) plus torch's spellings:
-``timeout`` (torchrun's ``--rdzv-timeout``; the join timeout unless ``join_timeout`` is given),
-``ca_cert`` / ``ssl_cert`` / ``ssl_cert_key`` (torch's etcd-v2 TLS keys) and ``read_timeout``
-(also the agent store's timeout, default 60 s).
+Options (``--rdzv-conf``) are ours (:mod:`elastic.rendezvous.settings`) plus every key torch's
+handlers read, mapped by the same :func:`elastic.rendezvous.conf.from_torch` as ``elasticrun``'s:
+``timeout`` (torchrun's launcher always sets it; the join timeout unless ``join_timeout`` is
+given), ``ca_cert`` / ``ssl_cert`` / ``ssl_cert_key`` (torch's etcd-v2 TLS keys), ``read_timeout``
+(also the agent store's timeout, default 60 s); keys without effect (``heartbeat_timeout``,
+``rank``, ...) are logged once, when the handler is created.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from elastic.rendezvous.api import MembershipChange
 from elastic.rendezvous.api import RendezvousInfo
 from elastic.rendezvous.handler import RendezvousHandler
 from elastic.rendezvous.backend_spec import EtcdSpec, etcd_endpoints, etcd_spec
+from elastic.rendezvous.conf import OurConf, from_torch
 from elastic.rendezvous.registry import create_handler
 from elastic.rendezvous.settings import RendezvousSettings, settings_from_conf
 
@@ -60,12 +63,6 @@ REJOIN_GRACE_S = 3.0
 
 DEFAULT_STORE_TIMEOUT = 60.0
 """Seconds the agent store waits for a connection or a key (torch's c10d ``read_timeout`` default)."""
-
-_TORCH_KEY_ALIASES = {"ca_cert": "cacert", "ssl_cert": "cert", "ssl_cert_key": "key"}
-"""torch's etcd-v2 spellings of our TLS options."""
-
-_TORCH_ONLY_KEYS = frozenset({"rank"})
-"""Keys torchrun adds that mean nothing to us (``rank`` is for its static backend)."""
 
 _ERROR_MAP: tuple[tuple[type[ours.RendezvousError], type[torch_api.RendezvousError]], ...] = (
     (ours.RendezvousClosedError, torch_api.RendezvousClosedError),
@@ -81,22 +78,26 @@ StoreFactory = Callable[[str, int, bool, timedelta, "int | None"], dist.Store]
 
 
 # -- translation ------------------------------------------------------------------------------
-def conf_from_params(params: torch_api.RendezvousParameters) -> dict[str, str]:
-    """Our ``--rdzv-conf`` key/values from torch's ``params.config`` (values as strings).
+def our_conf(params: torch_api.RendezvousParameters) -> OurConf:
+    """Our key/values for torch's ``params.config`` (values as strings, unset ones skipped),
+    through the mapping ``elasticrun`` uses (:func:`~elastic.rendezvous.conf.from_torch`), with
+    the notes on keys that have no effect.
 
-    ``timeout`` becomes ``join_timeout`` unless that is given; torch's TLS key names become ours;
-    ``rank`` is dropped. Everything else is passed on for :func:`settings_from_conf` to validate.
+    Raises:
+        ValueError: (our ``RendezvousConfigError``) an unknown key; the message lists the valid ones.
     """
-    conf: dict[str, str] = {}
-    for raw_key, value in params.config.items():
-        key = raw_key.replace("-", "_")
-        if value is None or key in _TORCH_ONLY_KEYS:
-            continue
-        conf[_TORCH_KEY_ALIASES.get(key, key)] = str(value)
-    timeout = conf.pop("timeout", None)
-    if timeout is not None:
-        conf.setdefault("join_timeout", timeout)
-    return conf
+    conf = {key.replace("-", "_"): str(value) for key, value in params.config.items() if value is not None}
+    return from_torch(conf, BACKEND_NAME)
+
+
+def conf_from_params(params: torch_api.RendezvousParameters) -> dict[str, str]:
+    """:func:`our_conf`'s key/values: ``timeout`` becomes ``join_timeout`` unless that is given,
+    torch's TLS key names become ours, keys without effect (``rank``) are dropped.
+
+    Raises:
+        ValueError: (our ``RendezvousConfigError``) an unknown key; the message lists the valid ones.
+    """
+    return dict(our_conf(params).values)
 
 
 def settings_from_params(params: torch_api.RendezvousParameters) -> RendezvousSettings:
@@ -321,6 +322,8 @@ def create_rdzv_handler(params: torch_api.RendezvousParameters) -> TorchrunRende
     """
     node_addr = params.local_addr or socket.getfqdn()
     with _torch_errors():
+        for note in our_conf(params).notes:
+            log.warning("Rendezvous %s: node %s: %s", params.run_id, node_addr, note)
         settings = settings_from_params(params)
         spec = backend_from_params(params)
         handler = create_handler(spec, settings, node_addr)

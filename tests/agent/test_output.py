@@ -9,7 +9,9 @@ import sys
 
 import pytest
 
-from elastic.agent.processes.output import Console, Sink, StreamRoute, WorkerOutput, console_kind, route_stream
+from elastic.agent.processes.output import (
+    Console, RankDest, Sink, StreamRoute, WorkerLogs, WorkerOutput, console_kind, route_dest, route_stream,
+)
 
 FD, STREAM, NONE = Console.FD, Console.STREAM, Console.NONE
 PUMPED_TEE = StreamRoute(Sink.PIPE, logged=True, prefixed=True)
@@ -43,6 +45,41 @@ def test_route_stream(redirect, tee, shown, console, expected):
     assert route_stream(redirect=redirect, tee=tee, shown=shown, console=console) == expected
 
 
+@pytest.mark.parametrize(
+    ("path", "tee", "console", "expected"),
+    [
+        # a LogsSpecs plugin's "" is torch's console: the stream nobody redirected
+        ("", False, FD, StreamRoute(Sink.INHERIT)),
+        ("", False, STREAM, StreamRoute(Sink.PIPE)),
+        ("", False, NONE, DISCARD),
+        ("", True, FD, StreamRoute(Sink.INHERIT)),  # a tee of the console is the console
+        # os.devnull: nowhere, whatever else is asked
+        (os.devnull, False, FD, DISCARD),
+        (os.devnull, True, STREAM, DISCARD),
+        # a file: written by the child, or pumped to the file and the prefixed console when tee'd
+        ("/logs/0.out", False, FD, FILE),
+        ("/logs/0.out", True, FD, PUMPED_TEE),
+        ("/logs/0.out", True, STREAM, PUMPED_TEE),
+        ("/logs/0.out", True, NONE, FILE),
+    ],
+)
+def test_route_dest(path, tee, console, expected):
+    assert route_dest(path, tee, console) == expected
+
+
+def test_a_plugins_destination_names_the_files_of_logged_streams_only(tmp_path):
+    consoles = {"stdout": io.StringIO(), "stderr": io.StringIO()}
+    dest = RankDest(str(tmp_path / "r0.out"), "", tee_stdout=True, error_file=str(tmp_path / "e.json"))
+    out = WorkerOutput.from_dest(dest, consoles)
+    assert out.routes == {"stdout": PUMPED_TEE, "stderr": StreamRoute(Sink.PIPE)}
+    assert out.logs == WorkerLogs(stdout=str(tmp_path / "r0.out"), stderr=None, error_file=str(tmp_path / "e.json"))
+
+    run_child(out, "import sys; print('a'); sys.stderr.write('b')")
+
+    assert consoles["stdout"].getvalue() == "[r0]:a\n" and consoles["stderr"].getvalue() == "b\n"
+    assert (tmp_path / "r0.out").read_text() == "a\n"
+
+
 def test_console_kind_tells_file_descriptors_from_python_streams():
     with open(os.devnull, "w") as devnull:
         assert console_kind(devnull) is Console.FD
@@ -52,8 +89,8 @@ def test_console_kind_tells_file_descriptors_from_python_streams():
 
 def output(tmp_path, consoles, **masks) -> WorkerOutput:
     both = lambda value: {"stdout": value, "stderr": value}  # noqa: E731
-    return WorkerOutput(str(tmp_path), redirect=both(masks.get("redirect", False)), tee=both(masks.get("tee", False)),
-                        shown=True, consoles=consoles)
+    return WorkerOutput.planned(str(tmp_path), redirect=both(masks.get("redirect", False)),
+                                tee=both(masks.get("tee", False)), shown=True, consoles=consoles)
 
 
 def run_child(out: WorkerOutput, code: str) -> None:

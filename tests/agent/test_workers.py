@@ -468,10 +468,25 @@ def test_tee_lines_use_the_prefix_template_with_global_ranks(harness, capfd):
     assert sorted(out.splitlines()) == ["default-2| hello", "default-3| hello"]
 
 
-def test_console_prefix_defaults_to_torchruns_and_honours_the_template():
-    assert console_prefix(None, "default", rank=5, local_rank=1) == "[default1]:"
-    template = "[${role_name} ${rank}/${local_rank}]${unknown}: "
-    assert console_prefix(template, "t", rank=5, local_rank=1) == "[t 5/1]${unknown}: "
+def test_tee_lines_use_the_template_the_cli_read_into_the_config(harness, capfd):
+    body = """
+    print("hello")
+    """
+    group = harness.group(body, group_rank=1, tee=StdMask(Std.OUT), log_line_prefix_template="[rank${rank}]:")
+    assert wait_done(harness.start(group)).status is GroupStatus.SUCCEEDED
+    group.stop(timeout=2)
+    out, _ = capfd.readouterr()
+    assert sorted(out.splitlines()) == ["[rank2]:hello", "[rank3]:hello"]
+
+
+@pytest.mark.parametrize("template, prefix", [
+    (None, "[default1]:"),
+    ("", "[default1]:"),  # torch tests the template's truth: empty is unset
+    ("[${role_name} ${rank}/${local_rank}]${unknown}: ", "[default 5/1]${unknown}: "),
+    ("$rank|$local_rank|$$|${rank", "5|1|$|${rank"),  # string.Template.safe_substitute, as torch
+])
+def test_console_prefix_defaults_to_torchruns_and_substitutes_the_template_as_torch(template, prefix):
+    assert console_prefix(template, "default", rank=5, local_rank=1) == prefix
 
 
 # -- failures with their causes ----------------------------------------------------------------

@@ -160,7 +160,7 @@ SPELLINGS = [
     ("--dry-run", None, (), "dry_run", True),
     ("--prewarm-modules", "torch,numpy", (), "prewarm_modules", ("torch", "numpy")),
     ("--event-log-handler", "console", (), "event_log", None),
-    ("--logs-specs", "custom", (), "event_log", None),
+    ("--logs-specs", "default", (), "logs_specs", "default"),  # torch registers its DefaultLogsSpecs
     ("--numa-binding", "node", (), "event_log", None),
     ("--duplicate-stdout-filters", "apple", (), "event_log", None),
     ("--duplicate-stderr-filters", "pear", (), "event_log", None),
@@ -594,8 +594,9 @@ BAD = [
     (("--prewarm-modules", "torch,os.path;rm", "t.py"), {}, "--prewarm-modules: 'os.path;rm' is not a module name"),
     (("t.py",), {"PET_PREWARM": "sure"}, "--prewarm (from PET_PREWARM): 'sure' is not 1 or 0"),
     (("--bogus", "t.py"), {}, "--bogus: unknown flag (see elasticrun --help)"),
-    (("--nproc", "2", "t.py"), {}, "--nproc: unknown flag; did you mean --nproc-per-node?"),
-    (("--nnode=2", "t.py"), {}, "--nnode: unknown flag; did you mean --nnodes?"),
+    (("--nproc", "2", "t.py"), {}, "--nproc: ambiguous abbreviation, could match --nproc-per-node, "
+                                   "--nproc_per_node; did you mean --nproc-per-node?"),  # as torchrun's argparse
+    (("--nnodez=2", "t.py"), {}, "--nnodez: unknown flag; did you mean --nnodes?"),
     (("--nnodes",), {}, "--nnodes: expects a value (N|MIN:MAX)"),
     (("--nnodes", "--standalone", "t.py"), {}, "--nnodes: expects a value"),
     (("--standalone=1", "t.py"), {}, "--standalone: a switch takes no value (got '1')"),
@@ -667,7 +668,6 @@ def test_the_entry_point_exits_2_with_one_stderr_line_and_no_traceback(argv):
 
 @pytest.mark.parametrize("argv, warning", [
     (("--event-log-handler=console",), "--event-log-handler=console"),
-    (("--logs-specs", "mine"), "--logs-specs=mine"),
     (("--numa-binding=node",), "--numa-binding=node"),
     (("--duplicate-stdout-filters=a,b",), "--duplicate-stdout-filters=a,b"),
     (("--virtual-local-rank",), "--virtual-local-rank"),

@@ -40,6 +40,8 @@ from elastic.rendezvous.torchrun_plugin import (  # noqa: E402
     conf_from_params,
     create_rdzv_handler,
     handler_creator,
+    our_conf,
+    settings_from_params,
     to_torch_error,
 )
 from elastic.testing import with_stacks  # noqa: E402
@@ -444,3 +446,37 @@ def test_when_the_master_agent_dies_the_survivor_restarts_its_workers_into_a_sma
     assert second[0]["master"] != first[0]["master"]  # the survivor hosts the new round's store
     assert time.monotonic() - killed_at < 60  # lease TTL + last call + worker start-up, with slack for load
     print(f"the survivor finished {elapsed:.1f}s after the master agent was killed")
+
+
+# -- torch's --rdzv-conf keys (one mapping with elasticrun's) ---------------------------------
+def test_the_plugin_maps_torchs_keys_as_elasticrun_does():
+    from elastic.launch.cli import config_from_args
+
+    conf = {"timeout": "5", "ca_cert": "/ca", "ssl_cert": "/c", "ssl_cert_key": "/k", "heartbeat_timeout": "3",
+            "rank": "1", "read_timeout": "7", "etcd_prefix": "/p", "keep_alive_interval": "2"}
+    params = torch_api.RendezvousParameters(BACKEND_NAME, "127.0.0.1:2379", "job", 1, 2, **conf)
+    warnings: list[str] = []
+    config = config_from_args(["--nnodes=1:2", f"--rdzv-backend={BACKEND_NAME}", "--rdzv-endpoint=127.0.0.1:2379",
+                               "--rdzv-id=job", "--rdzv-conf", ",".join(f"{k}={v}" for k, v in conf.items()), "t.py"],
+                              {}, warn=warnings.append)
+    assert settings_from_params(params) == config.rendezvous
+    assert backend_from_params(params) == config.backend
+    assert our_conf(params).notes == tuple(warnings) and len(warnings) == 2  # heartbeat_timeout, rank
+
+
+@pytest.mark.etcd
+def test_torch_keys_without_effect_are_logged_once_when_the_handler_is_created(etcd_server, caplog):
+    config = etcd_server.client_config()
+    params = torch_api.RendezvousParameters(
+        BACKEND_NAME, etcd_endpoint(etcd_server), unique_run_id("notes"), 1, 1, local_addr="127.0.0.1",
+        user=config.user, password=config.password, timeout=60, heartbeat_timeout=30, use_libuv=0,
+    )
+    with caplog.at_level("WARNING", logger="elastic.rendezvous.torchrun_plugin"):
+        handler = create_rdzv_handler(params)
+    try:
+        notes = [record.getMessage() for record in caplog.records if "has no effect" in record.getMessage()]
+        assert len(notes) == 2 and params.run_id in notes[0]
+        assert "heartbeat_timeout=30 has no effect" in notes[0] and "use_libuv=0 has no effect" in notes[1]
+        assert handler._handler.settings.join_timeout == 60  # timeout is the join timeout, as elasticrun's etcd
+    finally:
+        handler.shutdown()

@@ -10,9 +10,11 @@ tee             the file, and the console with each     the file
 ==============  =====================================  ============================================
 
 Logs live in ``<log_root>/<run_id>/<node_id>/attempt_<k>/<local_rank>/`` with the worker's
-``error.json`` (its ``TORCHELASTIC_ERROR_FILE``). Tee'd streams are pumped by one thread each
-(pipe → file + console, line-buffered, bounded memory); the others are plain file descriptors.
-:func:`route_stream` decides, :class:`WorkerOutput` carries it out for one worker.
+``error.json`` (its ``TORCHELASTIC_ERROR_FILE``), unless a ``--logs-specs`` plugin places them:
+then each stream goes where its :class:`RankDest` says (a file, the console or nowhere, tee'd or
+not; :func:`route_dest`). Tee'd streams are pumped by one thread each (pipe → file + console,
+line-buffered, bounded memory); the others are plain file descriptors. :func:`route_stream`
+decides, :class:`WorkerOutput` carries it out for one worker.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ __all__ = [
     "Console",
     "MAX_LINE_BYTES",
     "PUMP_DRAIN_S",
+    "RankDest",
     "Sink",
     "StreamRoute",
     "WorkerLogs",
@@ -47,6 +50,7 @@ __all__ = [
     "attempt_log_dir",
     "console_prefix",
     "resolve_log_root",
+    "route_dest",
     "route_stream",
 ]
 
@@ -106,8 +110,9 @@ def attempt_log_dir(log_root: str, run_id: str, attempt: int, node_id: str | Non
 def console_prefix(template: str | None, role: str, rank: int, local_rank: int) -> str:
     """The console prefix of a tee'd line: ``[default0]:``, or torchrun's
     ``TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE`` with ``${role_name}``, ``${rank}`` (global) and
-    ``${local_rank}`` substituted."""
-    if template is None:
+    ``${local_rank}`` substituted as torch does it (``string.Template.safe_substitute``: other
+    names and a malformed ``$`` stay as written; an empty template counts as unset)."""
+    if not template:
         return f"[{role}{local_rank}]:"
     return Template(template).safe_substitute(role_name=role, rank=rank, local_rank=local_rank)
 
@@ -153,6 +158,28 @@ def route_stream(*, redirect: bool, tee: bool, shown: bool, console: Console) ->
     return StreamRoute(Sink.INHERIT if console is Console.FD else Sink.PIPE)
 
 
+@dataclass(frozen=True)
+class RankDest:
+    """Where one worker's output goes when a torch ``LogsSpecs`` plugin decides (its ``LogsDest``
+    for one local rank): each stream's path, ``""`` for the console or ``os.devnull`` for nowhere;
+    whether that file is also shown on the console (tee); the error file (``""``: none)."""
+
+    stdout: str
+    stderr: str
+    tee_stdout: bool = False
+    tee_stderr: bool = False
+    error_file: str = ""
+
+
+def route_dest(path: str, tee: bool, console: Console) -> StreamRoute:
+    """The route of one stream a plugin placed at ``path``: as a redirect (``tee``: and shown) to
+    that file, torch's console (``""``) as a stream nobody redirected, ``os.devnull`` discarded.
+    A tee of a stream that goes to the console is that console, as under torch."""
+    if path == os.devnull:
+        return StreamRoute(Sink.DEVNULL)
+    return route_stream(redirect=bool(path), tee=tee and bool(path), shown=True, console=console)
+
+
 def console_kind(stream: IO | None) -> Console:
     """Classify the agent's console stream for :func:`route_stream`."""
     if stream is None:
@@ -165,25 +192,42 @@ class WorkerOutput:
     """One worker's two streams: their routes and files, the child's ends, and the pumps.
 
     Args:
-        rank_dir: the worker's log directory (``.../attempt_<k>/<local_rank>``).
-        redirect, tee: per stream (``{"stdout": bool, "stderr": bool}``), from the masks.
-        shown: the rank passes ``--local-ranks-filter``.
+        routes: each stream's route (``{"stdout": ..., "stderr": ...}``).
+        logs: the files (a logged route's stream is written to its path).
         consoles: the agent's console per stream (may be ``None``).
+
+    Build it with :meth:`planned` (our layout) or :meth:`from_dest` (a plugin's).
     """
 
-    def __init__(self, rank_dir: str, *, redirect: dict[str, bool], tee: dict[str, bool], shown: bool,
-                 consoles: dict[str, IO | None]) -> None:
+    def __init__(self, routes: dict[str, StreamRoute], logs: WorkerLogs, consoles: dict[str, IO | None]) -> None:
+        self.routes = routes
+        self.logs = logs
         self._consoles = consoles
-        self.routes = {
+        self.pumps: list[Pump] = []
+
+    @classmethod
+    def planned(cls, rank_dir: str, *, redirect: dict[str, bool], tee: dict[str, bool], shown: bool,
+                consoles: dict[str, IO | None]) -> WorkerOutput:
+        """Our layout: ``rank_dir`` (``.../attempt_<k>/<local_rank>``) holds ``{stdout,stderr}.log``
+        and ``error.json``; ``redirect``/``tee`` per stream from the masks; ``shown``: the rank
+        passes ``--local-ranks-filter``."""
+        routes = {
             name: route_stream(redirect=redirect[name], tee=tee[name], shown=shown,
                                console=console_kind(consoles[name]))
             for name in STREAMS
         }
-        paths = {name: os.path.join(rank_dir, f"{name}.log") if self.routes[name].logged else None
-                 for name in STREAMS}
-        self.logs = WorkerLogs(stdout=paths["stdout"], stderr=paths["stderr"],
-                               error_file=os.path.join(rank_dir, "error.json"))
-        self.pumps: list[Pump] = []
+        paths = {name: os.path.join(rank_dir, f"{name}.log") if routes[name].logged else None for name in STREAMS}
+        return cls(routes, WorkerLogs(stdout=paths["stdout"], stderr=paths["stderr"],
+                                      error_file=os.path.join(rank_dir, "error.json")), consoles)
+
+    @classmethod
+    def from_dest(cls, dest: RankDest, consoles: dict[str, IO | None]) -> WorkerOutput:
+        """A ``--logs-specs`` plugin's layout for one rank (:func:`route_dest` per stream)."""
+        paths = {"stdout": (dest.stdout, dest.tee_stdout), "stderr": (dest.stderr, dest.tee_stderr)}
+        routes = {name: route_dest(path, tee, console_kind(consoles[name])) for name, (path, tee) in paths.items()}
+        logged = {name: paths[name][0] if routes[name].logged else None for name in STREAMS}
+        return cls(routes, WorkerLogs(stdout=logged["stdout"], stderr=logged["stderr"], error_file=dest.error_file),
+                   consoles)
 
     @contextlib.contextmanager
     def stdio(self) -> Iterator[dict[str, object]]:

@@ -24,7 +24,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING, Callable, Mapping
 
 from elastic.agent.errors import WorkerStartError
@@ -43,6 +43,7 @@ from elastic.agent.processes.output import (
     console_prefix,
     resolve_log_root,
 )
+from elastic.agent.processes.logs_specs import LogsSpecsError, LogsSpecsHost, shared_host
 from elastic.agent.processes.proctree import ProcessLister, WorkerTrees
 from elastic.agent.prewarm.pool import ForkedWorker, TemplatePool
 from elastic.agent.processes.worker_env import python_executable, worker_argv, worker_env, worker_ranks
@@ -100,7 +101,8 @@ class GroupState:
 class _Worker:
     local_rank: int
     global_rank: int
-    output: WorkerOutput
+    output: WorkerOutput | None  # None until a --logs-specs plugin placed it (at start)
+    env_overrides: Mapping[str, str] = field(default_factory=dict)  # what the plugin set in its environment
     proc: subprocess.Popen | ForkedWorker | None = None
     watcher: threading.Thread | None = None
     exitcode: int | None = None
@@ -114,7 +116,7 @@ class _Worker:
 
     @property
     def logs(self) -> WorkerLogs:
-        return self.output.logs
+        return self.output.logs if self.output is not None else WorkerLogs(None, None, "")
 
 
 class WorkerGroup:
@@ -131,12 +133,15 @@ class WorkerGroup:
         environ: the base environment of workers (default: the agent's ``os.environ``).
         python: the interpreter (default: ``$PYTHON_EXEC`` or ours).
         console_stdout, console_stderr: the console (default: ``sys.stdout``/``sys.stderr``).
-        line_prefix_template: torchrun's ``TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE``.
+        line_prefix_template: torchrun's ``TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE`` (default: the
+            config's, which the CLI reads from the environment).
         node_id: this node's id in the rendezvous, naming its log directory (agents may share
             ``--log-dir``).
         process_lister: the process table stop() reads (default: ``/proc``; tests inject one).
         templates: pre-warmed templates to fork workers from (``--prewarm``); a worker whose
             template cannot serve starts the normal way.
+        logs_specs: the ``--logs-specs`` plugin's helper that places the logs (default: this
+            process's shared one for ``config.logs_specs``, if it names a plugin; else our layout).
 
     Raises:
         ValueError: bad counts, or ids that would put the logs outside the log root.
@@ -159,6 +164,7 @@ class WorkerGroup:
         node_id: str | None = None,
         process_lister: ProcessLister | None = None,
         templates: TemplatePool | None = None,
+        logs_specs: LogsSpecsHost | None = None,
     ) -> None:
         if config.nproc_per_node < 1:
             raise ValueError(f"The number of workers ({config.nproc_per_node}) must be positive.")
@@ -173,9 +179,14 @@ class WorkerGroup:
         self._python = python or python_executable(self._environ)
         self._console_out = console_stdout if console_stdout is not None else sys.stdout
         self._console_err = console_stderr if console_stderr is not None else sys.stderr
-        self._prefix_template = line_prefix_template
+        self._prefix_template = (config.log_line_prefix_template if line_prefix_template is None
+                                 else line_prefix_template)
         self._templates = templates if templates is not None and templates.serves(config.entrypoint) else None
-        self.log_dir = attempt_log_dir(
+        if logs_specs is None and config.logs_specs:
+            logs_specs = shared_host(config, self._environ, self._python)
+        self._logs_specs = logs_specs
+        # Our layout's attempt directory; with a plugin, its root_log_dir once started.
+        self.log_dir = "" if logs_specs is not None else attempt_log_dir(
             log_root or resolve_log_root(config.log_dir), rdzv.run_id, attempt, node_id
         )
         self._workers = [self._plan(local_rank) for local_rank in range(config.nproc_per_node)]
@@ -208,9 +219,12 @@ class WorkerGroup:
                 f"Worker group of run {self.rdzv.run_id} was already started or stopped."
             )
         self._started = True
-        shutil.rmtree(self.log_dir, ignore_errors=True)  # a re-used attempt number starts clean
-        for worker in self._workers:
-            os.makedirs(os.path.dirname(worker.logs.error_file), mode=0o700, exist_ok=True)  # owner-only
+        if self._logs_specs is not None:
+            self._place_logs(self._logs_specs)
+        else:
+            shutil.rmtree(self.log_dir, ignore_errors=True)  # a re-used attempt number starts clean
+            for worker in self._workers:
+                os.makedirs(os.path.dirname(worker.logs.error_file), mode=0o700, exist_ok=True)  # owner-only
         for stream in (self._console_out, self._console_err):
             try:
                 stream.flush()
@@ -349,18 +363,54 @@ class WorkerGroup:
     # -- internals ---------------------------------------------------------------------------
 
     def _plan(self, local_rank: int) -> _Worker:
+        global_rank = worker_ranks(self.config, self.rdzv, local_rank).rank
+        if self._logs_specs is not None:
+            return _Worker(local_rank=local_rank, global_rank=global_rank, output=None)  # placed at start
         redirect = self.config.redirects.for_rank(local_rank)
         tee = self.config.tee.for_rank(local_rank)
         ranks = self.config.local_ranks_filter
-        output = WorkerOutput(
+        output = WorkerOutput.planned(
             os.path.join(self.log_dir, str(local_rank)),
             redirect={"stdout": bool(redirect & Std.OUT), "stderr": bool(redirect & Std.ERR)},
             tee={"stdout": bool(tee & Std.OUT), "stderr": bool(tee & Std.ERR)},
             shown=not ranks or local_rank in ranks,
-            consoles={"stdout": self._console_out, "stderr": self._console_err},
+            consoles=self._consoles(),
         )
-        global_rank = worker_ranks(self.config, self.rdzv, local_rank).rank
         return _Worker(local_rank=local_rank, global_rank=global_rank, output=output)
+
+    def _consoles(self) -> dict[str, IO | None]:
+        return {"stdout": self._console_out, "stderr": self._console_err}
+
+    def _place_logs(self, host: LogsSpecsHost) -> None:
+        """Ask the ``--logs-specs`` plugin where this attempt's output goes, as torchrun asks it
+        before starting its workers: ``reify`` gets the variables the launcher sets per rank.
+
+        Raises:
+            WorkerStartError: the plugin failed (no worker has started).
+        """
+        envs = {}
+        for worker in self._workers:  # torch's envs: what the launcher sets; reify adds the error file
+            env = self._env(worker, error_file="")
+            del env["TORCHELASTIC_ERROR_FILE"]
+            envs[worker.local_rank] = {key: value for key, value in env.items() if self._environ.get(key) != value}
+        try:
+            plan = host.reify(envs)
+        except LogsSpecsError as error:
+            self.stop(timeout=0)
+            raise WorkerStartError(f"Run {self.rdzv.run_id}: {error}") from error
+        for worker in self._workers:
+            worker.output = WorkerOutput.from_dest(plan.dests[worker.local_rank], self._consoles())
+            worker.env_overrides = plan.env[worker.local_rank]
+        self.log_dir = plan.root_log_dir
+
+    def _env(self, worker: _Worker, error_file: str) -> dict[str, str]:
+        env = worker_env(
+            self._environ, self.config, self.rdzv, worker.local_rank,
+            restart_count=self.restart_count, error_file=error_file,
+            use_agent_store=self._use_agent_store,
+        )
+        env.update(worker.env_overrides)
+        return env
 
     def _argv(self, worker: _Worker) -> list[str]:
         return worker_argv(
@@ -368,12 +418,11 @@ class WorkerGroup:
         )
 
     def _spawn(self, worker: _Worker) -> None:
-        env = worker_env(
-            self._environ, self.config, self.rdzv, worker.local_rank,
-            restart_count=self.restart_count, error_file=worker.logs.error_file,
-            use_agent_store=self._use_agent_store,
-        )
-        with worker.output.stdio() as std:
+        output = worker.output
+        if output is None:
+            raise RuntimeError(f"Run {self.rdzv.run_id}: local rank {worker.local_rank} has no output placed.")
+        env = self._env(worker, error_file=worker.logs.error_file)
+        with output.stdio() as std:
             proc = self._fork(worker, env, std)
             if proc is None:
                 proc = subprocess.Popen(
@@ -395,7 +444,7 @@ class WorkerGroup:
         prefix = console_prefix(
             self._prefix_template, self.config.role, worker.global_rank, worker.local_rank
         )
-        worker.output.start_pumps(proc, prefix, worker.local_rank)
+        output.start_pumps(proc, prefix, worker.local_rank)
 
     def _forked_note(self) -> str:
         forked = sum(isinstance(w.proc, ForkedWorker) for w in self._workers)
@@ -458,12 +507,11 @@ class WorkerGroup:
         for w in self._workers:
             if w.watcher is not None:
                 w.watcher.join(timeout=1.0)
-        for w in self._workers:
-            for pump in w.output.pumps:
-                pump.request_stop()
-        for w in self._workers:
-            for pump in w.output.pumps:
-                pump.join(timeout=PUMP_DRAIN_S + 2.0)
-                if pump.is_alive():
-                    log.warning("Run %s: log pump %s did not finish.", self.rdzv.run_id, pump.name)
+        pumps = [pump for w in self._workers if w.output is not None for pump in w.output.pumps]
+        for pump in pumps:
+            pump.request_stop()
+        for pump in pumps:
+            pump.join(timeout=PUMP_DRAIN_S + 2.0)
+            if pump.is_alive():
+                log.warning("Run %s: log pump %s did not finish.", self.rdzv.run_id, pump.name)
 
