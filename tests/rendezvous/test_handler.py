@@ -391,3 +391,19 @@ def test_shutdown_interrupts_a_join_in_progress(make_node):
     joiner.join(timeout=5)
     assert not joiner.is_alive() and time.monotonic() - started < 5
     assert isinstance(outcome[0], RendezvousClosedError)
+
+
+def test_the_snapshots_answer_at_once_while_a_join_holds_the_lock(make_node):
+    # membership() and progress() take no lock: a metrics thread never waits behind a join.
+    handler = make_node(2, 2, join_timeout=30.0)
+    with ThreadPoolExecutor(1) as pool:
+        joining = pool.submit(_attempt, handler)
+        deadline = time.monotonic() + 10
+        while handler.progress() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        started = time.monotonic()
+        status, progress = handler.membership(), handler.progress()
+        assert time.monotonic() - started < 0.5
+        assert status.change is None and progress is not None and progress.joined == 1
+        handler.shutdown()  # and a shutdown still interrupts the join that holds the lock
+        assert isinstance(joining.result(timeout=10), RendezvousClosedError)
