@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -11,6 +13,7 @@ from backends.api import EventType, KeyValue, WatchEvent
 from backends.errors import BackendClosedError, CompactedError
 from elastic.rendezvous.api import MembershipChange
 from elastic.rendezvous.attempt import Claim, ClosedRound, JoinAttempt
+from elastic.rendezvous.handler import RendezvousHandler
 from elastic.rendezvous.membership import Membership, StateWatch
 from elastic.rendezvous.ports import reserve_port
 from elastic.rendezvous.records import Member, RendezvousKeys, RoundRecord
@@ -155,3 +158,32 @@ CLAIM = KeyValue(KEYS.closer(4), b"me", 12, 12)
 ])
 def test_the_claim_moves_only_along_its_legal_transitions(before, step, after):
     assert step(_attempt(before)).claim is after
+
+
+# -- a join whose state/ watch was compacted ------------------------------------------------------
+def test_a_join_whose_state_watch_was_compacted_starts_over_from_a_read_and_is_included(backend, caplog):
+    store, _ = backend
+    settings = RendezvousSettings("run", 3, 3, namespace="/compacted-join", lease_ttl=2.0, join_timeout=20.0)
+    a, b, c = (RendezvousHandler(settings, store.client(), "127.0.0.1", node_id=name, owns_backend=True)
+               for name in "abc")
+    try:
+        with ThreadPoolExecutor(3) as pool, caplog.at_level(logging.WARNING, logger="elastic.rendezvous.joining"):
+            first = pool.submit(a.next_rendezvous)  # the closer: it watches the joins
+            _wait_until(lambda: a.progress() is not None)
+            second = pool.submit(b.next_rendezvous)  # waits on its state/ watch
+            _wait_until(lambda: b.progress() is not None)
+            _compact(b._membership.state.ensure_open())
+            _wait_until(lambda: "starting over" in caplog.text)
+            third = pool.submit(c.next_rendezvous)  # fills the round and closes it
+            infos = [future.result(timeout=20) for future in (first, second, third)]
+        assert sorted(info.group_rank for info in infos) == [0, 1, 2] and {info.round for info in infos} == {0}
+    finally:
+        for handler in (a, b, c):
+            handler.shutdown()
+
+
+def _wait_until(condition, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.01)
