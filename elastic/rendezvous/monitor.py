@@ -33,11 +33,11 @@ from typing import Callable, Sequence
 from backends.api import KVBackend, Watch, WatchEvent
 from backends.errors import BackendClosedError, BackendError, CompactedError
 from backends.retry import RetryPolicy
+from backends.txn import TxnResult
 from elastic.rendezvous.api import MembershipStatus
 from elastic.rendezvous.decisions import (
     MembershipChange,
     MonitorState,
-    RoundSnapshot,
     RoundView,
     classify,
     reconcile,
@@ -206,34 +206,36 @@ class MembershipMonitor:
     def _reconcile(self, error: CompactedError) -> None:
         """Re-read at one revision, classify against what this node acted on, watch on from there."""
         try:
-            rounds, snapshot = self._policy.run(self._reread)
+            rounds, result = self._policy.run(self._reread)
         except BackendError as failure:
             with self._lock:
-                self._held = None
+                held, self._held = self._held or [], None
+                self._take(held)
             if not self._stopped.is_set() and not isinstance(failure, BackendClosedError):
                 self.signal(MembershipChange.MEMBER_LOST, f"cannot re-read the membership after the watch history "
                                                           f"was compacted ({failure}); restarting to be safe")
             return
-        except RendezvousStateError as corrupt:
-            with self._lock:
-                self._held = None
-            self._report_problem(corrupt)
-            return
+        keys, number = self._view.keys, self._view.record.round
         with self._lock:
             if self._stopped.is_set():
                 rounds.cancel()
                 return
             old, self._rounds = self._rounds, rounds
-            self._read_through = snapshot.revision
-            found = reconcile(self._view, self._state, snapshot)
-            log.warning("Rendezvous %s round %d: node %s: the watch history was compacted (%s); re-read at revision "
-                        "%d: %s", self._view.keys.run_id, self._view.record.round, self._view.node_id, error,
-                        snapshot.revision, found.finding)
-            self._state = found.state
-            self._publish_counts()
-            if found.change is not None:
-                self.signal(found.change, f"{found.finding} (seen in a re-read after the watch history was "
-                                          f"compacted)")
+            self._read_through = result.revision
+            try:
+                snapshot = read_reread(keys, number, result)
+            except RendezvousStateError as corrupt:
+                self._report_problem(corrupt)  # as on a watch: the workers keep running, watched
+            else:
+                found = reconcile(self._view, self._state, snapshot)
+                log.warning("Rendezvous %s round %d: node %s: the watch history was compacted (%s); re-read at "
+                            "revision %d: %s", keys.run_id, number, self._view.node_id, error, snapshot.revision,
+                            found.finding)
+                self._state = found.state
+                self._publish_counts()
+                if found.change is not None:
+                    self.signal(found.change, f"{found.finding} (seen in a re-read after the watch history was "
+                                              f"compacted)")
             held, self._held = self._held or [], None
             self._take(sorted(held, key=lambda event: event.revision))
         if old is not None:
@@ -241,7 +243,7 @@ class MembershipMonitor:
             old.cancel()
         rounds.set_listener(lambda: self._drain(rounds))
 
-    def _reread(self) -> tuple[Watch, RoundSnapshot]:
+    def _reread(self) -> tuple[Watch, TxnResult]:
         """Both watches live from now, then one read of the round, the next round and ``state/``."""
         if self._stopped.is_set():
             raise BackendClosedError("The membership monitor stopped.")
@@ -249,7 +251,7 @@ class MembershipMonitor:
         keys, number = self._view.keys, self._view.record.round
         rounds = self._backend.watch_prefix(keys.rounds_prefix)
         try:
-            return rounds, read_reread(keys, number, self._backend.txn(reread_txn(keys, number)))
+            return rounds, self._backend.txn(reread_txn(keys, number))
         except BaseException:
             rounds.cancel()
             raise

@@ -176,3 +176,16 @@ def test_a_compacted_state_watch_is_re_opened_by_its_owner_and_the_round_closed_
     backend.put(KEYS.closed, records.encode_closed(ClosedRecord("done")))
     assert _wait(monitor.changed) and monitor.change is MembershipChange.CLOSED
     monitor.stop()
+
+
+def test_a_re_read_that_finds_corrupt_state_reports_it_once_and_watching_goes_on(backend):
+    view, state_watch = _closed_round(backend)
+    recording = _Recording(backend, cut=True)
+    monitor = MembershipMonitor.open(recording, view, state_watch)
+    backend.put(KEYS.round, b"garbage")
+    _compact(recording.rounds_watch())
+    _wait_for(lambda: monitor._held is None and len(recording.watches) >= 2)
+    assert KEYS.round in monitor.problem and monitor.change is None
+    backend.delete(KEYS.node(0, "b"))  # watched from the re-read on
+    assert _wait(monitor.changed) and monitor.change is MembershipChange.MEMBER_LOST
+    monitor.stop()
