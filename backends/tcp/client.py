@@ -35,7 +35,6 @@ from backends.endpoints import Endpoint, parse_endpoint
 from backends.errors import (
     BackendAuthError,
     BackendClosedError,
-    BackendConnectionError,
     BackendError,
     CompactedError,
     EndpointError,
