@@ -11,6 +11,9 @@ The contract is etcd-shaped and deliberately small:
   a lease vanish when it expires, judged by the server's clock alone;
 * progress is a watch (:meth:`KVBackend.watch_prefix`): ordered PUT/DELETE events, resumable
   from a revision, failing with :class:`~backends.errors.CompactedError` when history is gone.
+  A watch resumes itself across a lost connection or a restarted server, from its last
+  revision, for as long as the server does not answer: an outage is never the end of a watch
+  (one layer resumes watches: the backend's; its consumers never re-open one for an outage).
 
 Every method raises only errors of :mod:`backends.errors`.
 """
@@ -70,10 +73,13 @@ class Watch(abc.ABC):
         Returns:
             The events that arrived, in revision order; an empty list when the timeout passed.
 
+        An outage raises nothing: the backend resumes the watch from its last revision once
+        the server answers, however long that takes, and delivers what it missed.
+
         Raises:
-            CompactedError: the history from the requested revision is gone.
-            BackendConnectionError: the watch was lost and could not be resumed.
+            CompactedError: the history from the requested (or resume) revision is gone.
             BackendClosedError: the watch (or its backend) was cancelled/closed.
+            BackendError: the server refused the watch (e.g. BackendAuthError, ProtocolError).
         """
 
     @abc.abstractmethod

@@ -6,8 +6,10 @@ and a sweeper thread that expires leases on time. :meth:`InMemoryStore.client` o
 :class:`FakeBackend` clients on it.
 
 Fault injection is public API, as in kazoo's test harness: :meth:`InMemoryStore.stop` makes
-every client fail with :class:`BackendConnectionError` and ends its watches until
-:meth:`InMemoryStore.start`; :meth:`InMemoryStore.expire_lease` expires a lease at once.
+every client call fail with :class:`BackendConnectionError` until :meth:`InMemoryStore.start`;
+live watches stay registered and deliver what happens after the store is back, as a backend's
+watch resumes from its last revision (the contract, :mod:`backends.api`).
+:meth:`InMemoryStore.expire_lease` expires a lease at once.
 """
 
 from __future__ import annotations
@@ -69,12 +71,10 @@ class InMemoryStore:
 
     # -- fault injection -----------------------------------------------------------------------
     def stop(self) -> None:
-        """Make the store unreachable: calls raise BackendConnectionError, live watches fail."""
+        """Make the store unreachable: calls raise BackendConnectionError. Live watches wait
+        (nothing changes while it is stopped) and carry on once it is started again."""
         with self._lock:
             self._available = False
-            watches, self._watches = self._watches, []
-        for _, watch in watches:
-            watch.fail(BackendConnectionError("The in-memory store was stopped (fault injection)."))
 
     def start(self, *, renew_leases: bool = False) -> None:
         """Make the store reachable again, with its data intact.

@@ -10,8 +10,9 @@ client per process (one gRPC channel / one multiplexed store connection, as agen
 could); torch's nodes each have their own TCPStore client, because a TCPStore client blocks
 other threads while it waits for a key and torch's rank exchange waits for one.
 
-``plugin`` is our engine on etcd as stock torchrun sees it (``--rdzv-backend=etcd-v3``): torch's
-registry builds each node's handler, each with its own etcd connection as torchrun makes them,
+``plugin`` is our engine on etcd as stock torchrun sees it (``--rdzv-backend=etcd-v3``): the
+torchrun adapter over each node's handler, built from torch's parameters as torch's registry
+builds it, each with its own etcd connection as torchrun makes them (wrapped to count writes),
 and a node's ``next_rendezvous`` returns once it has also opened the round's agent store (rank
 0 hosts a TCPStore on the master port its join published; the others connect to it).
 
@@ -160,31 +161,36 @@ class _OurNodes:
 
 
 class _PluginNodes:
-    """Our engine behind stock torchrun: torch's registry makes each node's handler and connection."""
+    """Our engine behind torch's ``RendezvousHandler`` interface: the torchrun adapter over our
+    handler, with our ``--rdzv-conf`` parsing of torch's parameters (as torch's registry builds
+    it, except that the etcd client is wrapped to count writes)."""
 
     def __init__(self, endpoint: str) -> None:
         self.endpoint = endpoint
 
     def make(self, spec: dict[str, Any], index: int) -> Any:
         from torch.distributed.elastic.rendezvous import RendezvousParameters
-        from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
+
+        from backends.counting import CountingBackend
+        from backends.etcd import EtcdBackend, EtcdConfig
+        from elastic.rendezvous.handler import RendezvousHandler
+        from elastic.rendezvous.torchrun_plugin import TorchrunRendezvousHandler, settings_from_params
 
         params = RendezvousParameters(
             "etcd-v3", self.endpoint, spec["run_id"], spec["nodes"], spec["nodes"], local_addr="127.0.0.1",
             join_timeout=str(spec["budget"]), lease_ttl=str(LEASE_TTL), namespace=spec["namespace"],
             request_timeout=str(REQUEST_TIMEOUT),
         )
-        from backends.counting import CountingBackend
-
-        handler = get_rendezvous_handler(params)
-        handler._handler._backend = CountingBackend(handler._handler._backend, owns_inner=True)
-        handler._handler._backend.get("/")  # connect before the clock starts
-        return handler
+        backend = CountingBackend(EtcdBackend(EtcdConfig(self.endpoint, request_timeout=REQUEST_TIMEOUT)),
+                                  owns_inner=True)
+        backend.get("/")  # connect before the clock starts
+        ours = RendezvousHandler(settings_from_params(params), backend, "127.0.0.1", owns_backend=True)
+        return TorchrunRendezvousHandler(ours, "127.0.0.1")
 
     def rendezvous(self, handler: Any) -> tuple[int, int, int, int]:
         info = handler.next_rendezvous()
         ours = handler._handler
-        return info.rank, info.world_size, ours._last_round.round, ours._backend.writes
+        return info.rank, info.world_size, ours._joining.last.record.round, ours._backend.writes
 
     def release(self, handler: Any) -> None:
         handler.shutdown()

@@ -49,7 +49,8 @@ class EtcdConfig:
         password: that user's password.
         dial_timeout: seconds to wait for a connection to one endpoint before trying the next.
         request_timeout: seconds one call may take in all, including failover and retries.
-        watch_reconnect_timeout: seconds a lost watch keeps trying to resume before failing.
+        watch_reconnect_timeout: seconds between two warnings that lost watches still wait for an
+            endpoint (they keep resuming until one answers, or the watch is cancelled or the client closed).
         max_value_bytes: largest value a write accepts (checked before sending).
         max_response_bytes: largest response accepted (32 MiB by default); a larger one fails
             the call with a :class:`~backends.errors.ProtocolError` instead of taking memory.

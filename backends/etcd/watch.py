@@ -19,11 +19,13 @@ to pending creates first-in, first-out.
 Resuming: when the stream breaks (an RPC error, the stream ending, etcd restarting) the reader
 opens a new one, on any endpoint, and re-creates every live watch from its own resume point,
 ``max(delivered revision, last progress notification) + 1``, so every consumer sees every
-event once. A watch whose history from there has been compacted fails alone with
+event once. It keeps trying for as long as no endpoint answers, as etcd's Go client does, and
+warns every ``watch_reconnect_timeout`` seconds meanwhile: an outage is never the end of a
+watch (the contract, :mod:`backends.api`; the rendezvous relies on it for static stability).
+A watch whose history from there has been compacted fails alone with
 :class:`~backends.errors.CompactedError`; a watch the server refuses (say, no read permission
-on its prefix) fails alone with the translated error; when no endpoint answers within
-``watch_reconnect_timeout`` every live watch fails with
-:class:`~backends.errors.BackendConnectionError`.
+on its prefix) fails alone with the translated error; a refusal of the stream itself (wrong
+credentials, not etcd) fails every live watch with it.
 
 Why not the ``etcd3`` library's watcher: when etcd restarts its watcher thread dies with
 ``NameError: name 'six' is not defined`` and every watch on it is lost silently; it never
@@ -36,6 +38,7 @@ import collections
 import dataclasses
 import logging
 import threading
+import time
 from typing import Any
 
 import grpc
@@ -278,6 +281,7 @@ class WatchHub:
 
     # -- the reader thread -------------------------------------------------------------------
     def _run(self) -> None:
+        down_since: float | None = None
         while True:
             with self._lock:
                 self._lock.wait_for(lambda: self._live or self._closed)
@@ -285,6 +289,12 @@ class WatchHub:
                     return
             try:
                 stream = self._connection.call("watch", self._open, budget=self._budget, policy=self._policy)
+            except _TRANSIENT as error:  # no endpoint answered within the budget: warn, keep trying
+                down_since = time.monotonic() if down_since is None else down_since
+                log.warning("etcd watch stream: no endpoint answered for %.0fs (%s); %d watches keep waiting to "
+                            "resume", time.monotonic() - down_since, error, self.live_count)
+                self._stopped.wait(self._policy.max_backoff)
+                continue
             except BackendError as error:
                 self._fail_all(error)
                 continue
@@ -294,6 +304,10 @@ class WatchHub:
                 continue
             if stream is None:
                 continue
+            if down_since is not None:
+                log.warning("etcd watch stream on %s resumed %d watches after %.0fs", stream.channel, self.live_count,
+                            time.monotonic() - down_since)
+                down_since = None
             try:
                 self._pump(stream)
             except BackendError as error:

@@ -1,10 +1,12 @@
 """``TcpStoreBackend``: the key-value contract over one multiplexed connection to a TCP store.
 
 The client connects lazily (or at :meth:`TcpStoreBackend.connect`) and again on the next call
-after the connection is lost. Live watches survive a lost connection: a background thread
-reconnects and resubscribes each from the revision after the last one it delivered. If the
-store came back with fresh state (another store id in the handshake) its history is gone,
-and those watches fail with CompactedError saying so. Every foreign error is translated into
+after the connection is lost. Live watches survive a lost connection for as long as it takes
+(the contract, :mod:`backends.api`): a background thread reconnects and resubscribes each from
+the revision after the last one it delivered, warning every ``watch_resume_timeout`` seconds
+while the store does not answer. If the store came back with fresh state (another store id in
+the handshake) or no longer has that history, the watches fail with CompactedError saying so;
+a store that refuses (auth, protocol) fails them with that error. Every foreign error is translated into
 :mod:`backends.errors` at this boundary.
 """
 
@@ -33,7 +35,6 @@ from backends.endpoints import Endpoint, parse_endpoint
 from backends.errors import (
     BackendAuthError,
     BackendClosedError,
-    BackendConnectionError,
     BackendError,
     CompactedError,
     EndpointError,
@@ -62,7 +63,8 @@ class TcpStoreConfig:
         token: the store's shared token, or None for a store without one.
         connect_timeout: seconds to connect and complete the handshake.
         request_timeout: seconds to wait for one response.
-        watch_resume_timeout: seconds a lost watch keeps trying to resume before it fails.
+        watch_resume_timeout: seconds between two warnings that lost watches still wait for the
+            store (they keep resuming until it answers, the watch is cancelled or the client closed).
         max_frame_bytes: largest frame the client accepts.
 
     Raises:
@@ -360,10 +362,10 @@ class TcpStoreBackend(KVBackend):
         threading.Thread(target=self._resume_watches, name="elastic-store-watch-resume", daemon=True).start()
 
     def _resume_watches(self) -> None:
-        """Reconnect until live watches are resubscribed, or fail them after the resume timeout."""
-        deadline = time.monotonic() + self.config.watch_resume_timeout
+        """Reconnect until live watches are resubscribed (or cancelled, or the client closed)."""
+        started = time.monotonic()
+        warn_at = started + self.config.watch_resume_timeout
         attempt = 0
-        last_error: BackendError | None = None
         while True:
             with self._watch_lock:
                 connection = self._connection_
@@ -377,16 +379,13 @@ class TcpStoreBackend(KVBackend):
                 self._fail_live_watches(error)
                 continue
             except BackendError as error:
-                last_error = error
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                self._fail_live_watches(BackendConnectionError(
-                    f"Watches on the elastic-store at {self.config.address} were lost and could not be "
-                    f"resumed within {self.config.watch_resume_timeout}s: {last_error}"
-                ))
-                continue
+                if time.monotonic() >= warn_at:
+                    warn_at = time.monotonic() + self.config.watch_resume_timeout
+                    log.warning("elastic-store client %s: %d watches have waited %.0fs for the store to answer (%s); "
+                                "still resuming", self.config.address, len(self._live), time.monotonic() - started,
+                                error)
             attempt += 1
-            self._closed_event.wait(min(_RESUME_BACKOFF.backoff(attempt), remaining))
+            self._closed_event.wait(_RESUME_BACKOFF.backoff(attempt))
 
     def _fail_live_watches(self, error: BackendError) -> None:
         with self._watch_lock:

@@ -318,3 +318,65 @@ def classify(view: RoundView, event: WatchEvent, state: MonitorState) -> tuple[M
         change = MembershipChange.NODES_WAITING if waiting_counts(view, waiting) > 0 else None
         return change, state
     return None, state
+
+
+# -- what a member missed while its watch history was compacted -------------------------------
+@dataclass(frozen=True)
+class RoundSnapshot:
+    """A closed round's keys and ``state/``, read at one revision (after a compacted watch).
+
+    Attributes:
+        revision: the store revision of the read.
+        record: the round record in ``state/round`` (None if absent).
+        closed: whether ``state/closed`` exists.
+        present: nodes whose join keys of the round exist.
+        done: nodes whose done keys of the round exist (the exit barrier).
+        waiting: nodes whose join keys of the next round exist.
+    """
+
+    revision: int
+    record: RoundRecord | None
+    closed: bool
+    present: frozenset[str]
+    done: frozenset[str]
+    waiting: frozenset[str]
+
+
+@dataclass(frozen=True)
+class Reconciled:
+    """What a re-read after a compacted watch found: the change (None: nothing this member has
+    not acted on), a sentence about it, and the monitor's state as of the read."""
+
+    change: MembershipChange | None
+    finding: str
+    state: MonitorState
+
+
+def reconcile(view: RoundView, state: MonitorState, snapshot: RoundSnapshot) -> Reconciled:
+    """Classify what changed while a member's watch history was compacted away.
+
+    A resumed watch whose history is gone cannot say what happened in the gap, so the member
+    re-reads its round, the next round and ``state/`` at one revision and compares them with
+    the round it acted on (``view``) and what it had seen (``state``). A reconnect is never by
+    itself a membership change: restarting every worker because an etcd that auto-compacts
+    restarted would stop jobs that lost nothing. In order: the rendezvous closed; a newer
+    round record (this round was superseded); a member whose join key is gone without a done
+    mark (lost; named); nodes waiting for the next round that justify a restart
+    (:func:`waiting_counts`); else nothing.
+    """
+    done = state.done | snapshot.done
+    after = MonitorState(snapshot.waiting, done)
+    if snapshot.closed:
+        return Reconciled(MembershipChange.CLOSED, "the rendezvous was closed", after)
+    if snapshot.record is not None and snapshot.record.round > view.record.round:
+        return Reconciled(MembershipChange.ROUND_SUPERSEDED, f"round {snapshot.record.round} was closed", after)
+    lost = sorted(member.node_id for member in view.record.members
+                  if member.node_id != view.node_id and member.node_id not in snapshot.present | done)
+    if lost:
+        return Reconciled(MembershipChange.MEMBER_LOST,
+                          f"member{'s' if len(lost) > 1 else ''} lost: {', '.join(lost)} (join key gone)", after)
+    if waiting_counts(view, snapshot.waiting) > 0:
+        waiting = sorted(snapshot.waiting - {view.node_id})
+        return Reconciled(MembershipChange.NODES_WAITING,
+                          f"waiting for round {view.record.round + 1}: {', '.join(waiting)}", after)
+    return Reconciled(None, "nothing changed", after)

@@ -1,27 +1,31 @@
 """Watches a closed round for the changes that should restart its members.
 
-Two watches feed the monitor: one on the run's ``rounds/`` keys from the revision at which the
-round's member list was read (members leaving, nodes waiting for the next round, members
-marked done), and the handler's own watch on ``state/``, which is already live past the round
-record (the rendezvous closed for good, a newer round). Each event is classified with
-:func:`elastic.rendezvous.decisions.classify`; the first change sets
-:attr:`MembershipMonitor.changed`. The ``rounds/`` watch does not replay the round record,
-which is O(members) bytes, to every member.
+Two watches feed the monitor: its own on the run's ``rounds/`` keys from the revision after
+the round's member list was read (members leaving, nodes waiting for the next round, members
+marked done), and the node's ``state/`` watch, read through a subscription to
+:class:`~elastic.rendezvous.membership.StateWatch` (the rendezvous closed for good, a newer
+round); the monitor never opens, replaces or keeps that one. Each event is classified with
+:func:`elastic.rendezvous.decisions.classify`; the first change is kept in :attr:`status` and
+sets :attr:`changed`. The ``rounds/`` watch does not replay the round record, which is
+O(members) bytes, to every member.
 
-No thread of its own: the watches call the monitor back (:meth:`~backends.api.Watch.set_listener`)
-on the backend's delivering thread, and classifying is pure and quick. Only a lost watch starts
-a thread that resumes it from its last revision.
+No thread of its own: the watches call the monitor back on the backend's delivering thread,
+and classifying is pure and quick.
 
-Static stability (DESIGN §3.10): a watch lost because the store is unreachable is resumed, with
-backoff, for as long as it takes; it never restarts the workers. Only the server's word (a
-key deleted, a newer round, the rendezvous closed) or history the store compacted away does.
-Corrupt state seen on a watch is reported once, as one line naming the key and the fix, and
-kept in :attr:`MembershipMonitor.problem`; the workers keep training (a later rendezvous that
-needs the state fails with the same error).
+Static stability (DESIGN §3.10): the backend resumes both watches across outages (the
+contract, :mod:`backends.api`), so an unreachable store never restarts the workers. Only the
+server's word does: a key deleted, a newer round, the rendezvous closed. When a watch cannot
+resume because the history it needs was compacted, :meth:`MembershipMonitor._reconcile` (the
+one place that handles it, on a short-lived thread) re-reads the round, the next round and
+``state/`` at one revision, asks :func:`~elastic.rendezvous.decisions.reconcile` what changed
+against the round this node acted on, and watches again from after that read: a reconnect is
+never by itself a membership change. Corrupt state seen is reported once, as one line naming
+the key and the fix, and kept in :attr:`MembershipMonitor.problem`; the workers keep training.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from typing import Callable, Sequence
@@ -29,149 +33,143 @@ from typing import Callable, Sequence
 from backends.api import KVBackend, Watch, WatchEvent
 from backends.errors import BackendClosedError, BackendError, CompactedError
 from backends.retry import RetryPolicy
-from elastic.rendezvous.errors import RendezvousStateError
+from backends.txn import TxnResult
+from elastic.rendezvous.api import MembershipStatus
 from elastic.rendezvous.decisions import (
     MembershipChange,
     MonitorState,
     RoundView,
     classify,
+    reconcile,
     rejoining_count,
     spare_count,
     waiting_counts,
 )
+from elastic.rendezvous.errors import RendezvousStateError
+from elastic.rendezvous.membership import StateWatch
+from elastic.rendezvous.transactions import read_reread, reread_txn
 
 log = logging.getLogger(__name__)
 
-_RESUME_POLICY = RetryPolicy(max_attempts=2**31, initial_backoff=0.1, max_backoff=2.0)
-"""Resuming a lost watch: until it works or the monitor stops (each attempt is bounded by the
-backend's request timeout; a stopped monitor's backend is closed, which ends the loop)."""
+REREAD_POLICY = RetryPolicy(max_attempts=2**31, initial_backoff=0.1, max_backoff=2.0)
+"""Re-reading after a compacted watch: until it works or the monitor stops."""
 
 
 class MembershipMonitor:
     """Background classification of one closed round's changes.
 
-    Args:
-        backend: the store; the monitor opens (and cancels) its ``rounds/`` watch on it.
-        view: the closed round as this member sees it.
-        start_revision: the revision after the round's member list was read.
-        state_watch: the handler's ``state/`` watch; the monitor reads it until :meth:`stop`
-            and leaves it open (the handler owns it).
-        state_backlog: ``state/`` events already taken from ``state_watch`` but not handled.
-        on_state_watch: called with the new ``state/`` watch when the monitor replaced a lost
-            one, so the handler (its owner) keeps it.
-        on_change: called (on the delivering thread) after each :meth:`signal`.
-
-    Attributes:
+    Build it with :meth:`open`. Attributes:
         changed: set once a change that should restart the members was seen.
-        change: that change (the first one), or None.
-        reason: a sentence describing it, for logs and events.
+        status: the membership as last seen, one immutable value (``store_outage`` is 0.0:
+            the session, not the monitor, knows the outage).
         problem: corrupt state seen on a watch, or None (see the module docstring).
     """
 
-    def __init__(
-        self,
-        backend: KVBackend,
-        view: RoundView,
-        start_revision: int,
-        state_watch: Watch,
-        state_backlog: Sequence[WatchEvent] = (),
-        on_state_watch: Callable[[Watch], None] = lambda watch: None,
-        on_change: Callable[[], None] = lambda: None,
-    ) -> None:
+    def __init__(self, backend: KVBackend, view: RoundView, state_watch: StateWatch, rounds: Watch,
+                 on_change: Callable[[], None] = lambda: None, reread_policy: RetryPolicy = REREAD_POLICY) -> None:
         self._backend = backend
         self._view = view
-        self._state = MonitorState()
-        self._stopped = threading.Event()
-        self._lock = threading.RLock()  # one classifier at a time; listeners may fire on several threads
         self._state_watch = state_watch
-        self.on_state_watch = on_state_watch
         self._on_change = on_change
-        self._rounds_watch: Watch | None = None
-        self._resumer: threading.Thread | None = None
+        self._lock = threading.RLock()  # one classifier at a time; listeners fire on several threads
+        self._stopped = threading.Event()
+        self._policy = dataclasses.replace(reread_policy, sleep=self._stopped.wait)
+        self._state = MonitorState()
+        self._rounds: Watch | None = rounds
+        self._reconciler: threading.Thread | None = None  # re-reads after a compacted watch
+        self._held: list[WatchEvent] | None = None  # events that arrive while it re-reads
+        self._read_through = 0  # events at or below this revision are reflected in a re-read
         self.changed = threading.Event()
-        self.change: MembershipChange | None = None
-        self.reason = ""
+        self.status = MembershipStatus()
         self.problem: str | None = None
-        """Corrupt state seen on a watch (the first such error), or None."""
-        self._classify(state_backlog)
-        state_watch.set_listener(self._on_state_events)
-        self._open_rounds_watch(start_revision)
+        state_watch.subscribe(self._on_events, lambda error: self._on_failure("state/", error))
+        rounds.set_listener(lambda: self._drain(rounds))
+
+    @classmethod
+    def open(cls, backend: KVBackend, view: RoundView, state_watch: StateWatch,
+             on_change: Callable[[], None] = lambda: None,
+             retrying: Callable[[Callable[[], Watch]], Watch] = lambda open_watch: open_watch(),
+             reread_policy: RetryPolicy = REREAD_POLICY) -> "MembershipMonitor":
+        """Watch ``rounds/`` from the revision after the round's members were read, and start.
+
+        ``retrying`` runs the opening (e.g. again while the store does not answer; default: once).
+
+        Raises:
+            BackendError: the watch could not be opened.
+        """
+        start = view.record.members_revision + 1
+        rounds = retrying(lambda: backend.watch_prefix(view.keys.rounds_prefix, start))
+        try:
+            return cls(backend, view, state_watch, rounds, on_change, reread_policy)
+        except BaseException:
+            rounds.cancel()
+            raise
 
     @property
-    def num_nodes_waiting(self) -> int:
-        """Waiting nodes that justify a restart (see :func:`decisions.waiting_counts`)."""
-        return waiting_counts(self._view, self._state.waiting)
+    def change(self) -> MembershipChange | None:
+        return self.status.change
 
     @property
-    def num_rejoining(self) -> int:
-        """Members of this round waiting for the next one (see :func:`decisions.rejoining_count`)."""
-        return rejoining_count(self._view, self._state.waiting)
-
-    @property
-    def num_spares(self) -> int:
-        """Waiting nodes beyond a full round: spares (see :func:`decisions.spare_count`)."""
-        return spare_count(self._view, self._state.waiting)
+    def reason(self) -> str:
+        return self.status.reason
 
     def signal(self, change: MembershipChange, reason: str) -> None:
-        """Record ``change`` (the first one wins) and set :attr:`changed`."""
+        """Record ``change`` (the first one wins), set :attr:`changed` and call ``on_change``."""
         with self._lock:
-            if self.change is None:
-                self.change, self.reason = change, reason
-                log.info("Rendezvous %s round %d: %s", self._view.keys.run_id, self._view.record.round, reason)
+            if self.status.change is None:
+                self.status = dataclasses.replace(self.status, change=change, reason=reason)
+                log.info("Rendezvous %s round %d: node %s: %s", self._view.keys.run_id, self._view.record.round,
+                         self._view.node_id, reason)
         self.changed.set()
         self._on_change()
 
     def stop(self) -> None:
-        """Stop classifying; cancels the ``rounds/`` watch and hands ``state/`` back. Idempotent."""
+        """Stop classifying: cancel the ``rounds/`` watch, leave ``state/`` open. Idempotent."""
         self._stopped.set()
-        self._state_watch.set_listener(None)
+        self._state_watch.unsubscribe()
         with self._lock:  # wait out a listener that is running right now
-            watch, self._rounds_watch = self._rounds_watch, None
-        if watch is not None:
-            watch.set_listener(None)
-            watch.cancel()
-        resumer = self._resumer
-        if resumer is not None and resumer is not threading.current_thread():
-            resumer.join(timeout=5)
+            rounds, self._rounds = self._rounds, None
+        if rounds is not None:
+            rounds.set_listener(None)
+            rounds.cancel()
+        reconciler = self._reconciler
+        if reconciler is not None and reconciler is not threading.current_thread():
+            reconciler.join(timeout=5)
 
-    # -- the watches' listeners ------------------------------------------------------------------
-    def _on_state_events(self) -> None:
+    # -- the watches' listeners ------------------------------------------------------------
+    def _drain(self, watch: Watch) -> None:
         with self._lock:
-            if self._stopped.is_set():
-                return
-            try:
-                while events := self._state_watch.get(timeout=0):
-                    self._classify(events)
-            except BackendClosedError:
-                return
-            except CompactedError as error:
-                self.signal(MembershipChange.MEMBER_LOST, f"rendezvous state history was compacted ({error}); "
-                                                          "restarting to be safe")
-            except BackendError as error:
-                log.warning("Rendezvous %s: the state watch was lost (%s); the workers keep running while it "
-                            "resumes from revision %d", self._view.keys.run_id, error,
-                            self._state_watch.last_revision + 1)
-                self._resume_state(self._state_watch.last_revision + 1)
-
-    def _on_rounds_events(self, watch: Watch) -> None:
-        with self._lock:
-            if self._stopped.is_set() or watch is not self._rounds_watch:
+            if self._stopped.is_set() or watch is not self._rounds:
                 return
             try:
                 while events := watch.get(timeout=0):
-                    self._classify(events)
-            except BackendClosedError:
-                return
-            except CompactedError as error:
-                self.signal(MembershipChange.MEMBER_LOST, f"membership history was compacted ({error}); "
-                                                          "restarting to be safe")
+                    self._take(events)
             except BackendError as error:
-                log.warning("Rendezvous %s: membership watch lost (%s); the workers keep running while it resumes "
-                            "from revision %d", self._view.keys.run_id, error, watch.last_revision + 1)
-                self._rounds_watch = None
-                self._resume(watch.last_revision + 1)
+                self._on_failure("rounds/", error)
+
+    def _on_events(self, events: list[WatchEvent]) -> None:
+        with self._lock:
+            if not self._stopped.is_set():
+                self._take(events)
+
+    def _take(self, events: Sequence[WatchEvent]) -> None:
+        if self._held is not None:
+            self._held.extend(events)  # classified after the re-read, against its revision
+        else:
+            self._classify([event for event in events if event.revision > self._read_through])
+
+    def _on_failure(self, prefix: str, error: BackendError) -> None:
+        """A watch ended: a compacted one is re-read, a refused one restarts to be safe."""
+        with self._lock:
+            if self._stopped.is_set() or isinstance(error, BackendClosedError):
+                return
+            if isinstance(error, CompactedError):
+                self._start_reconcile(error)
+                return
+        self.signal(MembershipChange.MEMBER_LOST, f"cannot watch {prefix} ({error}); restarting to be safe")
 
     def _classify(self, events: Sequence[WatchEvent]) -> None:
+        waiting = self._state.waiting
         for event in events:
             try:
                 change, self._state = classify(self._view, event, self._state)
@@ -180,76 +178,83 @@ class MembershipMonitor:
                 continue
             if change is not None:
                 self.signal(change, _describe(change, event.kv.key))
+        if self._state.waiting != waiting:
+            self._publish_counts()
+
+    def _publish_counts(self) -> None:
+        view, waiting = self._view, self._state.waiting
+        self.status = dataclasses.replace(self.status, waiting=waiting_counts(view, waiting),
+                                          rejoining=rejoining_count(view, waiting),
+                                          spares=spare_count(view, waiting))
 
     def _report_problem(self, error: RendezvousStateError) -> None:
         if self.problem is None:
             self.problem = str(error)
-            log.error("Rendezvous %s round %d: %s (the workers keep running; the next rendezvous needs it fixed)",
-                      self._view.keys.run_id, self._view.record.round, error)
+            log.error("Rendezvous %s round %d: node %s: %s (the workers keep running; the next rendezvous needs it "
+                      "fixed)", self._view.keys.run_id, self._view.record.round, self._view.node_id, error)
 
-    # -- opening and resuming the rounds/ watch ---------------------------------------------------
-    def _open_rounds_watch(self, revision: int) -> None:
+    # -- a compacted watch: the one place that handles it ------------------------------------
+    def _start_reconcile(self, error: CompactedError) -> None:
+        if self._held is not None:
+            return  # already re-reading (both watches share a stream and break together)
+        self._held = []
+        self._reconciler = threading.Thread(
+            target=self._reconcile, args=(error,), daemon=True,
+            name=f"rdzv-monitor-reread-{self._view.keys.run_id}-r{self._view.record.round}")
+        self._reconciler.start()
+
+    def _reconcile(self, error: CompactedError) -> None:
+        """Re-read at one revision, classify against what this node acted on, watch on from there."""
         try:
-            watch = self._backend.watch_prefix(self._view.keys.rounds_prefix, revision)
-        except BackendClosedError:
+            rounds, result = self._policy.run(self._reread)
+        except BackendError as failure:
+            with self._lock:
+                held, self._held = self._held or [], None
+                self._take(held)
+            if not self._stopped.is_set() and not isinstance(failure, BackendClosedError):
+                self.signal(MembershipChange.MEMBER_LOST, f"cannot re-read the membership after the watch history "
+                                                          f"was compacted ({failure}); restarting to be safe")
             return
-        except BackendError as error:
-            log.warning("Rendezvous %s: cannot watch the membership yet (%s); retrying", self._view.keys.run_id, error)
-            self._resume(revision)
-            return
-        self._adopt(watch)
-
-    def _adopt(self, watch: Watch) -> None:
+        keys, number = self._view.keys, self._view.record.round
         with self._lock:
             if self._stopped.is_set():
-                watch.cancel()
+                rounds.cancel()
                 return
-            self._rounds_watch = watch
-        watch.set_listener(lambda: self._on_rounds_events(watch))
+            old, self._rounds = self._rounds, rounds
+            self._read_through = result.revision
+            try:
+                snapshot = read_reread(keys, number, result)
+            except RendezvousStateError as corrupt:
+                self._report_problem(corrupt)  # as on a watch: the workers keep running, watched
+            else:
+                found = reconcile(self._view, self._state, snapshot)
+                log.warning("Rendezvous %s round %d: node %s: the watch history was compacted (%s); re-read at "
+                            "revision %d: %s", keys.run_id, number, self._view.node_id, error, snapshot.revision,
+                            found.finding)
+                self._state = found.state
+                self._publish_counts()
+                if found.change is not None:
+                    self.signal(found.change, f"{found.finding} (seen in a re-read after the watch history was "
+                                              f"compacted)")
+            held, self._held = self._held or [], None
+            self._take(sorted(held, key=lambda event: event.revision))
+        if old is not None:
+            old.set_listener(None)
+            old.cancel()
+        rounds.set_listener(lambda: self._drain(rounds))
 
-    def _resume(self, revision: int) -> None:
-        """Re-open the ``rounds/`` watch from ``revision`` on a thread, retrying until it works or we stop."""
-        self._start_resumer(lambda: self._reopen(self._view.keys.rounds_prefix, revision, self._adopt))
-
-    def _resume_state(self, revision: int) -> None:
-        """Re-open the ``state/`` watch from ``revision``, as :meth:`_resume` does for ``rounds/``."""
-        self._state_watch.set_listener(None)
-        self._start_resumer(lambda: self._reopen(self._view.keys.state_prefix, revision, self._adopt_state))
-
-    def _start_resumer(self, target) -> None:
-        self._resumer = threading.Thread(
-            target=target, name=f"rdzv-monitor-resume-{self._view.keys.run_id}-r{self._view.record.round}", daemon=True
-        )
-        self._resumer.start()
-
-    def _reopen(self, prefix: str, revision: int, adopt) -> None:
-        def attempt() -> Watch:
-            if self._stopped.is_set():
-                raise BackendClosedError("the monitor stopped")
-            return self._backend.watch_prefix(prefix, revision)
-
+    def _reread(self) -> tuple[Watch, TxnResult]:
+        """Both watches live from now, then one read of the round, the next round and ``state/``."""
+        if self._stopped.is_set():
+            raise BackendClosedError("The membership monitor stopped.")
+        self._state_watch.ensure_open()  # its owner re-opens it if it was the one compacted
+        keys, number = self._view.keys, self._view.record.round
+        rounds = self._backend.watch_prefix(keys.rounds_prefix)
         try:
-            watch = _RESUME_POLICY.run(attempt)  # retries while the store is unreachable or slow
-        except BackendClosedError:
-            return  # the monitor or its backend stopped
-        except CompactedError as error:
-            self.signal(MembershipChange.MEMBER_LOST, f"membership history was compacted ({error}); "
-                                                      "restarting to be safe")
-            return
-        except BackendError as error:  # the server refused (auth, protocol): not an outage
-            self.signal(MembershipChange.MEMBER_LOST, f"cannot watch {prefix} ({error}); restarting to be safe")
-            return
-        adopt(watch)
-
-    def _adopt_state(self, watch: Watch) -> None:
-        with self._lock:
-            if self._stopped.is_set():
-                watch.cancel()
-                return
-            old, self._state_watch = self._state_watch, watch
-        old.cancel()
-        self.on_state_watch(watch)
-        watch.set_listener(self._on_state_events)
+            return rounds, self._backend.txn(reread_txn(keys, number))
+        except BaseException:
+            rounds.cancel()
+            raise
 
 
 def _describe(change: MembershipChange, key: str) -> str:

@@ -45,9 +45,7 @@ import torch.distributed as dist
 from torch.distributed.elastic.rendezvous import api as torch_api
 
 from elastic.rendezvous import errors as ours
-from elastic.rendezvous.api import MembershipChange
-from elastic.rendezvous.api import RendezvousInfo
-from elastic.rendezvous.handler import RendezvousHandler
+from elastic.rendezvous.api import MembershipChange, Rendezvous, RendezvousInfo
 from elastic.rendezvous.backend_spec import EtcdSpec, etcd_endpoints, etcd_spec
 from elastic.rendezvous.conf import OurConf, from_torch
 from elastic.rendezvous.registry import create_handler
@@ -167,7 +165,8 @@ class TorchrunRendezvousHandler(torch_api.RendezvousHandler):
     """torch's ``RendezvousHandler`` interface over our etcd rendezvous engine.
 
     Args:
-        handler: our handler; this adapter owns it and shuts it down.
+        handler: our rendezvous (:class:`~elastic.rendezvous.handler.RendezvousHandler`); this
+            adapter owns it and shuts it down.
         node_addr: this node's address (rank 0's is where the agent store is hosted).
         store_timeout: seconds the agent store waits to connect or for a key.
         store_factory: opens the agent store (a real ``TCPStore`` unless a test injects one).
@@ -177,7 +176,7 @@ class TorchrunRendezvousHandler(torch_api.RendezvousHandler):
 
     def __init__(
         self,
-        handler: RendezvousHandler,
+        handler: Rendezvous,
         node_addr: str,
         *,
         store_timeout: float = DEFAULT_STORE_TIMEOUT,
@@ -237,21 +236,20 @@ class TorchrunRendezvousHandler(torch_api.RendezvousHandler):
         member's departure (DESIGN §3.6) is reported as one waiting node: the survivors restart
         within the lease TTL instead of waiting for a collective to time out.
         """
-        waiting = self._handler.num_nodes_waiting()
-        if waiting > 0 and self._hide_rejoining(waiting):
+        status = self._handler.membership()
+        if status.waiting > 0 and self._hide_rejoining(status.waiting, status.rejoining):
             return 0
-        if waiting > 0:
-            return waiting
-        change, reason = self._handler.membership_change()
-        if change is None or change is MembershipChange.NODES_WAITING:
+        if status.waiting > 0:
+            return status.waiting
+        if status.change is None or status.change is MembershipChange.NODES_WAITING:
             return 0
         if not self._restart_logged:
             self._restart_logged = True
             log.info("Rendezvous %s: node %s asks torchrun to restart its workers: %s",
-                     self._handler.get_run_id(), self._handler.node_id, reason)
+                     self._handler.run_id, self._handler.node_id, status.reason)
         return 1
 
-    def _hide_rejoining(self, waiting: int) -> bool:
+    def _hide_rejoining(self, waiting: int, rejoining: int) -> bool:
         """Whether to keep members that rejoined from torch's agent for :data:`REJOIN_GRACE_S`.
 
         A member rejoins when its workers failed; ours then fail too, on the collectives it
@@ -260,7 +258,7 @@ class TorchrunRendezvousHandler(torch_api.RendezvousHandler):
         rejoin at once made two nodes of one attempt see TORCHELASTIC_RESTART_COUNT 1 and 0.
         After the grace the rejoin is reported anyway (our workers did not fail).
         """
-        if self._handler.num_members_rejoining() < waiting:
+        if rejoining < waiting:
             return False  # newcomers: a scale-up, report it now
         now = self._clock()
         if self._rejoin_seen is None:
@@ -268,16 +266,17 @@ class TorchrunRendezvousHandler(torch_api.RendezvousHandler):
         return now - self._rejoin_seen < REJOIN_GRACE_S
 
     def get_run_id(self) -> str:
-        return self._handler.get_run_id()
+        return self._handler.run_id
 
     def shutdown(self) -> bool:
         """Leave the rendezvous without closing it for the others (DESIGN §3.7); False on failure."""
         self._round_store = None
         try:
-            return self._handler.shutdown()
+            self._handler.shutdown()
+            return True
         except Exception:  # noqa: BLE001 - torch calls this from a finally; never mask the real error
             log.warning("Rendezvous %s: node %s could not shut down cleanly",
-                        self._handler.get_run_id(), self._handler.node_id, exc_info=True)
+                        self._handler.run_id, self._handler.node_id, exc_info=True)
             return False
 
     # -- helpers --------------------------------------------------------------------------------

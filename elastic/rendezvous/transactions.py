@@ -11,6 +11,8 @@
 * **Close** (:func:`close_txn`): write the round record if it is still the one the closer read,
   and drop the closer claim at the same revision, so each member's ``state/`` watch gets one
   message.
+* **Re-read** (:func:`reread_txn`): a member's round, the next round and ``state/`` at one
+  revision, after its watch history was compacted (no write).
 
 Building and reading the transactions is pure; the handler sends them.
 """
@@ -20,11 +22,23 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from backends.api import KeyValue, RangeResult
-from backends.txn import Compare, Delete, Put, Range, Txn, TxnResult
+from backends.errors import ProtocolError
+from backends.txn import Compare, Delete, Put, PutResult, Range, Response, Txn, TxnResult
+from elastic.rendezvous import records
+from elastic.rendezvous.decisions import RoundSnapshot
 from elastic.rendezvous.errors import RendezvousStateError
 from elastic.rendezvous.records import RendezvousKeys
 
-__all__ = ["CloseOutcome", "JoinOutcome", "close_txn", "join_txn", "read_close", "read_join"]
+__all__ = [
+    "CloseOutcome",
+    "JoinOutcome",
+    "close_txn",
+    "join_txn",
+    "read_close",
+    "read_join",
+    "read_reread",
+    "reread_txn",
+]
 
 
 @dataclass(frozen=True)
@@ -87,22 +101,23 @@ def read_join(result: TxnResult, claim_key: str, guarded: bool) -> JoinOutcome:
 
     Raises:
         RendezvousStateError: the store said the claim is held but returned no holder.
+        ProtocolError: the result does not have the transaction's shape.
     """
     state = None
     if guarded:
-        state = result.responses[-1]
+        state = _range(result.responses[-1])
         if not result.succeeded:
-            return JoinOutcome(False, result.revision, state=state)  # type: ignore[arg-type]
-        result = result.responses[0]  # type: ignore[assignment]
-    claim, count = result.responses[1], result.responses[2]
+            return JoinOutcome(False, result.revision, state=state)
+        result = _txn(result.responses[0])
+    claim, count = result.responses[1], _range(result.responses[2])
     if result.succeeded:
-        closer = claim.kv  # type: ignore[union-attr]
+        closer = _put(claim).kv
     else:
-        kvs = claim.kvs  # type: ignore[union-attr]
+        kvs = _range(claim).kvs
         if not kvs:  # cannot happen: the comparison saw the claim in the same step
             raise RendezvousStateError(f"The store reported the closer claim {claim_key} as held but returned no holder.")
         closer = kvs[0]
-    return JoinOutcome(True, result.revision, closer, count.count, state)  # type: ignore[union-attr,arg-type]
+    return JoinOutcome(True, result.revision, closer, count.count, state)
 
 
 def close_txn(keys: RendezvousKeys, forming: int, record: bytes, expected_round: int) -> Txn:
@@ -114,8 +129,63 @@ def close_txn(keys: RendezvousKeys, forming: int, record: bytes, expected_round:
 
 
 def read_close(result: TxnResult) -> CloseOutcome:
-    """The outcome of a :func:`close_txn` result."""
+    """The outcome of a :func:`close_txn` result.
+
+    Raises:
+        ProtocolError: the result does not have the transaction's shape.
+    """
     if result.succeeded:
-        return CloseOutcome(True, result.revision, result.responses[0].kv)  # type: ignore[union-attr]
-    kvs = result.responses[0].kvs  # type: ignore[union-attr]
+        return CloseOutcome(True, result.revision, _put(result.responses[0]).kv)
+    kvs = _range(result.responses[0]).kvs
     return CloseOutcome(False, result.revision, kvs[0] if kvs else None)
+
+
+def reread_txn(keys: RendezvousKeys, round_number: int) -> Txn:
+    """Read round ``round_number``'s keys (joins and done marks), the next round's joins and
+    ``state/``, all at one revision."""
+    return Txn((), (Range(keys.round_prefix(round_number), prefix=True),
+                    Range(keys.nodes_prefix(round_number + 1), prefix=True),
+                    Range(keys.state_prefix, prefix=True)))
+
+
+def read_reread(keys: RendezvousKeys, round_number: int, result: TxnResult) -> RoundSnapshot:
+    """The snapshot a :func:`reread_txn` result shows.
+
+    Raises:
+        RendezvousStateError: the round record or the closed record is corrupt.
+        ProtocolError: the result does not have the transaction's shape.
+    """
+    round_keys, waiting, state = (_range(response) for response in result.responses)
+    present, done = set(), set()
+    for kv in round_keys.kvs:
+        if (joined := keys.parse_node_key(kv.key)) is not None and joined[0] == round_number:
+            present.add(joined[1])
+        elif (marked := keys.parse_done_key(kv.key)) is not None and marked[0] == round_number:
+            done.add(marked[1])
+    record = closed = None
+    for kv in state.kvs:
+        if kv.key == keys.round:
+            record = records.decode_round(kv.key, kv.value)
+        elif kv.key == keys.closed:
+            closed = records.decode_closed(kv.key, kv.value)
+    prefix = keys.nodes_prefix(round_number + 1)
+    return RoundSnapshot(result.revision, record, closed is not None, frozenset(present), frozenset(done),
+                         frozenset(kv.key[len(prefix):] for kv in waiting.kvs))
+
+
+def _range(response: Response) -> RangeResult:
+    if not isinstance(response, RangeResult):
+        raise ProtocolError(f"The store answered a range with {type(response).__name__}.")
+    return response
+
+
+def _put(response: Response) -> PutResult:
+    if not isinstance(response, PutResult):
+        raise ProtocolError(f"The store answered a put with {type(response).__name__}.")
+    return response
+
+
+def _txn(response: Response) -> TxnResult:
+    if not isinstance(response, TxnResult):
+        raise ProtocolError(f"The store answered a nested transaction with {type(response).__name__}.")
+    return response

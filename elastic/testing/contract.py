@@ -571,6 +571,35 @@ class BackendContract:
         assert raised.value.requested_revision == first
         assert raised.value.compact_revision >= first + 1
 
+    def test_a_watch_outlives_a_server_restart_and_resumes_from_its_last_revision(self, harness):
+        # The backend resumes its watches (one layer does; consumers never re-open a watch for
+        # an outage): down for longer than a request timeout, the watch raises nothing, and
+        # once the server is back it delivers what follows, once, from where it left off. A
+        # server that came back without its history says so with CompactedError.
+        client = harness.connect(request_timeout=1.0)
+        prefix = f"/contract/{uuid.uuid4().hex[:12]}/"
+        watch = client.watch_prefix(prefix)
+        try:
+            first = client.put(prefix + "1", b"a")
+            assert [event.revision for event in collect_events(watch, 1, timeout=5)] == [first]
+            harness.stop_server()
+            try:
+                assert watch.get(timeout=2.5) == []
+            finally:
+                harness.start_server()
+            if not harness.restart_keeps_history:
+                with pytest.raises(CompactedError):
+                    collect_events(watch, 1, timeout=15)
+                return
+            with harness.connect() as writer:
+                second = writer.put(prefix + "2", b"b")
+            assert [(event.kv.key, event.revision) for event in collect_events(watch, 1, timeout=15)] == [
+                (prefix + "2", second)]
+            assert watch.get(timeout=0.3) == []
+        finally:
+            watch.cancel()
+            client.close()
+
     # -- failures ----------------------------------------------------------------------------
     def test_wrong_credentials_give_an_auth_error(self, harness):
         with pytest.raises(BackendAuthError):

@@ -19,6 +19,10 @@ class BackendHarness(abc.ABC):
     #: Short name used in test ids and messages, e.g. "etcd", "tcp", "fake".
     name: str = "backend"
 
+    #: Whether :meth:`start_server` brings back the data and history it had (etcd does; a
+    #: restarted store with fresh state does not, and its watches must then say "compacted").
+    restart_keeps_history: bool = True
+
     @abc.abstractmethod
     def connect(self, *, request_timeout: float = 5.0) -> KVBackend:
         """Open a new client to the running server with valid credentials."""

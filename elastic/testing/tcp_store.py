@@ -26,6 +26,7 @@ class TcpStoreHarness(BackendHarness):
         self.token = secrets.token_hex(16)
         self.host = host
         self.keep_state = keep_state
+        self.restart_keeps_history = keep_state
         self._server_options = server_options
         self._handle: StoreServerHandle | None = start_server(host, 0, self.token, **server_options)  # type: ignore[arg-type]
         self.port = self._handle.port

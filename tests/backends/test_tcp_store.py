@@ -1,6 +1,7 @@
 """Behaviour of the built-in TCP store beyond the contract: real server, real loopback sockets."""
 
 import http.server
+import logging
 import os
 import signal
 import socket
@@ -316,6 +317,27 @@ def test_a_restarted_store_with_its_state_resumes_watches():
                 writer.put(prefix + "b", b"2")
             rest = collect_events(watch, 1, timeout=10)
         assert [event.kv.key for event in first + rest] == [prefix + "a", prefix + "b"]
+    finally:
+        harness.close()
+
+
+def test_a_watch_keeps_resuming_past_its_resume_timeout_until_the_store_is_back(caplog):
+    # An outage never ends a watch: the resume timeout only spaces the warnings.
+    harness = TcpStoreHarness(keep_state=True)
+    prefix = "/tcp/outlive/"
+    try:
+        with TcpStoreBackend(harness.config(request_timeout=0.5, connect_timeout=0.5,
+                                            watch_resume_timeout=0.5)) as client, client.watch_prefix(prefix) as watch:
+            client.put(prefix + "a", b"1")
+            assert len(collect_events(watch, 1, timeout=5)) == 1
+            harness.stop_server()
+            with caplog.at_level(logging.WARNING, logger="backends.tcp.client"):
+                assert watch.get(timeout=2.0) == []  # four resume timeouts without the store
+            harness.start_server()
+            with harness.connect() as writer:
+                revision = writer.put(prefix + "b", b"2")
+            assert [event.revision for event in collect_events(watch, 1, timeout=10)] == [revision]
+        assert "still resuming" in caplog.text
     finally:
         harness.close()
 

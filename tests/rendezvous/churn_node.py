@@ -3,7 +3,7 @@
     python churn_node.py '<json spec>'
 
 Loops like an agent: ``next_rendezvous()``, report the result, wait until the handler's
-``membership_changed`` fires, repeat. Every report is one JSON line on stdout:
+``on_change`` callback says its membership changed, repeat. Every report is one JSON line on stdout:
 
     {"kind": "round", "node", "round", "rank", "world", "members", "waited", "lease", "t"}
     {"kind": "changed", "node", "round", "reason", "t"}
@@ -21,6 +21,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
@@ -60,6 +61,8 @@ def main() -> int:
         join_timeout=spec["join_timeout"], last_call_timeout=spec["last_call_timeout"], lease_ttl=spec["lease_ttl"],
     )
     handler = RendezvousHandler(settings, open_backend(spec), "127.0.0.1", node_id=spec["node"], owns_backend=True)
+    changed = threading.Event()
+    handler.on_change(changed.set)
     signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         while True:
@@ -69,13 +72,14 @@ def main() -> int:
             except Exception as error:  # reported; the test fails on any error
                 report(kind="error", node=spec["node"], error=repr(error), waited=time.monotonic() - started)
                 return 1
-            session = handler._session  # the lease id tells the test whether the node rejoined on a new lease
+            lease = handler._membership.lease_id  # tells the test whether the node rejoined on a new lease
             report(kind="round", node=spec["node"], round=info.round, rank=info.group_rank,
                    world=info.group_world_size, members=[member.node_id for member in info.members],
-                   waited=time.monotonic() - started, lease=session.lease_id if session is not None else None)
-            handler.membership_changed.wait()
-            change, reason = handler.membership_change()
-            report(kind="changed", node=spec["node"], round=info.round, reason=reason)
+                   waited=time.monotonic() - started, lease=lease)
+            while handler.membership().change is None:
+                changed.wait(1.0)
+                changed.clear()
+            report(kind="changed", node=spec["node"], round=info.round, reason=handler.membership().reason)
     except _Leave:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         handler.shutdown()

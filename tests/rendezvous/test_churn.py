@@ -1,7 +1,7 @@
 """Seeded random churn on a real backend: node processes join, leave, die and freeze.
 
 Each node is a process running ``churn_node.py`` (an agent's loop: ``next_rendezvous()``,
-report, wait for ``membership_changed``, repeat). The test injects events drawn from a seeded
+report, wait for a membership change, repeat). The test injects events drawn from a seeded
 RNG — new nodes, clean leaves (SIGTERM), SIGKILLs, SIGSTOP for longer than the lease TTL then
 SIGCONT — and checks after the run, from every report:
 

@@ -9,6 +9,7 @@ from elastic.rendezvous.decisions import (
     Joiner,
     MembershipChange,
     MonitorState,
+    RoundSnapshot,
     RoundView,
     agreed_restart_count,
     everyone_back,
@@ -21,6 +22,7 @@ from elastic.rendezvous.decisions import (
     decide_close,
     join_fills_round,
     last_call_deadline,
+    reconcile,
     waiting_counts,
 )
 from elastic.rendezvous.records import Member, RendezvousKeys, RoundRecord
@@ -119,6 +121,50 @@ PUT, DELETE = EventType.PUT, EventType.DELETE
 def test_classify(the_event, expected):
     change, _ = classify(view(), the_event, MonitorState())
     assert change is expected
+
+
+OURS = RoundRecord(3, members("me", "a", "b"))
+
+
+def snapshot(present=("me", "a", "b"), done=(), waiting=(), record=OURS, closed=False):
+    """What a re-read after a compacted watch shows of round 3 (ours), round 4 and state/."""
+    return RoundSnapshot(90, record, closed, frozenset(present), frozenset(done), frozenset(waiting))
+
+
+@pytest.mark.parametrize("seen, read, maximum, change, finding", [
+    (MonitorState(), snapshot(), 4, None, "nothing changed"),  # an etcd restart that lost no one
+    (MonitorState(), snapshot(present=("me", "b")), 4, MembershipChange.MEMBER_LOST, "member lost: a"),
+    (MonitorState(), snapshot(present=("me",)), 4, MembershipChange.MEMBER_LOST, "members lost: a, b"),
+    (MonitorState(), snapshot(present=("a", "b")), 4, None, "nothing changed"),  # our own key: the session says
+    (MonitorState(), snapshot(present=("me", "b"), done=("a",)), 4, None, "nothing changed"),  # a finished, left
+    (MonitorState(done=frozenset({"a"})), snapshot(present=("me", "b")), 4, None,  # its done mark went with it
+     "nothing changed"),
+    (MonitorState(), snapshot(present=("me", "b", "stranger")), 4, MembershipChange.MEMBER_LOST, "member lost: a"),
+    (MonitorState(), snapshot(waiting=("new",)), 4, MembershipChange.NODES_WAITING, "waiting for round 4: new"),
+    (MonitorState(), snapshot(waiting=("new",)), 3, None, "nothing changed"),  # full: a spare, no restart
+    (MonitorState(), snapshot(waiting=("a",)), 3, MembershipChange.NODES_WAITING, "waiting for round 4: a"),
+    (MonitorState(), snapshot(waiting=("me",)), 4, None, "nothing changed"),  # ourselves
+    (MonitorState(), snapshot(record=RoundRecord(4, members("a", "b"))), 4, MembershipChange.ROUND_SUPERSEDED,
+     "round 4 was closed"),
+    (MonitorState(), snapshot(record=RoundRecord(2, members("me"))), 4, None, "nothing changed"),
+    (MonitorState(), snapshot(record=None), 4, None, "nothing changed"),
+    (MonitorState(), snapshot(present=(), closed=True, waiting=("new",)), 4, MembershipChange.CLOSED,
+     "the rendezvous was closed"),
+    (MonitorState(), snapshot(present=("me",), record=RoundRecord(4, members("a"))), 4,
+     MembershipChange.ROUND_SUPERSEDED, "round 4 was closed"),  # superseded outranks lost
+    (MonitorState(), snapshot(present=("me", "b"), waiting=("new",)), 4, MembershipChange.MEMBER_LOST,
+     "member lost: a"),  # lost outranks waiting
+])
+def test_reconcile_after_a_compacted_watch(seen, read, maximum, change, finding):
+    found = reconcile(RoundView(KEYS, OURS, "me", maximum), seen, read)
+    assert found.change is change
+    assert found.finding.startswith(finding)
+
+
+def test_reconcile_takes_the_read_as_the_state_and_keeps_the_done_marks_it_had_seen():
+    seen = MonitorState(waiting=frozenset({"gone"}), done=frozenset({"a"}))
+    found = reconcile(RoundView(KEYS, OURS, "me", 4), seen, snapshot(done=("b",), waiting=("new",)))
+    assert found.state == MonitorState(waiting=frozenset({"new"}), done=frozenset({"a", "b"}))
 
 
 def test_the_put_of_our_own_round_record_is_skipped_without_decoding_it():

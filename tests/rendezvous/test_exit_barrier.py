@@ -1,4 +1,4 @@
-"""The exit barrier (:meth:`RendezvousHandler.finish`) when a peer finishes first and leaves.
+"""The exit barrier (:mod:`elastic.rendezvous.barrier`) when a peer finishes first and leaves.
 
 Found end to end (two ``elasticrun`` agents, about one run in twenty): B marks itself done, A
 marks itself done, B sees both and leaves (its lease revoke deletes its done key), and only
@@ -53,8 +53,8 @@ def test_a_peer_that_finished_and_left_before_our_read_still_counts_as_done(harn
     observer = harness.connect()
     try:
         with ThreadPoolExecutor(2) as pool:
-            list(pool.map(lambda handler: handler.next_rendezvous(), [a, b], timeout=30))
-            done_prefix = a.keys.done_prefix(a._last_round.round)
+            info, _ = pool.map(lambda handler: handler.next_rendezvous(), [a, b], timeout=30)
+            done_prefix = a.keys.done_prefix(info.round)
 
             b_finished = pool.submit(b.finish, 10.0)
             wait_until(lambda: len(observer.get_prefix(done_prefix).kvs) == 1)  # b is marked done first
@@ -90,12 +90,12 @@ def test_a_member_whose_lease_lapses_before_it_is_done_ends_the_barrier_at_once(
     observer = harness.connect()
     try:
         with ThreadPoolExecutor(2) as pool:
-            list(pool.map(lambda handler: handler.next_rendezvous(), [a, b], timeout=30))
+            info, _ = pool.map(lambda handler: handler.next_rendezvous(), [a, b], timeout=30)
             a_finished = pool.submit(a.finish, 60.0)
-            done_prefix = a.keys.done_prefix(a._last_round.round)
+            done_prefix = a.keys.done_prefix(info.round)
             wait_until(lambda: len(observer.get_prefix(done_prefix).kvs) == 1)  # a is waiting for b
             started = time.monotonic()
-            observer.revoke(b._session.lease_id)  # b's lease lapses before b is done
+            observer.revoke(b._membership.lease_id)  # b's lease lapses before b is done
             assert a_finished.result(timeout=10) is False
             assert time.monotonic() - started < 3.0
     finally:

@@ -13,9 +13,10 @@ import pytest
 from backends.api import RangeResult
 from backends.counting import CountingBackend
 from backends.txn import TxnResult
-from elastic.rendezvous.api import MembershipChange
+from elastic.rendezvous.api import MembershipChange, MembershipStatus
 from elastic.rendezvous.errors import RendezvousClosedError, RendezvousStateError, RendezvousTimeoutError
 from elastic.rendezvous.handler import RendezvousHandler
+from elastic.rendezvous.records import RendezvousKeys
 from elastic.rendezvous.settings import RendezvousSettings
 from elastic.testing.fake_store import FakeHarness
 from elastic.testing.tcp_store import TcpStoreHarness
@@ -43,10 +44,13 @@ def make_node(harness):
     namespace = f"/rdzv-test-{uuid.uuid4().hex[:10]}"
     opened: list[RendezvousHandler] = []
 
-    def make(min_nodes, max_nodes, node_id=None, local_world_size=1, **options):
+    def make(min_nodes, max_nodes, node_id=None, local_world_size=1, wrap=None, **options):
+        """``wrap(backend, keys)``: the backend the handler uses, around its counting client."""
         settings = RendezvousSettings("job", min_nodes, max_nodes, namespace=namespace,
                                       **{"lease_ttl": TTL, "last_call_timeout": 1.0, **options})
         backend = CountingBackend(harness.connect(), owns_inner=True)
+        if wrap is not None:
+            backend = wrap(backend, RendezvousKeys(namespace, "job"))
         handler = RendezvousHandler(settings, backend, "127.0.0.1", node_id=node_id, owns_backend=True,
                                     local_world_size=local_world_size)
         opened.append(handler)
@@ -55,6 +59,17 @@ def make_node(harness):
     yield make
     for handler in opened:
         handler.shutdown()
+
+
+def wait_for_change(handler, timeout) -> MembershipStatus:
+    """The handler's membership once it saw a change, or as it is after ``timeout`` seconds."""
+    seen = threading.Event()
+    handler.on_change(seen.set)
+    deadline = time.monotonic() + timeout
+    while (status := handler.membership()).change is None and (left := deadline - time.monotonic()) > 0:
+        seen.wait(left)
+        seen.clear()
+    return status
 
 
 def rendezvous_all(handlers, timeout=60):
@@ -176,14 +191,14 @@ class _CloserThatMissesJoins:
 
 
 def test_the_join_that_fills_the_round_closes_it_even_when_the_closer_never_sees_it(make_node):
-    closer = make_node(3, 3, join_timeout=20.0, last_call_timeout=30.0)
-    closer._backend = _CloserThatMissesJoins(closer._backend, closer.keys.root)
+    closer = make_node(3, 3, join_timeout=20.0, last_call_timeout=30.0,
+                       wrap=lambda backend, keys: _CloserThatMissesJoins(backend, keys.root))
     with ThreadPoolExecutor(1) as pool:
         closer_info = pool.submit(closer.next_rendezvous)
         deadline = time.monotonic() + 10
-        while closer._attempt is None and time.monotonic() < deadline:
-            time.sleep(0.01)  # the first joiner claims the closer
-        assert closer._attempt is not None
+        while closer.progress() is None and time.monotonic() < deadline:
+            time.sleep(0.01)  # the first joiner claims the closer (it waits once it joined)
+        assert closer.progress() is not None
         started = time.monotonic()
         others = rendezvous_all([make_node(3, 3, join_timeout=20.0) for _ in range(2)])
         infos = [closer_info.result(timeout=10), *others]
@@ -221,10 +236,9 @@ def test_when_the_join_that_filled_the_round_does_not_close_it_the_closer_does_a
     with ThreadPoolExecutor(1) as pool:
         closer_info = pool.submit(closer.next_rendezvous)
         deadline = time.monotonic() + 10
-        while closer._attempt is None and time.monotonic() < deadline:
+        while closer.progress() is None and time.monotonic() < deadline:
             time.sleep(0.01)
-        filler = make_node(2, 2, join_timeout=20.0)
-        filler._backend = _Uncounted(filler._backend)
+        filler = make_node(2, 2, join_timeout=20.0, wrap=lambda backend, keys: _Uncounted(backend))
         started = time.monotonic()
         infos = [filler.next_rendezvous(), closer_info.result(timeout=20)]
     assert TTL - 0.1 <= time.monotonic() - started < TTL + 3.0  # the closer's grace, then its close
@@ -263,8 +277,7 @@ def test_closing_the_rendezvous_is_seen_by_members(make_node):
     first, second = make_node(2, 2), make_node(2, 2)
     rendezvous_all([first, second])
     first.set_closed()
-    assert second.membership_changed.wait(TTL + 1)
-    assert second.membership_change()[0] is MembershipChange.CLOSED
+    assert wait_for_change(second, TTL + 1).change is MembershipChange.CLOSED
 
 
 def test_a_late_node_is_seen_as_waiting_by_every_member_within_a_second(make_node):
@@ -276,9 +289,9 @@ def test_a_late_node_is_seen_as_waiting_by_every_member_within_a_second(make_nod
     started = time.monotonic()
     joiner.start()
     for member in members:
-        assert member.membership_changed.wait(1.0)
-        assert member.membership_change()[0] is MembershipChange.NODES_WAITING
-        assert member.num_nodes_waiting() == 1
+        status = wait_for_change(member, 1.0)
+        assert status.change is MembershipChange.NODES_WAITING
+        assert status.waiting == 1
     assert time.monotonic() - started <= 1.0
     joiner.join(timeout=10)
     assert isinstance(outcome[0], RendezvousTimeoutError)  # members never restarted in this test
@@ -298,7 +311,7 @@ def test_waiting_nodes_join_the_next_round_with_stable_ranks(make_node):
     with ThreadPoolExecutor(1) as pool:  # it joins first, the members restart when they see it
         pending = pool.submit(late.next_rendezvous)
         deadline = time.monotonic() + 10
-        while members[0].num_nodes_waiting() < 1 and time.monotonic() < deadline:
+        while members[0].membership().waiting < 1 and time.monotonic() < deadline:
             time.sleep(0.02)
         infos = rendezvous_all(members) + [pending.result(timeout=60)]
     ranks = {handler.node_id: info.group_rank for handler, info in zip(members + [late], infos)}
@@ -314,8 +327,7 @@ def test_a_revoked_member_is_seen_as_lost_within_the_ttl(make_node, harness):
     started = time.monotonic()
     victim.shutdown()
     for survivor in handlers[:-1]:
-        assert survivor.membership_changed.wait(TTL + 1)
-        assert survivor.membership_change()[0] is MembershipChange.MEMBER_LOST
+        assert wait_for_change(survivor, TTL + 1).change is MembershipChange.MEMBER_LOST
     assert time.monotonic() - started <= TTL + 1
 
 
@@ -323,11 +335,11 @@ def test_a_member_whose_lease_expires_is_seen_as_lost_within_ttl_plus_one_second
     handlers = [make_node(2, 2) for _ in range(2)]
     rendezvous_all(handlers)
     victim = handlers[1]
-    victim._session._closed.set()  # the keepalive thread stops, as if the node froze
+    victim._membership.session._closed.set()  # the keepalive thread stops, as if the node froze
     started = time.monotonic()
-    assert handlers[0].membership_changed.wait(TTL + 2)
+    status = wait_for_change(handlers[0], TTL + 2)
     elapsed = time.monotonic() - started
-    assert handlers[0].membership_change()[0] is MembershipChange.MEMBER_LOST
+    assert status.change is MembershipChange.MEMBER_LOST
     assert elapsed <= TTL + 1.0, f"lost seen after {elapsed:.2f}s"
 
 
@@ -345,7 +357,7 @@ def test_a_node_whose_lease_expired_unnoticed_rejoins_with_a_new_lease(make_node
     first, second = make_node(2, 2, join_timeout=10.0), make_node(2, 2, join_timeout=10.0)
     rendezvous_all([first, second])
     with harness.connect() as client:
-        client.revoke(second._session.lease_id)
+        client.revoke(second._membership.lease_id)
     infos = rendezvous_all([first, second])
     assert sorted(info.group_rank for info in infos) == [0, 1]
     assert {info.round for info in infos} == {1}
@@ -358,10 +370,10 @@ def test_a_joining_node_whose_lease_lapses_joins_again_and_the_round_still_close
     first_two = threading.Thread(target=lambda: rendezvous_all(handlers[:2]), daemon=True)
     first_two.start()
     deadline = time.monotonic() + 10
-    while handlers[0]._session is None and time.monotonic() < deadline:
+    while handlers[0]._membership.lease_id is None and time.monotonic() < deadline:
         time.sleep(0.05)
     with harness.connect() as client:
-        client.revoke(handlers[0]._session.lease_id)  # n0, the closer, loses its lease mid-join
+        client.revoke(handlers[0]._membership.lease_id)  # n0, the closer, loses its lease mid-join
     late = rendezvous_all(handlers[2:])
     first_two.join(timeout=TTL + 10)
     assert not first_two.is_alive()
@@ -379,3 +391,19 @@ def test_shutdown_interrupts_a_join_in_progress(make_node):
     joiner.join(timeout=5)
     assert not joiner.is_alive() and time.monotonic() - started < 5
     assert isinstance(outcome[0], RendezvousClosedError)
+
+
+def test_the_snapshots_answer_at_once_while_a_join_holds_the_lock(make_node):
+    # membership() and progress() take no lock: a metrics thread never waits behind a join.
+    handler = make_node(2, 2, join_timeout=30.0)
+    with ThreadPoolExecutor(1) as pool:
+        joining = pool.submit(_attempt, handler)
+        deadline = time.monotonic() + 10
+        while handler.progress() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        started = time.monotonic()
+        status, progress = handler.membership(), handler.progress()
+        assert time.monotonic() - started < 0.5
+        assert status.change is None and progress is not None and progress.joined == 1
+        handler.shutdown()  # and a shutdown still interrupts the join that holds the lock
+        assert isinstance(joining.result(timeout=10), RendezvousClosedError)

@@ -89,7 +89,7 @@ def test_a_lone_node_says_what_it_waits_for_and_its_timeout_names_the_last_count
     seen: list = []
     handler.on_progress(seen.append)
     try:
-        with caplog.at_level(logging.INFO, logger="elastic.rendezvous.handler"):
+        with caplog.at_level(logging.INFO, logger="elastic.rendezvous.joining"):
             with pytest.raises(RendezvousTimeoutError, match=r"need at least 2 nodes \(last seen: 1 of 2 joined\)"):
                 handler.next_rendezvous()
     finally:
@@ -111,7 +111,7 @@ def test_a_survivor_names_the_members_of_the_last_round_it_still_expects(caplog)
         with ThreadPoolExecutor(2) as pool:
             assert {info.round for info in pool.map(lambda h: h.next_rendezvous(), (a, b))} == {0}
         b.shutdown()
-        with caplog.at_level(logging.INFO, logger="elastic.rendezvous.handler"):
+        with caplog.at_level(logging.INFO, logger="elastic.rendezvous.joining"):
             with pytest.raises(RendezvousTimeoutError, match=r"\(last seen: 1 of 2 joined\)"):
                 a.next_rendezvous()
     finally:
@@ -141,7 +141,7 @@ def test_the_closer_and_a_waiting_node_both_report_the_joins(caplog):
             handler.next_rendezvous()
 
     try:
-        with caplog.at_level(logging.INFO, logger="elastic.rendezvous.handler"):
+        with caplog.at_level(logging.INFO, logger="elastic.rendezvous.joining"):
             with ThreadPoolExecutor(2) as pool:
                 list(pool.map(join, handlers))
     finally:

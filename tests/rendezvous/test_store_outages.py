@@ -14,7 +14,7 @@ import pytest
 from backends.errors import BackendTimeoutError
 from backends.fake import InMemoryStore
 from backends.retry import RetryPolicy
-from elastic.rendezvous.api import MembershipChange
+from elastic.rendezvous.api import MembershipChange, MembershipStatus
 from elastic.rendezvous.handler import RendezvousHandler
 from elastic.rendezvous.settings import RendezvousSettings
 
@@ -49,6 +49,17 @@ def make_node(store):
         handler.shutdown()
 
 
+def wait_for_change(handler, timeout) -> MembershipStatus:
+    """The handler's membership once it saw a change, or as it is after ``timeout`` seconds."""
+    seen = threading.Event()
+    handler.on_change(seen.set)
+    deadline = time.monotonic() + timeout
+    while (status := handler.membership()).change is None and (left := deadline - time.monotonic()) > 0:
+        seen.wait(left)
+        seen.clear()
+    return status
+
+
 def test_a_join_outlives_an_outage_of_several_ttls_and_completes_when_the_store_returns(store, make_node):
     first, second = make_node(), make_node()
     with ThreadPoolExecutor(2) as pool:
@@ -66,15 +77,14 @@ def test_a_join_outlives_an_outage_of_several_ttls_and_completes_when_the_store_
 def test_a_running_round_outlives_an_outage_longer_than_the_ttl_without_a_membership_change(store, make_node):
     handlers = [make_node(), make_node()]
     with ThreadPoolExecutor(2) as pool:
-        list(pool.map(lambda handler: handler.next_rendezvous(), handlers))
+        infos = list(pool.map(lambda handler: handler.next_rendezvous(), handlers))
     store.stop()
     time.sleep(3 * TTL)
     store.start(renew_leases=True)  # a new leader: every lease survives
     time.sleep(2 * TTL)  # the watches resume; keepalives answer again
-    assert [handler.membership_change() for handler in handlers] == [(None, "")] * 2
-    store.client().delete(handlers[1]._attempt.key)  # the server's word still arrives on the resumed watch
-    assert handlers[0].membership_changed.wait(5)
-    assert handlers[0].membership_change()[0] is MembershipChange.MEMBER_LOST
+    assert [handler.membership().change for handler in handlers] == [None] * 2
+    store.client().delete(handlers[1].keys.node(infos[1].round, handlers[1].node_id))  # the server's word still
+    assert wait_for_change(handlers[0], 5).change is MembershipChange.MEMBER_LOST     # arrives on the resumed watch
 
 
 def test_a_member_whose_lease_the_server_expired_during_the_outage_is_lost_when_it_returns(store, make_node):
@@ -84,8 +94,7 @@ def test_a_member_whose_lease_the_server_expired_during_the_outage_is_lost_when_
     store.stop()
     time.sleep(2 * TTL)
     store.start()  # the store's clock ran on: both leases are overdue
-    assert handlers[0].membership_changed.wait(5)
-    assert handlers[0].membership_change()[0] is MembershipChange.MEMBER_LOST
+    assert wait_for_change(handlers[0], 5).change is MembershipChange.MEMBER_LOST
 
 
 class _CloseLostInFlight:
@@ -109,7 +118,7 @@ class _CloseLostInFlight:
 def test_a_close_whose_answer_was_lost_is_found_applied_and_the_closer_is_included(store, make_node, caplog):
     backend = _CloseLostInFlight(store.client())
     closer = make_node(nodes=1, backend=backend)
-    with caplog.at_level(logging.WARNING, logger="elastic.rendezvous.handler"):
+    with caplog.at_level(logging.WARNING, logger="elastic.rendezvous.joining"):
         info = closer.next_rendezvous()
     assert backend.lost.is_set()
     assert (info.round, info.group_rank, info.group_world_size) == (0, 0, 1)
@@ -126,7 +135,7 @@ def test_corrupt_state_seen_on_a_watch_is_reported_once_and_keeps_the_round(stor
         while handlers[0]._monitor.problem is None and time.monotonic() < deadline:
             time.sleep(0.02)
     assert handlers[0].keys.round in handlers[0]._monitor.problem
-    assert handlers[0].membership_change() == (None, "")
+    assert (handlers[0].membership().change, handlers[0].membership().reason) == (None, "")
     errors = [record for record in caplog.records if record.levelno >= logging.ERROR and record.exc_info is None]
     assert len([r for r in errors if handlers[0].keys.round in r.getMessage()]) == 2  # one line per member
 
@@ -136,8 +145,8 @@ def test_a_member_stops_training_blind_once_the_outage_reaches_store_outage_time
     with ThreadPoolExecutor(2) as pool:
         list(pool.map(lambda handler: handler.next_rendezvous(), handlers))
     store.stop()
-    assert handlers[0].membership_changed.wait(5)
-    change, reason = handlers[0].membership_change()
+    status = wait_for_change(handlers[0], 5)
+    change, reason = status.change, status.reason
     assert change is MembershipChange.STORE_UNREACHABLE and "store_outage_timeout=1s" in reason
     store.start(renew_leases=True)
 

@@ -29,7 +29,7 @@ from elastic.rendezvous import errors as ours  # noqa: E402
 from elastic.rendezvous.backend_spec import (  # noqa: E402
     ClientCertificate, EtcdCredentials, EtcdSpec, Secret, Timeouts,
 )
-from elastic.rendezvous.api import MembershipChange  # noqa: E402
+from elastic.rendezvous.api import MembershipChange, MembershipStatus, Rendezvous  # noqa: E402
 from elastic.rendezvous.api import RendezvousInfo  # noqa: E402
 from elastic.rendezvous.records import Member  # noqa: E402
 from elastic.rendezvous.torchrun_plugin import (  # noqa: E402
@@ -279,31 +279,25 @@ def test_an_unknown_option_is_refused_before_connecting():
         create_rdzv_handler(params)
 
 
-class StubHandler:
-    """Just what the adapter reads from our handler, with fixed answers."""
-
-    node_id = "node-a"
+class StubHandler(Rendezvous):
+    """A rendezvous with fixed answers: just what the adapter reads of ours."""
 
     def __init__(self, waiting: int = 0, change: MembershipChange | None = None, rank: int = 0) -> None:
         self.waiting, self.change, self.rank = waiting, change, rank
 
-    def get_run_id(self) -> str:
-        return "job"
-
-    def num_nodes_waiting(self) -> int:
-        return self.waiting
-
+    run_id = "job"
+    node_id = "node-a"
     rejoining = 0
 
-    def num_members_rejoining(self) -> int:
-        return self.rejoining
-
-    def membership_change(self):
-        return self.change, "why" if self.change else ""
+    def membership(self) -> MembershipStatus:
+        return MembershipStatus(self.change, "why" if self.change else "", self.waiting, self.rejoining)
 
     def next_rendezvous(self) -> RendezvousInfo:
         members = (Member("node-a", "127.0.0.1", 1), Member("node-b", "127.0.0.1", 2))
         return RendezvousInfo("job", 3, self.rank, 2, "127.0.0.1", 1, members)
+
+    def shutdown(self) -> None:
+        pass
 
 
 @pytest.mark.parametrize("waiting, change, expected", [
@@ -315,14 +309,14 @@ class StubHandler:
     (0, MembershipChange.CLOSED, 1),
 ])
 def test_a_lost_member_is_reported_to_torch_as_a_waiting_node_so_survivors_restart(waiting, change, expected):
-    adapter = TorchrunRendezvousHandler(StubHandler(waiting, change), "127.0.0.1")  # type: ignore[arg-type]
+    adapter = TorchrunRendezvousHandler(StubHandler(waiting, change), "127.0.0.1")
     assert adapter.num_nodes_waiting() == expected
 
 
 def test_a_member_that_rejoined_is_hidden_from_torch_for_the_grace_so_our_own_failure_counts_first():
     stub = StubHandler(waiting=1, change=MembershipChange.NODES_WAITING)
     stub.rejoining = 1
-    adapter = TorchrunRendezvousHandler(stub, "127.0.0.1")  # type: ignore[arg-type]
+    adapter = TorchrunRendezvousHandler(stub, "127.0.0.1")
     now = [100.0]
     adapter._clock = lambda: now[0]
     assert adapter.num_nodes_waiting() == 0  # our workers are about to fail on the collective it broke
@@ -331,7 +325,7 @@ def test_a_member_that_rejoined_is_hidden_from_torch_for_the_grace_so_our_own_fa
     now[0] += 0.2
     assert adapter.num_nodes_waiting() == 1  # they did not: restart for the rejoin anyway
     stub.rejoining = 0  # a newcomer (scale-up) is reported at once
-    fresh = TorchrunRendezvousHandler(stub, "127.0.0.1")  # type: ignore[arg-type]
+    fresh = TorchrunRendezvousHandler(stub, "127.0.0.1")
     assert fresh.num_nodes_waiting() == 1
 
 
@@ -341,7 +335,7 @@ def test_an_agent_store_that_cannot_be_opened_is_a_rendezvous_connection_error(r
         assert (host, port, is_master) == ("127.0.0.1", 1, rank == 0)
         raise RuntimeError("address in use")
 
-    adapter = TorchrunRendezvousHandler(StubHandler(rank=rank), "127.0.0.1", store_factory=refuse)  # type: ignore[arg-type]
+    adapter = TorchrunRendezvousHandler(StubHandler(rank=rank), "127.0.0.1", store_factory=refuse)
     with pytest.raises(torch_api.RendezvousConnectionError, match=f"cannot {verb} the agent store") as raised:
         adapter.next_rendezvous()
     assert isinstance(raised.value.__cause__, RuntimeError)

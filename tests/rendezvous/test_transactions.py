@@ -1,4 +1,4 @@
-"""The join and close transactions, run on the in-memory store (the shared KVState semantics)."""
+"""The join, close and re-read transactions, run on the in-memory store (the shared KVState semantics)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,17 @@ import pytest
 
 from backends.api import EventType
 from backends.fake import InMemoryStore
-from elastic.rendezvous.records import RendezvousKeys
-from elastic.rendezvous.transactions import close_txn, join_txn, read_close, read_join
+from elastic.rendezvous.decisions import RoundSnapshot
+from elastic.rendezvous.errors import RendezvousStateError
+from elastic.rendezvous.records import ClosedRecord, Member, RendezvousKeys, RoundRecord, encode_closed, encode_round
+from elastic.rendezvous.transactions import (
+    close_txn,
+    join_txn,
+    read_close,
+    read_join,
+    read_reread,
+    reread_txn,
+)
 
 KEYS = RendezvousKeys("/ns", "job")
 
@@ -71,3 +80,23 @@ def test_a_close_writes_the_record_and_drops_the_claim_only_when_the_round_recor
     assert backend.get(KEYS.closer(0)).kv is None
     late = read_close(backend.txn(close_txn(KEYS, 0, b"other", 0)))
     assert not late.applied and late.current.value == b"round-0"
+
+
+def test_a_re_read_shows_the_round_the_next_round_and_state_at_one_revision(backend):
+    record = RoundRecord(3, (Member("a", "h", 1), Member("b", "h", 2), Member("c", "h", 3)))
+    backend.put(KEYS.round, encode_round(record))
+    for key in (KEYS.node(3, "a"), KEYS.node(3, "c"), KEYS.done(3, "c"), KEYS.node(4, "new"), KEYS.node(2, "old"),
+                KEYS.node(5, "far")):
+        backend.put(key, b"{}")
+    result = backend.txn(reread_txn(KEYS, 3))
+    snapshot = read_reread(KEYS, 3, result)
+    assert snapshot == RoundSnapshot(result.revision, record, False, frozenset({"a", "c"}), frozenset({"c"}),
+                                     frozenset({"new"}))
+    backend.put(KEYS.closed, encode_closed(ClosedRecord("done")))
+    assert read_reread(KEYS, 3, backend.txn(reread_txn(KEYS, 3))).closed
+
+
+def test_a_re_read_of_a_corrupt_round_record_names_the_key(backend):
+    backend.put(KEYS.round, b"garbage")
+    with pytest.raises(RendezvousStateError, match="state/round"):
+        read_reread(KEYS, 0, backend.txn(reread_txn(KEYS, 0)))

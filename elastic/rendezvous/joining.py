@@ -1,0 +1,388 @@
+"""The join loop: join rounds until one includes this node (protocol steps 2-4 in
+:mod:`elastic.rendezvous.handler`).
+
+One :meth:`JoinLoop.join` joins with one transaction (the first one optimistic and guarded:
+the round expected next, in the same step as the read of ``state/``), waits on the
+``state/`` watch for the round to close (closing it itself when it holds the closer claim,
+through :class:`~elastic.rendezvous.closing.Closer`), and joins the next round when one closed
+without it. A spare (a full round, every member alive) waits without a join timeout. A store
+that fails midway, or a ``state/`` watch whose history was compacted, starts the join over from
+a fresh read, with backoff, until the join timeout: every step is safe to repeat.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+from backends.api import ABSENT, EventType, KeyValue, KVBackend
+from backends.errors import BackendError, CompactedError, LeaseNotFoundError
+from backends.retry import RETRYABLE_ERRORS, RetryPolicy
+from backends.session import OUTAGE_LOG_INTERVAL
+from elastic.rendezvous import records
+from elastic.rendezvous.attempt import Claim, ClosedRound, FailureReport, Included, JoinAttempt, StateView
+from elastic.rendezvous.closing import Closer, JoinKeyLost
+from elastic.rendezvous.decisions import Joiner, is_spare, join_fills_round
+from elastic.rendezvous.errors import RendezvousClosedError, RendezvousError, RendezvousTimeoutError
+from elastic.rendezvous.membership import Membership
+from elastic.rendezvous.progress import ProgressReporter, WaitSnapshot
+from elastic.rendezvous.reads import closed_round_from, joiner_of, read_joiners, read_state, state_from
+from elastic.rendezvous.records import JoinRecord, RendezvousKeys
+from elastic.rendezvous.settings import RendezvousSettings
+from elastic.rendezvous.transactions import JoinOutcome, join_txn, read_join
+
+__all__ = ["JOIN_RETRY", "JoinLoop", "NodeSpec", "START_OVER"]
+
+log = logging.getLogger(__name__)
+
+JOIN_RETRY = RetryPolicy(max_attempts=2**31, initial_backoff=0.2, max_backoff=2.0)
+"""Backoff between tries of a join the store interrupted; the join timeout bounds them."""
+
+START_OVER = (*RETRYABLE_ERRORS, CompactedError)
+"""Errors after which a join starts over from a fresh read."""
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """What this node publishes with every join."""
+
+    node_id: str
+    addr: str
+    local_world_size: int
+    role: str
+
+
+class JoinLoop:
+    """Joins rounds for one node (see the module docstring). Not thread-safe: the handler
+    calls it under its lock.
+
+    Attributes:
+        last: the round this node was last included in (None before its first).
+        failure: this node's failure report, sent with its next join (None: none).
+        attempt: the join of the round this node is in or joining (None: no key written).
+        progress: what this node knows of the round it waits for (None when not waiting).
+    """
+
+    def __init__(self, settings: RendezvousSettings, backend: KVBackend, keys: RendezvousKeys, node: NodeSpec,
+                 membership: Membership, clock: Callable[[], float], retry: RetryPolicy) -> None:
+        self._settings = settings
+        self._backend = backend
+        self._keys = keys
+        self._node = node
+        self._membership = membership
+        self._clock = clock
+        self._retry = retry
+        self._closer = Closer(settings, backend, keys, node.node_id, membership, clock)
+        self._reporter = ProgressReporter(log.info, clock=clock)
+        self._progress_callbacks: list[Callable[[WaitSnapshot | None], None]] = []
+        self._spare_of: int | None = None  # the full round this node last logged it is a spare of
+        self.last: ClosedRound | None = None
+        self.failure: FailureReport | None = None
+        self.attempt: JoinAttempt | None = None
+        self.progress: WaitSnapshot | None = None
+
+    # -- public ---------------------------------------------------------------------------
+    def join(self) -> Included:
+        """Join until a round includes this node; leaves (drops its key) on a join timeout.
+
+        Raises:
+            RendezvousClosedError, RendezvousTimeoutError, RendezvousStateError, RendezvousError.
+            BackendError: the store failed for the whole join timeout, or refused.
+        """
+        deadline = self._clock() + self._settings.join_timeout
+        self._reporter = ProgressReporter(log.info, clock=self._clock)
+        try:
+            return self._join_with_retries(deadline)
+        except RendezvousTimeoutError:
+            self.leave()
+            raise
+        finally:
+            self._set_progress(None)
+
+    def report_failure(self, at: float) -> None:
+        """This node's workers failed in the round it was last included in (first exit at ``at``)."""
+        if self.last is not None:
+            self.failure = FailureReport(self.last.record.round, at)
+
+    def on_progress(self, callback: Callable[[WaitSnapshot | None], None]) -> None:
+        self._progress_callbacks.append(callback)
+
+    def leave(self) -> None:
+        """Drop this node's join key, its claim and its port. Best effort: they go with its lease."""
+        self._membership.drop_port()
+        self.release_claim()
+        attempt, self.attempt = self.attempt, None
+        if attempt is not None:
+            self._delete(attempt.key, "on leave")
+
+    def release_claim(self) -> None:
+        """Delete the closer claim this node still holds (a round closed past it, or it leaves)."""
+        attempt = self.attempt
+        if attempt is not None and attempt.claim is Claim.HELD:
+            self.attempt = attempt.release()
+            self._delete(self._keys.closer(attempt.forming), "(it goes with our lease)")
+
+    # -- the Waiter protocol of closing.Closer -------------------------------------------------
+    def note_wait(self, forming: int, joined: int | dict[str, Joiner] | None, deadline: float) -> None:
+        """Hand what this node knows of round ``forming`` (a count, or the joiners) to the reporter."""
+        count = joined if joined is None or isinstance(joined, int) else len(joined)
+        expected = None
+        if self.last is not None and isinstance(joined, dict):
+            expected = tuple(m.node_id for m in self.last.record.members if m.node_id not in joined)
+        snapshot = WaitSnapshot(self._settings.run_id, self._node.node_id, forming, count, self._settings.min_nodes,
+                                self._settings.max_nodes, expected, deadline - self._clock())
+        self._set_progress(snapshot)
+        self._reporter.update(snapshot)
+
+    def next_line_due(self) -> float:
+        return self._reporter.next_due()
+
+    def timeout(self, forming: int) -> RendezvousTimeoutError:
+        last, settings = self._reporter.last, self._settings
+        seen = f" (last seen: {last.counts_text()} joined)" if last is not None and last.round == forming else ""
+        return RendezvousTimeoutError(
+            f"Rendezvous {settings.run_id}: round {forming} did not include node {self._node.node_id} within the "
+            f"join timeout ({settings.join_timeout:g}s); need at least {settings.min_nodes} nodes{seen}. "
+            f"Start more nodes or raise --rdzv-conf join_timeout."
+        )
+
+    def check_still_joined(self) -> None:
+        if self._membership.interrupted.is_set():
+            raise RendezvousClosedError(f"Node {self._node.node_id} was shut down while joining.")
+        if not self._membership.alive:
+            raise JoinKeyLost("our lease was lost")
+
+    # -- joining --------------------------------------------------------------------------
+    def _join_with_retries(self, deadline: float) -> Included:
+        """:meth:`_join_until_included`, started over after each transient store failure (or a
+        compacted ``state/`` watch) until ``deadline``."""
+        failures, logged = 0, -math.inf
+        interrupted = self._membership.interrupted
+        while True:
+            try:
+                return self._join_until_included(deadline, resumed=failures > 0)
+            except START_OVER as error:
+                failures += 1
+                pause = self._retry.backoff(failures)
+                now = self._clock()
+                if interrupted.is_set() or now + pause >= deadline:
+                    raise
+                if now - logged >= OUTAGE_LOG_INTERVAL:
+                    logged = now
+                    log.warning("Rendezvous %s: node %s: the store failed during the join (%s); starting over until "
+                                "it answers (%.0fs of the join timeout left)", self._settings.run_id,
+                                self._node.node_id, error, deadline - now)
+                if interrupted.wait(pause):
+                    raise
+
+    def _join_until_included(self, deadline: float, resumed: bool) -> Included:
+        """Join until a round includes this node. ``resumed``: an earlier try failed midway, so
+        read the state first: a close it sent may have applied (then this node is in)."""
+        # Watch first, then read: the watch (from now) is live at once, and the read is taken at
+        # its start revision or later, so nothing falls between them (see KVBackend.watch_prefix).
+        self._membership.state.open()
+        attempt: JoinAttempt | None
+        if resumed:
+            state, attempt = read_state(self._backend, self._keys), None
+            closed = self._closed_with_us(state)
+            if closed is not None:
+                return self._included(closed)
+        else:
+            state, attempt = self._join_expected_round()
+        while True:
+            if state.closed:
+                raise RendezvousClosedError(
+                    f"The rendezvous {self._settings.run_id} is closed; no new round will form", state.closed_reason
+                )
+            forming = state.forming
+            if attempt is None:
+                attempt = self._join(forming)
+            # A spare has no join timeout: it waits for a member to be lost (or the job to end).
+            wait_deadline = math.inf if self._is_spare(state) else deadline
+            self.note_wait(forming, attempt.count, wait_deadline)
+            try:
+                closed = None
+                if join_fills_round(attempt.count, self._settings.max_nodes):
+                    closed = self._closer.try_close(forming, state)  # our join filled the round: close it now
+                if closed is None:
+                    closed = self._wait_for_round(attempt, state, wait_deadline)
+            except JoinKeyLost as lost:
+                log.warning("Rendezvous %s: node %s lost its join key for round %d (%s); joining again",
+                            self._settings.run_id, self._node.node_id, forming, lost)
+                state, attempt = read_state(self._backend, self._keys), None
+                continue
+            if self.attempt is not None:
+                self.attempt = self.attempt.after_close(closed)
+            if closed.record.rank_of(self._node.node_id) is not None:
+                return self._included(closed)
+            log.info("Rendezvous %s: round %d closed without node %s; waiting for round %d", self._settings.run_id,
+                     closed.record.round, self._node.node_id, closed.record.round + 1)
+            state, attempt = read_state(self._backend, self._keys), None
+
+    def _included(self, closed: ClosedRound) -> Included:
+        rank = closed.record.rank_of(self._node.node_id)
+        if rank is None:
+            raise RendezvousError(f"Rendezvous {self._settings.run_id}: round {closed.record.round} does not include "
+                                  f"node {self._node.node_id}.")
+        self.last, self.failure = closed, None  # the failure report went with the join
+        return Included(closed, rank)
+
+    def _is_spare(self, state: StateView) -> bool:
+        """Whether this node waits as a spare now; says so once per full round."""
+        record = state.round
+        if record is None or not is_spare(record, self._node.node_id, self._settings.max_nodes):
+            return False
+        if self._spare_of != record.round:
+            self._spare_of = record.round
+            log.info("Rendezvous %s: node %s waits as a spare: round %d is full (%d of at most %d nodes) and every "
+                     "member is alive; it joins the first round with room (when a member is lost)",
+                     self._settings.run_id, self._node.node_id, record.round, record.group_world_size,
+                     self._settings.max_nodes)
+        return True
+
+    def _closed_with_us(self, state: StateView) -> ClosedRound | None:
+        """The round in ``state`` if it is the one this node's pending join was for and it includes us."""
+        attempt, closed = self.attempt, state.last
+        if attempt is None or closed is None or closed.record.round != attempt.forming:
+            return None
+        if self.last is not None and closed.record.round <= self.last.record.round:
+            return None
+        if closed.record.rank_of(self._node.node_id) is None or not self._membership.alive:
+            return None
+        return closed
+
+    def _join_expected_round(self) -> tuple[StateView, JoinAttempt | None]:
+        """Join the round expected to form next if the round record is the one we expect, and read ``state/``.
+
+        The expectation is the round this node was last in (its mod revision), or no round at
+        all for a node that never joined. Returns the state and the new attempt; None when the
+        expectation was wrong, in which case nothing was written.
+        """
+        forming, expected = (0, 0) if self.last is None else (self.last.record.round + 1, self.last.revision)
+        outcome, attempt = self._send_join(forming, expected)
+        if outcome.state is None:
+            raise RendezvousError(f"Rendezvous {self._settings.run_id}: the store returned no state/ read for a "
+                                  f"guarded join.")
+        return state_from(self._keys, outcome.state), attempt
+
+    def _join(self, forming: int) -> JoinAttempt:
+        """Join round ``forming`` and claim its closer if unclaimed (see :func:`join_txn`)."""
+        _, attempt = self._send_join(forming, None)
+        if attempt is None:
+            raise RendezvousError(f"Rendezvous {self._settings.run_id}: the store did not apply an unguarded join.")
+        return attempt
+
+    def _send_join(self, forming: int, expected_round: int | None) -> tuple[JoinOutcome, JoinAttempt | None]:
+        """Send the join transaction of round ``forming`` on a live lease; a join that applied
+        becomes :attr:`attempt` (the previous attempt's key is deleted in the same step)."""
+        node = self._node
+        port = self._membership.reserve_port()
+        value = b""
+
+        def send() -> JoinOutcome:
+            nonlocal value
+            grant = self._membership.lease()
+            if grant.new_session:
+                self.attempt = None  # its keys went with the old lease
+            if grant.after_loss and self.failure is not None:
+                # This node's membership ended with its lease, and its workers' failure that
+                # followed is that loss's consequence (its peers moved on), not one to charge.
+                log.info("Rendezvous %s: node %s lost its lease; its workers' failure in round %d is not reported "
+                         "as its own", self._settings.run_id, node.node_id, self.failure.round)
+                self.failure = None
+            failure = self.failure
+            value = records.encode_join(JoinRecord(node.node_id, node.addr, port, node.local_world_size, node.role,
+                                                   failure.round if failure else None,
+                                                   failure.at if failure else 0.0))
+            previous = self.attempt.key if self.attempt is not None else None
+            txn = join_txn(self._keys, forming, node.node_id, value, grant.lease_id, previous, expected_round)
+            return read_join(self._backend.txn(txn), self._keys.closer(forming), expected_round is not None)
+
+        try:
+            outcome = send()
+        except LeaseNotFoundError:
+            # The lease expired before the keepalive thread noticed (the process was frozen for
+            # longer than the TTL): its keys are gone with it, so join again on a new lease.
+            log.warning("Rendezvous %s: node %s lost its lease unnoticed; joining round %d on a new one",
+                        self._settings.run_id, node.node_id, forming)
+            self._membership.forget_session()
+            self.failure = None  # the membership ended with the lease (see send)
+            outcome = send()
+        if not outcome.joined or outcome.closer is None:
+            return outcome, None
+        claim = Claim.HELD if self._is_mine(outcome.closer) else Claim.OTHER
+        self.attempt = JoinAttempt(forming, self._keys.node(forming, node.node_id), value, outcome.count,
+                                   outcome.closer, claim)
+        return outcome, self.attempt
+
+    def _is_mine(self, claim: KeyValue) -> bool:
+        return claim.lease == self._membership.lease_id and joiner_of(claim).node_id == self._node.node_id
+
+    # -- waiting for the round --------------------------------------------------------------
+    def _wait_for_round(self, attempt: JoinAttempt, state: StateView, deadline: float) -> ClosedRound:
+        """Block until round ``attempt.forming`` (or a later one) is closed; close it ourselves
+        while we hold the claim. The ``state/`` watch is live from at or before ``state.revision`` + 1."""
+        forming, claim_key = attempt.forming, self._keys.closer(attempt.forming)
+        while True:
+            if attempt.claim is Claim.HELD:
+                closed = self._closer.close_round(forming, state, deadline, self)
+                self.attempt = attempt.after_close(closed)  # every close of a round deletes its claim
+                self.release_claim()  # so this only deletes a claim on a round closed past us
+                return closed
+            closed = self._await_close_or_closer_loss(attempt, state.revision, deadline)
+            if closed is not None:
+                return closed
+            # The closer's claim vanished (its lease lapsed, or it left): claim it ourselves.
+            self.check_still_joined()
+            result = self._backend.put_if(claim_key, attempt.value, ABSENT, lease=self._membership.lease().lease_id)
+            if result.current is None:
+                continue  # the winner is already gone too: try again
+            self.attempt = attempt = attempt.seen_closer(result.current, self._is_mine(result.current))
+            log.info("Rendezvous %s: the closer of round %d left; node %s now closes it",
+                     self._settings.run_id, forming, joiner_of(result.current).node_id)
+
+    def _await_close_or_closer_loss(self, attempt: JoinAttempt, read_revision: int,
+                                    deadline: float) -> ClosedRound | None:
+        """Wait on ``state/`` for the close (returns it) or the loss of the closer's claim (None).
+
+        Events at or below ``read_revision`` are skipped: the state read already reflected them.
+        Events after the close in the same batch are handed back to the watch, for the monitor.
+        """
+        forming, claim_key, watch = attempt.forming, self._keys.closer(attempt.forming), self._membership.state
+        held_since = attempt.closer.create_revision
+        while True:
+            now = self._clock()
+            if now >= deadline:
+                raise self.timeout(forming)
+            if self._reporter.due():  # only the closer watches the joins: read them when a line is due
+                self.note_wait(forming, read_joiners(self._backend, self._keys, forming)[0], deadline)
+            wake = min(deadline, self._reporter.next_due())
+            batch = watch.get(timeout=max(min(wake - now, self._settings.lease_ttl), 0.0))
+            for index, event in enumerate(batch):
+                if event.revision <= read_revision:
+                    continue
+                closed = closed_round_from(self._keys, self._settings.run_id, event, forming)
+                if closed is not None:
+                    watch.hand_back(batch[index + 1:])
+                    return closed
+                if event.kv.key != claim_key or event.revision <= held_since:
+                    continue  # not the claim, or a change from before the current holder claimed
+                if event.type is EventType.DELETE:
+                    return None
+                held_since = event.kv.create_revision  # a new holder (seen before our claim attempt)
+            self.check_still_joined()
+
+    # -- helpers ----------------------------------------------------------------------------
+    def _set_progress(self, snapshot: WaitSnapshot | None) -> None:
+        self.progress = snapshot
+        for callback in self._progress_callbacks:
+            callback(snapshot)
+
+    def _delete(self, key: str, why: str) -> None:
+        try:
+            self._backend.delete(key)
+        except BackendError as error:
+            log.warning("Rendezvous %s: node %s could not delete %s %s: %s", self._settings.run_id,
+                        self._node.node_id, key, why, error)
