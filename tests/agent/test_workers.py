@@ -21,6 +21,7 @@ import psutil
 import pytest
 
 from elastic.agent.prewarm.pool import ForkedWorker, TemplatePool
+from elastic.testing.agents import wait_until
 from elastic.agent.processes.workers import (
     GroupState,
     GroupStatus,
@@ -51,14 +52,6 @@ def alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
-
-
-def wait_until(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)
 
 
 def wait_done(group: WorkerGroup, timeout: float = 20.0) -> GroupState:
