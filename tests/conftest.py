@@ -1,6 +1,8 @@
-"""Shared fixtures. Each backend's fixtures live in their own section below."""
+"""Shared fixtures and hooks, each in its own section below: etcd, torch."""
 
 from __future__ import annotations
+
+import importlib.util
 
 import pytest
 
@@ -68,3 +70,50 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.section("etcd could not start")
         for failure in _etcd_failures:
             terminalreporter.write_line(failure)
+
+
+# -- torch -------------------------------------------------------------------------------------
+# A test that needs torch is marked needs_torch. Without torch it fails with one line, unless
+# deselected with -m "not needs_torch". A module that imports torch at its top cannot be
+# collected without it: it becomes one such failing test.
+
+TORCH_MISSING = "torch is not installed and this test needs it: pip install torch, or deselect with -m 'not needs_torch'"
+
+
+def _torch_missing() -> bool:
+    return importlib.util.find_spec("torch") is None
+
+
+def pytest_runtest_setup(item):
+    if item.get_closest_marker("needs_torch") is not None and _torch_missing():
+        pytest.fail(TORCH_MISSING, pytrace=False)
+
+
+class _TorchlessModule(pytest.Module):
+    """A test module that, when it cannot be imported for want of torch, is one needs_torch test."""
+
+    def collect(self):
+        try:
+            return super().collect()
+        except pytest.Collector.CollectError as error:
+            cause = error.__cause__
+            if not (isinstance(cause, ModuleNotFoundError) and (cause.name or "").split(".")[0] == "torch"
+                    and _torch_missing()):
+                raise
+            return [_NeedsTorch.from_parent(self, name="needs_torch")]
+
+
+class _NeedsTorch(pytest.Item):
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.add_marker(pytest.mark.needs_torch)
+
+    def runtest(self) -> None:
+        pytest.fail(TORCH_MISSING, pytrace=False)
+
+    def reportinfo(self):
+        return self.path, None, f"{self.path.name}: every test of it (it imports torch)"
+
+
+def pytest_pycollect_makemodule(module_path, parent):
+    return _TorchlessModule.from_parent(parent, path=module_path)

@@ -69,6 +69,7 @@ def rdzv_flags(request, tmp_path, procs) -> list[str]:
 # -- 1, 2: all-reduce --------------------------------------------------------------------------
 
 
+@pytest.mark.needs_torch
 def test_one_node_two_workers_all_reduce_the_right_sum(procs, reports):
     agent = procs.elasticrun("--standalone", "--nproc-per-node=2", script("allreduce.py"), str(reports.path))
     assert agent.wait() == 0, agent.stderr
@@ -77,6 +78,7 @@ def test_one_node_two_workers_all_reduce_the_right_sum(procs, reports):
     assert {(r["rank"], r["local_rank"]) for r in reports.events("allreduce")} == {(0, 0), (1, 1)}
 
 
+@pytest.mark.needs_torch
 def test_two_agents_form_a_world_of_four_with_unique_ranks(procs, reports, rdzv_flags):
     agents = [procs.elasticrun("--nnodes=2", "--nproc-per-node=2", *rdzv_flags, script("allreduce.py"),
                                str(reports.path)) for _ in range(2)]
@@ -91,6 +93,7 @@ def test_two_agents_form_a_world_of_four_with_unique_ranks(procs, reports, rdzv_
     assert len({r["master"] for r in done}) == 1 and done[0]["master"].startswith("127.0.0.1:")
 
 
+@pytest.mark.needs_torch
 def test_an_agent_arriving_after_the_job_finished_exits_0_with_nothing_to_do(procs, reports, etcd_server):
     flags = etcd_flags(etcd_server)
     first = procs.elasticrun("--nnodes=1", "--nproc-per-node=1", *flags, script("allreduce.py"), str(reports.path))
@@ -104,6 +107,7 @@ def test_an_agent_arriving_after_the_job_finished_exits_0_with_nothing_to_do(pro
 # -- 3, 4: worker failures ---------------------------------------------------------------------
 
 
+@pytest.mark.needs_torch
 def test_a_worker_that_crashes_once_is_restarted_with_restart_count_1(procs, reports):
     agent = procs.elasticrun("--standalone", "--nproc-per-node=2", "--max-restarts=1",
                              script("crash_once.py"), str(reports.path))
@@ -116,6 +120,7 @@ def test_a_worker_that_crashes_once_is_restarted_with_restart_count_1(procs, rep
     assert "restart 1 of 1" in agent.stderr
 
 
+@pytest.mark.needs_torch
 def test_exhausted_restarts_exit_non_zero_with_the_root_cause(procs, reports):
     agent = procs.elasticrun("--standalone", "--nproc-per-node=2", "--max-restarts=1",
                              script("always_fail.py"), str(reports.path))
@@ -137,6 +142,7 @@ def test_exhausted_restarts_exit_non_zero_with_the_root_cause(procs, reports):
 
 
 @pytest.mark.parametrize("max_restarts", [3, 0])
+@pytest.mark.needs_torch
 def test_killing_a_node_restarts_the_survivors_within_the_lease_ttl(procs, reports, etcd_server, tmp_path,
                                                                      max_restarts, record_property):
     """The headline promise: survivors do not wait for a collective timeout, at most for the lease.
@@ -181,6 +187,7 @@ def test_killing_a_node_restarts_the_survivors_within_the_lease_ttl(procs, repor
     assert {r["restart_count"] for r in new_world} == {0}
 
 
+@pytest.mark.needs_torch
 def test_a_third_agent_joining_grows_the_world_to_three(procs, reports, etcd_server, tmp_path):
     stop_file = tmp_path / "stop"
     flags = ["--nnodes=2:3", "--nproc-per-node=1", "--max-restarts=0", *etcd_flags(etcd_server)]
@@ -200,6 +207,7 @@ def test_a_third_agent_joining_grows_the_world_to_three(procs, reports, etcd_ser
     assert {r["rank"] for r in reports.events("started", world_size=3)} == {0, 1, 2}
 
 
+@pytest.mark.needs_torch
 def test_a_prewarmed_node_joins_a_running_job_only_once_its_templates_are_ready(procs, reports, etcd_server,
                                                                                  tmp_path):
     # Its join stops the running workers; joining while its templates still import would leave
@@ -226,6 +234,7 @@ def test_a_prewarmed_node_joins_a_running_job_only_once_its_templates_are_ready(
 # -- 7, 8: signals and observability -----------------------------------------------------------
 
 
+@pytest.mark.needs_torch
 def test_sigterm_stops_the_agent_with_143_and_leaves_no_worker(procs, reports, tmp_path):
     agent = procs.elasticrun("--standalone", "--nproc-per-node=2", *loop_args(reports, tmp_path / "stop"))
     records = reports.wait_for("the workers' first all-reduce", allreduces_at(2), [agent])
@@ -239,6 +248,7 @@ def test_sigterm_stops_the_agent_with_143_and_leaves_no_worker(procs, reports, t
     assert '"event":"job_finished"' in agent.stderr and '"status":"signalled:SIGTERM"' in agent.stderr
 
 
+@pytest.mark.needs_torch
 def test_metrics_and_event_log_during_a_run(procs, reports, tmp_path):
     port, events_path, stop_file = free_port(), tmp_path / "events.jsonl", tmp_path / "stop"
     agent = procs.elasticrun("--standalone", "--nproc-per-node=2", f"--metrics-port={port}",
@@ -304,6 +314,7 @@ BY_FORM = {
 }
 
 
+@pytest.mark.needs_torch
 def test_worker_environment_equals_torchruns_key_by_key(procs, tmp_path):
     dumps = {}
     for launcher in ("torchrun", "elasticrun"):
@@ -378,6 +389,7 @@ def lifeline_watchdog(launched: Launched) -> psutil.Process:
     return watchdog
 
 
+@pytest.mark.needs_torch
 def test_sigkill_of_the_agent_kills_its_workers_and_their_grandchildren_within_1s(procs, reports):
     agent = procs.elasticrun("--standalone", "--nproc-per-node=2", script("grandchildren.py"), str(reports.path))
     started = grandchildren_started(procs, reports, agent, workers=2)
@@ -392,6 +404,7 @@ def test_sigkill_of_the_agent_kills_its_workers_and_their_grandchildren_within_1
     assert "elasticrun watchdog: agent" in agent.stderr
 
 
+@pytest.mark.needs_torch
 def test_stock_torchrun_leaves_its_worker_and_grandchildren_running_when_killed(procs, reports):
     """What the README's failure-behaviour section says of torchrun (and so of our torchrun plugin)."""
     torchrun = procs.torchrun("--standalone", "--nproc-per-node=1", script("grandchildren.py"), str(reports.path))
@@ -402,6 +415,7 @@ def test_stock_torchrun_leaves_its_worker_and_grandchildren_running_when_killed(
     assert still_running(started) == sorted(started)  # orphans, until a test's cleanup kills them
 
 
+@pytest.mark.needs_torch
 def test_a_restarted_agent_stops_what_its_dead_predecessor_left_before_starting_workers(procs, reports, tmp_path):
     port, token_file = free_port(), tmp_path / "store.token"
     token_file.write_text(uuid.uuid4().hex)
@@ -439,6 +453,7 @@ def healthz_reason(port: int) -> str:
         return json.loads(health.read())["reason"]
 
 
+@pytest.mark.needs_torch
 def test_an_etcd_outage_keeps_the_workers_training_and_shows_in_healthz_and_metrics(procs, reports, tmp_path):
     """Static stability seen from outside: etcd down for 3 lease TTLs (stopped, then started on its
     data), the workers all-reduce on, /healthz stays 200 and names the outage, the gauge counts

@@ -14,7 +14,7 @@ import pytest
 import e2e
 from elastic.testing.agents import clean_env
 
-pytestmark = [pytest.mark.slow, pytest.mark.etcd]
+pytestmark = [pytest.mark.slow, pytest.mark.etcd, pytest.mark.needs_torch]
 
 SPARE_HOLD_S = 60.0
 """How long the members must train without a restart while a spare waits (issue 18)."""

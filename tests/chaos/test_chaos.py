@@ -39,7 +39,7 @@ from elastic.testing.etcd_cluster import EtcdCluster
 from elastic.testing.freeze import freeze
 from elastic.testing.netns import NamespaceLink
 
-pytestmark = [pytest.mark.slow, pytest.mark.chaos, pytest.mark.etcd, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.slow, pytest.mark.chaos, pytest.mark.etcd, pytest.mark.needs_torch, pytest.mark.timeout(420)]
 
 STEPS = 100
 FAULT_STEP = 20

@@ -28,7 +28,7 @@ import pytest
 import harness
 from harness import C10D, ELASTICRUN, LAUNCHERS, PLUGIN, PREWARMED, Attempt, Job
 
-pytestmark = [pytest.mark.slow, pytest.mark.etcd]
+pytestmark = [pytest.mark.slow, pytest.mark.etcd, pytest.mark.needs_torch]
 
 RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
 

@@ -25,7 +25,7 @@ import harness
 from elastic.testing.agents import Job, Launched
 from harness import REPO, clean_env
 
-pytestmark = [pytest.mark.slow, pytest.mark.etcd]
+pytestmark = [pytest.mark.slow, pytest.mark.etcd, pytest.mark.needs_torch]
 
 EXAMPLES = REPO / "examples"
 RPC_ENV = {"ELASTIC_RPC_INIT_TIMEOUT": "20", "ELASTIC_RPC_TIMEOUT": "30"}

@@ -38,6 +38,8 @@ from elastic.rendezvous.torchrun_plugin import (  # noqa: E402
 from elastic.testing import with_stacks  # noqa: E402
 from elastic.testing.agents import Launched, wait_while_running  # noqa: E402
 
+pytestmark = pytest.mark.needs_torch
+
 TORCHRUN_TIMEOUT = 120.0
 """Seconds one torchrun may take in all (rendezvous, two gloo workers, exit barrier)."""
 

@@ -14,6 +14,8 @@ import pytest
 
 from rpc.introspect import split_id
 
+pytestmark = pytest.mark.needs_torch
+
 
 @pytest.fixture(scope="module")
 def results(module_spawn) -> list[dict]:

@@ -8,7 +8,11 @@ import sys
 import textwrap
 import time
 
+import pytest
+
 from elastic.testing.ports import free_port
+
+pytestmark = pytest.mark.needs_torch
 
 
 def test_rpc_and_a_gloo_process_group_share_master_port_and_rpc_starts_twice(spawn):

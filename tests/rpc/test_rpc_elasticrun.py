@@ -17,7 +17,7 @@ import pytest
 from elastic.testing import agents
 from rpc_harness import WORKERS
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.needs_torch]
 
 REPO = Path(__file__).resolve().parents[2]
 TRAIN = WORKERS / "elastic_train.py"
