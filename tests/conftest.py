@@ -1,10 +1,12 @@
-"""Shared fixtures and hooks, each in its own section below: etcd, torch."""
+"""Shared fixtures and hooks, each in its own section below: etcd, the tiers, torch."""
 
 from __future__ import annotations
 
 import importlib.util
 
 import pytest
+
+import tiers
 
 # -- etcd --------------------------------------------------------------------------------------
 # One real etcd for the whole session, with auth on (the contract's wrong-credential test needs
@@ -42,11 +44,13 @@ def etcd_server():
         server.close()
 
 
-def pytest_collection_modifyitems(items):
-    """Mark every test that takes the etcd fixture ``etcd`` (parametrized ones mark their param)."""
+def pytest_collection_modifyitems(config, items):
+    """Mark every test that takes the etcd fixture ``etcd`` (parametrized ones mark their param),
+    then keep the tests of the tiers the command line runs."""
     for item in items:
         if "etcd_server" in getattr(item, "fixturenames", ()) and item.get_closest_marker("etcd") is None:
             item.add_marker(pytest.mark.etcd)
+    _select_tiers(config, items)
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -70,6 +74,50 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.section("etcd could not start")
         for failure in _etcd_failures:
             terminalreporter.write_line(failure)
+
+
+# -- tiers -------------------------------------------------------------------------------------
+# tests/tiers.py says which tiers a command line runs: `python -m pytest` alone the fast one.
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("tiers", "test tiers (fast: no slow, etcd or chaos marker; README: Test)")
+    group.addoption("--tier", action="append", dest="tiers", default=[], choices=tiers.TIERS,
+                    help="run the tests of this tier; repeat for several (default without paths, -m or -k: fast)")
+    group.addoption("--all", action="store_true", dest="all_tiers", help="run every tier, as CI does")
+
+
+def _selected(config) -> frozenset[str] | None:
+    try:
+        return tiers.selected_tiers(tiers=config.option.tiers, run_all=config.option.all_tiers,
+                                    markexpr=config.option.markexpr, keyword=config.option.keyword,
+                                    paths_given=config.args_source is pytest.Config.ArgsSource.ARGS)
+    except ValueError as error:
+        raise pytest.UsageError(str(error)) from None
+
+
+def pytest_configure(config):
+    _selected(config)  # a contradictory command line fails before collection, in one line
+
+
+def pytest_report_header(config):
+    chosen = _selected(config)
+    if chosen is None:
+        return "tiers: every test selected (--all, paths, -m or -k)"
+    return f"tiers: {', '.join(sorted(chosen))} (--all for every tier; --tier {'|'.join(tiers.TIERS)})"
+
+
+def _select_tiers(config, items) -> None:
+    chosen = _selected(config)
+    if chosen is None:
+        return
+    kept, deselected = [], []
+    for item in items:
+        in_tier = tiers.tiers_of({mark.name for mark in item.iter_markers()}) & chosen
+        (kept if in_tier else deselected).append(item)
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = kept
 
 
 # -- torch -------------------------------------------------------------------------------------

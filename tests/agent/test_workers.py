@@ -470,6 +470,7 @@ def test_console_prefix_defaults_to_torchruns_and_honours_the_template():
 # -- failures with their causes ----------------------------------------------------------------
 
 
+@pytest.mark.slow  # a worker that imports torch (seconds)
 @pytest.mark.needs_torch
 def test_a_worker_using_record_reports_its_traceback(harness):
     body = """

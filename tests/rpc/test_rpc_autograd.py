@@ -14,7 +14,8 @@ import pytest
 
 from rpc.introspect import split_id
 
-pytestmark = pytest.mark.needs_torch
+# Slow: three workers import torch and form an RPC group (seconds); CI runs it (--all).
+pytestmark = [pytest.mark.slow, pytest.mark.needs_torch]
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,8 @@ import pytest
 
 from elastic.testing.ports import free_port
 
-pytestmark = pytest.mark.needs_torch
+# Slow: each test starts workers that import torch (seconds each); CI runs them (--all).
+pytestmark = [pytest.mark.slow, pytest.mark.needs_torch]
 
 
 def test_rpc_and_a_gloo_process_group_share_master_port_and_rpc_starts_twice(spawn):

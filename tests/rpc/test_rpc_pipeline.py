@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-pytestmark = pytest.mark.needs_torch
+# Slow: three workers import torch and form an RPC group (seconds); CI runs it (--all).
+pytestmark = [pytest.mark.slow, pytest.mark.needs_torch]
 
 ROLES = [("master", 0, 1), ("stage", 0, 2), ("stage", 1, 2)]
 
