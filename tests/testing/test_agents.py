@@ -152,7 +152,7 @@ def test_a_process_not_under_with_stacks_is_not_sent_sigusr1(job):
 
 
 def test_a_wait_for_fails_at_once_naming_the_process_that_exited(job):
-    quitter = job.start("quitter", [sys.executable, "-c", "import sys; print('bye', file=sys.stderr); sys.exit(2)"])
+    job.start("quitter", [sys.executable, "-c", "import sys; print('bye', file=sys.stderr); sys.exit(2)"])
     started = time.monotonic()
     with pytest.raises(ProcessExited, match=r"(?s)quitter exited \(2\) while waiting for Godot; .*bye"):
         job.wait_for("Godot", lambda: False)
@@ -175,14 +175,18 @@ def test_stop_all_kills_every_tree_and_the_reported_workers(tmp_path):
     # A "worker" the agent no longer parents (a killed agent's orphan), named in the reports.
     orphan = Launched([sys.executable, "-c", "import time; time.sleep(60)", marker], name="orphan", logdir=tmp_path,
                       new_session=True)
-    child = int(job.wait_for("the pids", lambda: agent.stdout.split())[1])
-    reports = Reports(tmp_path / "reports.jsonl", job)
-    (tmp_path / "reports.jsonl").write_text(json.dumps({"event": "started", "pid": orphan.pid}) + "\n")
-    assert [r["pid"] for r in reports.events("started")] == [orphan.pid]
-    job.worker_marker = marker
-    job.stop_all()
-    assert agent.returncode == -signal.SIGKILL and orphan.proc.wait(timeout=10) == -signal.SIGKILL
-    assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
+    try:
+        child = int(job.wait_for("the pids", lambda: agent.stdout.split())[1])
+        reports = Reports(tmp_path / "reports.jsonl", job)
+        (tmp_path / "reports.jsonl").write_text(json.dumps({"event": "started", "pid": orphan.pid}) + "\n")
+        assert [r["pid"] for r in reports.events("started")] == [orphan.pid]
+        job.worker_marker = marker
+        job.stop_all()
+        assert agent.returncode == -signal.SIGKILL and orphan.proc.wait(timeout=10) == -signal.SIGKILL
+        assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
+    finally:
+        job.stop_all()
+        orphan.kill_tree()
 
 
 def test_reports_leave_a_line_being_written_for_the_next_read(tmp_path):
