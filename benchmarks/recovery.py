@@ -60,6 +60,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import psutil
+from elastic.testing.agents import kill_tree, process_tree
 from elastic.testing.ports import free_port
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -157,29 +158,14 @@ class Job:
 
     def kill_agent(self, index: int) -> float:
         """SIGKILL agent ``index`` and all its descendants at once; returns the wall time."""
-        try:
-            root = psutil.Process(self.agents[index].pid)
-            tree = [root, *root.children(recursive=True)]
-        except psutil.NoSuchProcess:
-            tree = []
-        killed_at = time.time()
-        for proc in tree:
-            try:
-                proc.send_signal(signal.SIGKILL)
-            except psutil.NoSuchProcess:
-                pass
-        psutil.wait_procs(tree, timeout=10)
+        killed = kill_tree(self.agents[index].pid)
         self.agents[index].wait(timeout=10)
-        return killed_at
+        return killed.at
 
     def freeze_agent(self, index: int) -> float:
         """SIGSTOP agent ``index`` and all its descendants, as a machine that hangs; returns the
         wall time. :meth:`stop` kills them (SIGKILL works on stopped processes)."""
-        try:
-            root = psutil.Process(self.agents[index].pid)
-            tree = [root, *root.children(recursive=True)]
-        except psutil.NoSuchProcess:
-            tree = []
+        tree = process_tree(self.agents[index].pid)
         frozen_at = time.time()
         for proc in tree:
             try:

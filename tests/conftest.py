@@ -1,8 +1,12 @@
-"""Shared fixtures. Each backend's fixtures live in their own section below."""
+"""Shared fixtures and hooks, each in its own section below: etcd, the tiers, torch."""
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
+
+import tiers
 
 # -- etcd --------------------------------------------------------------------------------------
 # One real etcd for the whole session, with auth on (the contract's wrong-credential test needs
@@ -40,11 +44,13 @@ def etcd_server():
         server.close()
 
 
-def pytest_collection_modifyitems(items):
-    """Mark every test that takes the etcd fixture ``etcd`` (parametrized ones mark their param)."""
+def pytest_collection_modifyitems(config, items):
+    """Mark every test that takes the etcd fixture ``etcd`` (parametrized ones mark their param),
+    then keep the tests of the tiers the command line runs."""
     for item in items:
         if "etcd_server" in getattr(item, "fixturenames", ()) and item.get_closest_marker("etcd") is None:
             item.add_marker(pytest.mark.etcd)
+    _select_tiers(config, items)
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -68,3 +74,94 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.section("etcd could not start")
         for failure in _etcd_failures:
             terminalreporter.write_line(failure)
+
+
+# -- tiers -------------------------------------------------------------------------------------
+# tests/tiers.py says which tiers a command line runs: `python -m pytest` alone the fast one.
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("tiers", "test tiers (fast: no slow, etcd or chaos marker; README: Test)")
+    group.addoption("--tier", action="append", dest="tiers", default=[], choices=tiers.TIERS,
+                    help="run the tests of this tier; repeat for several (default without paths, -m or -k: fast)")
+    group.addoption("--all", action="store_true", dest="all_tiers", help="run every tier, as CI does")
+
+
+def _selected(config) -> frozenset[str] | None:
+    try:
+        return tiers.selected_tiers(tiers=config.option.tiers, run_all=config.option.all_tiers,
+                                    markexpr=config.option.markexpr, keyword=config.option.keyword,
+                                    paths_given=config.args_source is pytest.Config.ArgsSource.ARGS)
+    except ValueError as error:
+        raise pytest.UsageError(str(error)) from None
+
+
+def pytest_configure(config):
+    _selected(config)  # a contradictory command line fails before collection, in one line
+
+
+def pytest_report_header(config):
+    chosen = _selected(config)
+    if chosen is None:
+        return "tiers: every test selected (--all, paths, -m or -k)"
+    return f"tiers: {', '.join(sorted(chosen))} (--all for every tier; --tier {'|'.join(tiers.TIERS)})"
+
+
+def _select_tiers(config, items) -> None:
+    chosen = _selected(config)
+    if chosen is None:
+        return
+    kept, deselected = [], []
+    for item in items:
+        in_tier = tiers.tiers_of({mark.name for mark in item.iter_markers()}) & chosen
+        (kept if in_tier else deselected).append(item)
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = kept
+
+
+# -- torch -------------------------------------------------------------------------------------
+# A test that needs torch is marked needs_torch. Without torch it fails with one line, unless
+# deselected with -m "not needs_torch". A module that imports torch at its top cannot be
+# collected without it: it becomes one such failing test.
+
+TORCH_MISSING = "torch is not installed and this test needs it: pip install torch, or deselect with -m 'not needs_torch'"
+
+
+def _torch_missing() -> bool:
+    return importlib.util.find_spec("torch") is None
+
+
+def pytest_runtest_setup(item):
+    if item.get_closest_marker("needs_torch") is not None and _torch_missing():
+        pytest.fail(TORCH_MISSING, pytrace=False)
+
+
+class _TorchlessModule(pytest.Module):
+    """A test module that, when it cannot be imported for want of torch, is one needs_torch test."""
+
+    def collect(self):
+        try:
+            return super().collect()
+        except pytest.Collector.CollectError as error:
+            cause = error.__cause__
+            if not (isinstance(cause, ModuleNotFoundError) and (cause.name or "").split(".")[0] == "torch"
+                    and _torch_missing()):
+                raise
+            return [_NeedsTorch.from_parent(self, name="needs_torch")]
+
+
+class _NeedsTorch(pytest.Item):
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.add_marker(pytest.mark.needs_torch)
+
+    def runtest(self) -> None:
+        pytest.fail(TORCH_MISSING, pytrace=False)
+
+    def reportinfo(self):
+        return self.path, None, f"{self.path.name}: every test of it (it imports torch)"
+
+
+def pytest_pycollect_makemodule(module_path, parent):
+    return _TorchlessModule.from_parent(parent, path=module_path)

@@ -1,1 +1,2 @@
-"""Test support shipped with the package: the backend contract suite and real-server harnesses."""
+"""Test support shipped with the package: the backend contract suite, real-server harnesses and
+the launched-process harness (:mod:`elastic.testing.agents`)."""

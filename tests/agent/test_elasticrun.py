@@ -3,249 +3,46 @@
 Every agent is ``python -m elastic.run`` in its own process on loopback; the workers (in
 ``tests/agent/workers/``) append JSON lines with their ranks, restart count and wall times to a
 file the test reads. Each test uses its own run id; every process it starts (agents, their
-workers, a store) is stopped by PID at the end, whatever happened.
+workers, a store) is stopped by PID at the end, whatever happened (the ``procs`` fixture).
 
-Rendezvous settings are shrunk to keep the file fast: ``lease_ttl=2,last_call_timeout=1``.
-With ``ELASTIC_TEST_PREWARM=1`` every agent runs with ``--prewarm`` (workers forked from
-pre-warmed templates): the file must pass both ways.
+The helpers are ``e2e.py``, on :mod:`elastic.testing.agents`. Rendezvous settings are shrunk
+to keep the file fast: ``lease_ttl=2,last_call_timeout=1``. With ``ELASTIC_TEST_PREWARM=1``
+every agent runs with ``--prewarm`` (workers forked from pre-warmed templates): the file must
+pass both ways.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import socket
-import subprocess
-import sys
 import time
 import urllib.request
 import uuid
-from pathlib import Path
-from typing import Callable, Iterator
 
 import psutil
 import pytest
+
+from e2e import (
+    FAST_CONF,
+    LAST_CALL,
+    LEASE_TTL,
+    PREWARM,
+    RUN_TIMEOUT,
+    Processes,
+    allreduces_at,
+    assert_correct_allreduces,
+    etcd_flags,
+    loop_args,
+    run_id,
+    script,
+    worker_alive,
+)
+from elastic.testing.agents import Launched, Reports, clean_env, wait_until
 from elastic.testing.ports import free_port
 
 pytestmark = pytest.mark.slow
-
-WORKERS = Path(__file__).parent / "workers"
-PREWARM = os.environ.get("ELASTIC_TEST_PREWARM") == "1"
-ELASTICRUN = [sys.executable, "-m", "elastic.run", *(["--prewarm"] if PREWARM else [])]
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
-LEASE_TTL = 2.0
-LAST_CALL = 1.0
-FAST_CONF = f"lease_ttl={LEASE_TTL:g},last_call_timeout={LAST_CALL:g}"
-# What a run may take at most before the test gives up on it (each worker imports torch, ~1.5 s).
-RUN_TIMEOUT = 60.0
-
-
-# -- processes ---------------------------------------------------------------------------------
-
-
-def clean_env(**extra: str) -> dict[str, str]:
-    """The environment of a launcher: ours without launcher/worker variables from outside."""
-    env = {
-        key: value
-        for key, value in os.environ.items()
-        if not key.startswith(("TORCHELASTIC_", "PET_", "OMP_", "TORCH_NCCL"))
-        and key not in {"RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOGLEVEL"}
-    }
-    env.update(extra)
-    return env
-
-
-class Launched:
-    """One launcher process (ours or torchrun) with its output in files."""
-
-    def __init__(self, argv: list[str], workdir: Path, name: str, env: dict[str, str]) -> None:
-        self.name = name
-        self.stdout_path = workdir / f"{name}.stdout"
-        self.stderr_path = workdir / f"{name}.stderr"
-        with open(self.stdout_path, "ab") as out, open(self.stderr_path, "ab") as err:
-            self.proc = subprocess.Popen(argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env)
-        self.pid = self.proc.pid
-
-    @property
-    def stderr(self) -> str:
-        return self.stderr_path.read_text(errors="replace")
-
-    @property
-    def stdout(self) -> str:
-        return self.stdout_path.read_text(errors="replace")
-
-    def wait(self, timeout: float = RUN_TIMEOUT) -> int:
-        try:
-            return self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            raise AssertionError(f"{self.name} did not exit within {timeout:g}s; stderr:\n{self.stderr[-4000:]}") from None
-
-    def tree(self) -> list[psutil.Process]:
-        """The launcher and all its live descendants (workers run in their own sessions)."""
-        try:
-            me = psutil.Process(self.pid)
-            return [me, *me.children(recursive=True)]
-        except psutil.NoSuchProcess:
-            return []
-
-    def kill_tree(self) -> float:
-        """SIGKILL the launcher and every descendant at once, as a machine dying; returns the wall time."""
-        procs = self.tree()
-        killed_at = time.time()
-        for proc in procs:
-            try:
-                proc.kill()
-            except psutil.NoSuchProcess:
-                pass
-        psutil.wait_procs(procs, timeout=10)
-        self.proc.wait(timeout=10)
-        return killed_at
-
-
-class Processes:
-    """Starts launchers and stores for one test and stops all of them (by PID) at the end."""
-
-    def __init__(self, workdir: Path) -> None:
-        self.workdir = workdir
-        self.launched: list[Launched] = []
-        self.worker_pids: set[int] = set()
-        self._extra: list[subprocess.Popen] = []
-
-    def elasticrun(self, *args: str, name: str | None = None, env: dict[str, str] | None = None) -> Launched:
-        return self._launch(ELASTICRUN + list(args), name or f"agent{len(self.launched)}", env)
-
-    def torchrun(self, *args: str, name: str = "torchrun", env: dict[str, str] | None = None) -> Launched:
-        return self._launch(TORCHRUN + list(args), name, env)
-
-    def _launch(self, argv: list[str], name: str, env: dict[str, str] | None) -> Launched:
-        # TMPDIR (both launchers, so their workers' environments compare equal): the PID files of
-        # our agents without --log-dir, which kill_tree leaves behind, stay in the test's directory.
-        launched = Launched(argv, self.workdir, name, env or clean_env(TMPDIR=str(self.workdir)))
-        self.launched.append(launched)
-        return launched
-
-    def tcp_store(self, port: int, token_file: Path) -> None:
-        """The built-in store on its own (``python -m backends.tcp.cli``), ready when this returns."""
-        store = subprocess.Popen(
-            [sys.executable, "-m", "backends.tcp.cli", "--host", "127.0.0.1", "--port", str(port),
-             "--token-file", str(token_file), "--log-level", "WARNING"],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, text=True,
-        )  # fmt: skip
-        self._extra.append(store)
-        line = store.stdout.readline()  # blocks until it listens (or exits)
-        assert "listening on" in line, f"the store did not start: {line!r}"
-
-    def stop_all(self) -> None:
-        """SIGKILL whatever is left: launchers with their trees, recorded workers, stores."""
-        for launched in self.launched:
-            if launched.proc.poll() is None:
-                launched.kill_tree()
-        for pid in self.worker_pids:
-            kill_if_worker(pid)
-        for proc in self._extra:
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(timeout=10)
-            if proc.stdout is not None:
-                proc.stdout.close()
-
-
-def worker_alive(pid: int) -> bool:
-    """Whether ``pid`` is still one of our worker scripts (not a reused pid, not a zombie)."""
-    try:
-        proc = psutil.Process(pid)
-        return proc.status() != psutil.STATUS_ZOMBIE and str(WORKERS) in " ".join(proc.cmdline())
-    except psutil.Error:
-        return False
-
-
-def kill_if_worker(pid: int) -> None:
-    if worker_alive(pid):
-        try:
-            psutil.Process(pid).kill()
-        except psutil.Error:
-            pass
-
-
-@pytest.fixture
-def procs(tmp_path) -> Iterator[Processes]:
-    processes = Processes(tmp_path)
-    try:
-        yield processes
-    finally:
-        processes.stop_all()
-
-
-# -- worker reports ----------------------------------------------------------------------------
-
-
-class Reports:
-    """The JSON lines the workers of a test append to one file."""
-
-    def __init__(self, path: Path, procs: Processes) -> None:
-        self.path = path
-        self._procs = procs
-
-    def all(self) -> list[dict]:
-        if not self.path.exists():
-            return []
-        complete = self.path.read_text().split("\n")[:-1]  # the last piece may still be being written
-        records = [json.loads(line) for line in complete if line.strip()]
-        self._procs.worker_pids.update(r["pid"] for r in records)
-        return records
-
-    def events(self, event: str, **match) -> list[dict]:
-        return [r for r in self.all() if r["event"] == event and all(r.get(k) == v for k, v in match.items())]
-
-    def wait_for(self, what: str, predicate: Callable[[list[dict]], bool], launched: list[Launched],
-                 timeout: float = RUN_TIMEOUT) -> list[dict]:
-        """Poll until ``predicate(records)``; fail early if a launcher exits meanwhile."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            records = self.all()
-            if predicate(records):
-                return records
-            for agent in launched:
-                if agent.proc.poll() is not None:
-                    raise AssertionError(f"{agent.name} exited ({agent.proc.returncode}) while waiting for "
-                                         f"{what}; stderr:\n{agent.stderr[-4000:]}")
-            time.sleep(0.05)
-        raise AssertionError(f"timed out after {timeout:g}s waiting for {what}; last reports: {self.all()[-6:]}")
-
-
-@pytest.fixture
-def reports(tmp_path, procs) -> Reports:
-    return Reports(tmp_path / "reports.jsonl", procs)
-
-
-def allreduces_at(world: int, *, after: float = 0.0) -> Callable[[list[dict]], bool]:
-    """Every rank of a ``world``-sized group has completed an all-reduce after wall time ``after``."""
-    def seen(records: list[dict]) -> bool:
-        ranks = {r["rank"] for r in records
-                 if r["event"] == "allreduce" and r["world_size"] == world and r["time"] > after}
-        return ranks == set(range(world))
-    return seen
-
-
-def assert_correct_allreduces(records: list[dict], world: int) -> None:
-    """Each rank 0..world-1 reported the sum 1 + ... + world."""
-    done = [r for r in records if r["event"] == "allreduce" and r["world_size"] == world]
-    assert sorted({r["rank"] for r in done}) == list(range(world))
-    assert {r["result"] for r in done} == {world * (world + 1) // 2}
-
-
-def run_id() -> str:
-    return f"e2e-{uuid.uuid4().hex[:10]}"
-
-
-def script(name: str) -> str:
-    return str(WORKERS / name)
 
 
 # -- rendezvous backends -----------------------------------------------------------------------
@@ -268,16 +65,11 @@ def rdzv_flags(request, tmp_path, procs) -> list[str]:
             "--rdzv-conf", conf, "--local-addr", "127.0.0.1"]
 
 
-def etcd_flags(etcd_server) -> list[str]:
-    config = etcd_server.client_config()
-    conf = f"{FAST_CONF},user={config.user},password={config.password}"
-    return ["--rdzv-backend", "etcd", "--rdzv-endpoint", etcd_server.endpoints, "--rdzv-id", run_id(),
-            "--rdzv-conf", conf, "--local-addr", "127.0.0.1"]
-
 
 # -- 1, 2: all-reduce --------------------------------------------------------------------------
 
 
+@pytest.mark.needs_torch
 def test_one_node_two_workers_all_reduce_the_right_sum(procs, reports):
     agent = procs.elasticrun("--standalone", "--nproc-per-node=2", script("allreduce.py"), str(reports.path))
     assert agent.wait() == 0, agent.stderr
@@ -286,6 +78,7 @@ def test_one_node_two_workers_all_reduce_the_right_sum(procs, reports):
     assert {(r["rank"], r["local_rank"]) for r in reports.events("allreduce")} == {(0, 0), (1, 1)}
 
 
+@pytest.mark.needs_torch
 def test_two_agents_form_a_world_of_four_with_unique_ranks(procs, reports, rdzv_flags):
     agents = [procs.elasticrun("--nnodes=2", "--nproc-per-node=2", *rdzv_flags, script("allreduce.py"),
                                str(reports.path)) for _ in range(2)]
@@ -300,6 +93,7 @@ def test_two_agents_form_a_world_of_four_with_unique_ranks(procs, reports, rdzv_
     assert len({r["master"] for r in done}) == 1 and done[0]["master"].startswith("127.0.0.1:")
 
 
+@pytest.mark.needs_torch
 def test_an_agent_arriving_after_the_job_finished_exits_0_with_nothing_to_do(procs, reports, etcd_server):
     flags = etcd_flags(etcd_server)
     first = procs.elasticrun("--nnodes=1", "--nproc-per-node=1", *flags, script("allreduce.py"), str(reports.path))
@@ -313,6 +107,7 @@ def test_an_agent_arriving_after_the_job_finished_exits_0_with_nothing_to_do(pro
 # -- 3, 4: worker failures ---------------------------------------------------------------------
 
 
+@pytest.mark.needs_torch
 def test_a_worker_that_crashes_once_is_restarted_with_restart_count_1(procs, reports):
     agent = procs.elasticrun("--standalone", "--nproc-per-node=2", "--max-restarts=1",
                              script("crash_once.py"), str(reports.path))
@@ -325,6 +120,7 @@ def test_a_worker_that_crashes_once_is_restarted_with_restart_count_1(procs, rep
     assert "restart 1 of 1" in agent.stderr
 
 
+@pytest.mark.needs_torch
 def test_exhausted_restarts_exit_non_zero_with_the_root_cause(procs, reports):
     agent = procs.elasticrun("--standalone", "--nproc-per-node=2", "--max-restarts=1",
                              script("always_fail.py"), str(reports.path))
@@ -345,12 +141,8 @@ def test_exhausted_restarts_exit_non_zero_with_the_root_cause(procs, reports):
 # -- 5, 6: membership changes ------------------------------------------------------------------
 
 
-def loop_args(reports: Reports, stop_file: Path) -> list[str]:
-    return [script("allreduce.py"), str(reports.path), "--loop", "--stop-file", str(stop_file),
-            "--max-seconds", "90", "--interval", "0.05"]
-
-
 @pytest.mark.parametrize("max_restarts", [3, 0])
+@pytest.mark.needs_torch
 def test_killing_a_node_restarts_the_survivors_within_the_lease_ttl(procs, reports, etcd_server, tmp_path,
                                                                      max_restarts, record_property):
     """The headline promise: survivors do not wait for a collective timeout, at most for the lease.
@@ -369,7 +161,7 @@ def test_killing_a_node_restarts_the_survivors_within_the_lease_ttl(procs, repor
     rank0_pid = next(r["pid"] for r in records if r["event"] == "started" and r["rank"] == 0 and r["world_size"] == 3)
     victim = next(a for a in agents if rank0_pid in {p.pid for p in a.tree()})
     survivors = [a for a in agents if a is not victim]
-    killed_at = victim.kill_tree()
+    killed_at = victim.kill_tree().at
 
     records = reports.wait_for("a world of 2 after the kill", allreduces_at(2, after=killed_at), survivors)
     first = min(r["time"] for r in records
@@ -395,6 +187,7 @@ def test_killing_a_node_restarts_the_survivors_within_the_lease_ttl(procs, repor
     assert {r["restart_count"] for r in new_world} == {0}
 
 
+@pytest.mark.needs_torch
 def test_a_third_agent_joining_grows_the_world_to_three(procs, reports, etcd_server, tmp_path):
     stop_file = tmp_path / "stop"
     flags = ["--nnodes=2:3", "--nproc-per-node=1", "--max-restarts=0", *etcd_flags(etcd_server)]
@@ -414,6 +207,7 @@ def test_a_third_agent_joining_grows_the_world_to_three(procs, reports, etcd_ser
     assert {r["rank"] for r in reports.events("started", world_size=3)} == {0, 1, 2}
 
 
+@pytest.mark.needs_torch
 def test_a_prewarmed_node_joins_a_running_job_only_once_its_templates_are_ready(procs, reports, etcd_server,
                                                                                  tmp_path):
     # Its join stops the running workers; joining while its templates still import would leave
@@ -440,6 +234,7 @@ def test_a_prewarmed_node_joins_a_running_job_only_once_its_templates_are_ready(
 # -- 7, 8: signals and observability -----------------------------------------------------------
 
 
+@pytest.mark.needs_torch
 def test_sigterm_stops_the_agent_with_143_and_leaves_no_worker(procs, reports, tmp_path):
     agent = procs.elasticrun("--standalone", "--nproc-per-node=2", *loop_args(reports, tmp_path / "stop"))
     records = reports.wait_for("the workers' first all-reduce", allreduces_at(2), [agent])
@@ -453,6 +248,7 @@ def test_sigterm_stops_the_agent_with_143_and_leaves_no_worker(procs, reports, t
     assert '"event":"job_finished"' in agent.stderr and '"status":"signalled:SIGTERM"' in agent.stderr
 
 
+@pytest.mark.needs_torch
 def test_metrics_and_event_log_during_a_run(procs, reports, tmp_path):
     port, events_path, stop_file = free_port(), tmp_path / "events.jsonl", tmp_path / "stop"
     agent = procs.elasticrun("--standalone", "--nproc-per-node=2", f"--metrics-port={port}",
@@ -486,10 +282,8 @@ def test_one_of_two_nodes_says_what_it_waits_for_until_its_join_timeout(procs, r
     flags[conf] += f",join_timeout={join_timeout}"
     agent = procs.elasticrun("--nnodes=2", "--nproc-per-node=1", f"--metrics-port={port}", *flags,
                              script("allreduce.py"), str(reports.path))
-    deadline = time.monotonic() + RUN_TIMEOUT
-    while "waiting for nodes" not in agent.stderr:
-        assert agent.proc.poll() is None and time.monotonic() < deadline, agent.stderr
-        time.sleep(0.2)
+    procs.wait_for("the agent's 'waiting for nodes' line", lambda: "waiting for nodes" in agent.stderr,
+                   names=[agent.name])
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as health:
         assert json.loads(health.read()) == {"status": "ok", "reason": "waiting for rendezvous (1 of 2)"}
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as metrics:
@@ -520,6 +314,7 @@ BY_FORM = {
 }
 
 
+@pytest.mark.needs_torch
 def test_worker_environment_equals_torchruns_key_by_key(procs, tmp_path):
     dumps = {}
     for launcher in ("torchrun", "elasticrun"):
@@ -594,6 +389,7 @@ def lifeline_watchdog(launched: Launched) -> psutil.Process:
     return watchdog
 
 
+@pytest.mark.needs_torch
 def test_sigkill_of_the_agent_kills_its_workers_and_their_grandchildren_within_1s(procs, reports):
     agent = procs.elasticrun("--standalone", "--nproc-per-node=2", script("grandchildren.py"), str(reports.path))
     started = grandchildren_started(procs, reports, agent, workers=2)
@@ -608,6 +404,7 @@ def test_sigkill_of_the_agent_kills_its_workers_and_their_grandchildren_within_1
     assert "elasticrun watchdog: agent" in agent.stderr
 
 
+@pytest.mark.needs_torch
 def test_stock_torchrun_leaves_its_worker_and_grandchildren_running_when_killed(procs, reports):
     """What the README's failure-behaviour section says of torchrun (and so of our torchrun plugin)."""
     torchrun = procs.torchrun("--standalone", "--nproc-per-node=1", script("grandchildren.py"), str(reports.path))
@@ -618,6 +415,7 @@ def test_stock_torchrun_leaves_its_worker_and_grandchildren_running_when_killed(
     assert still_running(started) == sorted(started)  # orphans, until a test's cleanup kills them
 
 
+@pytest.mark.needs_torch
 def test_a_restarted_agent_stops_what_its_dead_predecessor_left_before_starting_workers(procs, reports, tmp_path):
     port, token_file = free_port(), tmp_path / "store.token"
     token_file.write_text(uuid.uuid4().hex)
@@ -649,6 +447,13 @@ def test_a_restarted_agent_stops_what_its_dead_predecessor_left_before_starting_
     assert second.wait(timeout=30) == 143, second.stderr
 
 
+def healthz_reason(port: int) -> str:
+    """The ``reason`` of the agent's /healthz answer."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as health:
+        return json.loads(health.read())["reason"]
+
+
+@pytest.mark.needs_torch
 def test_an_etcd_outage_keeps_the_workers_training_and_shows_in_healthz_and_metrics(procs, reports, tmp_path):
     """Static stability seen from outside: etcd down for 3 lease TTLs (stopped, then started on its
     data), the workers all-reduce on, /healthz stays 200 and names the outage, the gauge counts
@@ -679,14 +484,8 @@ def test_an_etcd_outage_keeps_the_workers_training_and_shows_in_healthz_and_metr
             reports.wait_for("all-reduces during the outage", allreduces_at(2, after=stopped_at + 2 * LEASE_TTL), [agent])
         finally:
             server.start()
-        deadline = time.monotonic() + RUN_TIMEOUT
-        while True:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as health:
-                reason = json.loads(health.read())["reason"]
-            if reason == "running" or time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
-        assert reason == "running"
+        assert wait_until(lambda: healthz_reason(port) == "running", RUN_TIMEOUT, "/healthz to say 'running' again",
+                          interval=0.2)
         stop_file.touch()
         assert agent.wait() == 0, agent.stderr
     assert "the store has not answered a keepalive" in agent.stderr
@@ -708,13 +507,8 @@ def test_a_worker_failure_during_an_etcd_outage_is_not_charged(procs, reports, t
         reports.wait_for("the worker", lambda records: len(records) >= 1, [agent])
         server.stop()
         try:
-            deadline = time.monotonic() + RUN_TIMEOUT
-            reason = ""
-            while "store unreachable" not in reason:
-                assert time.monotonic() < deadline and agent.proc.poll() is None, agent.stderr
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as health:
-                    reason = json.loads(health.read())["reason"]
-                time.sleep(0.2)
+            procs.wait_for("/healthz to name the outage", lambda: "store unreachable" in healthz_reason(port),
+                           names=[agent.name])
             trigger.touch()
             reports.wait_for("the crash", lambda records: any(r["event"] == "crash" for r in records), [agent])
             time.sleep(1.0)  # the agent restarts and waits in the rejoin for etcd

@@ -116,6 +116,8 @@ def test_oversized_error_file_is_ignored(tmp_path, monkeypatch):
     assert read_error_file(str(path)) is None
 
 
+@pytest.mark.slow  # a worker that imports torch (seconds)
+@pytest.mark.needs_torch
 def test_error_file_written_by_torch_record_is_read(tmp_path):
     """The real decorator, in a real process: the format we parse is the format it writes."""
     script = tmp_path / "worker.py"

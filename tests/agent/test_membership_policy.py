@@ -1,24 +1,20 @@
 """Membership policy with real agents on etcd: spares wait instead of churning, ranks are stable.
 
 Each agent is ``python -m elastic.run`` in its own process with one gloo worker
-(``tests/agent/workers/allreduce.py``); the helpers come from ``test_elasticrun.py``.
+(``tests/agent/workers/allreduce.py``); the helpers are ``e2e.py``, the fixtures ``procs`` and
+``reports`` are in ``conftest.py``.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import time
-from pathlib import Path
 
 import pytest
 
-_spec = importlib.util.spec_from_file_location("e2e", Path(__file__).with_name("test_elasticrun.py"))
-e2e = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(e2e)  # type: ignore[union-attr]
+import e2e
+from elastic.testing.agents import clean_env
 
-pytestmark = [pytest.mark.slow, pytest.mark.etcd]
-
-procs, reports = e2e.procs, e2e.reports  # fixtures
+pytestmark = [pytest.mark.slow, pytest.mark.etcd, pytest.mark.needs_torch]
 
 SPARE_HOLD_S = 60.0
 """How long the members must train without a restart while a spare waits (issue 18)."""
@@ -64,7 +60,7 @@ def test_a_node_beyond_the_maximum_waits_as_a_spare_and_replaces_a_lost_member(p
     assert "waits as a spare" in spare.stderr, spare.stderr[-3000:]
 
     victim = agent_of(agents, next(r["pid"] for r in started if r["group_rank"] == 0))
-    killed_at = victim.kill_tree()
+    killed_at = victim.kill_tree().at
     records = reports.wait_for("the spare in a world of 2", e2e.allreduces_at(2, after=killed_at),
                                [a for a in agents if a is not victim])
     first = min(r["time"] for r in records if r["event"] == "allreduce" and r["time"] > killed_at)
@@ -88,10 +84,10 @@ def test_survivors_keep_their_order_and_a_promoted_spare_gets_the_last_rank(proc
     before = ranks_by_agent(records, agents, 3)
     assert sorted(before.values()) == [0, 1, 2], before
     by_rank = {rank: name for name, rank in before.items()}
-    e2e.Reports.wait_for(reports, "the spare to wait", lambda _: "waits as a spare" in spare.stderr, agents)
+    reports.wait_for("the spare to wait", lambda _: "waits as a spare" in spare.stderr, agents)
 
     victim = next(agent for agent in agents if agent.name == by_rank[1])
-    killed_at = victim.kill_tree()
+    killed_at = victim.kill_tree().at
     records = reports.wait_for("a world of 3 with the spare", e2e.allreduces_at(3, after=killed_at),
                                [a for a in agents if a is not victim])
     after = ranks_by_agent(records, agents, 3, after=killed_at)
@@ -108,7 +104,7 @@ def test_a_node_whose_workers_keep_failing_is_excluded_and_the_job_goes_on(procs
     flags[conf_at] += ",max_node_failures=2,exclusion_cooldown=300"
     args = [*e2e.loop_args(reports, stop_file), "--crash-if-env", "BAD_NODE", "--crash-after", "0.5"]
     agents = [procs.elasticrun(*flags, *args, name=f"good{index}") for index in range(2)]
-    bad = procs.elasticrun(*flags, *args, name="bad", env=e2e.clean_env(BAD_NODE="1"))
+    bad = procs.elasticrun(*flags, *args, name="bad", env=clean_env(BAD_NODE="1"))
     agents.append(bad)
     records = reports.wait_for("the bad node excluded and 2 nodes training",
                                lambda records: "is excluded for" in bad.stderr and e2e.allreduces_at(2)(records)

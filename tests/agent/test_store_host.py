@@ -30,6 +30,7 @@ def test_a_reserved_port_accepts_connections_before_anyone_serves_it():
     assert reservation.take() is None  # closed: nothing left to hand over
 
 
+@pytest.mark.needs_torch
 def test_workers_that_connect_before_the_helper_serves_are_served_once_it_does():
     import torch.distributed as dist
 

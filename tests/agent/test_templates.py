@@ -377,6 +377,7 @@ dist.destroy_process_group()
 
 
 @pytest.mark.slow
+@pytest.mark.needs_torch
 def test_prewarmed_workers_all_reduce_with_gloo_and_get_the_normal_environment(templates):
     config = templates.config(ALLREDUCE, nproc=2, modules=("torch",))
     pool = templates.pool(config)
@@ -396,6 +397,7 @@ def test_prewarmed_workers_all_reduce_with_gloo_and_get_the_normal_environment(t
 
 
 @pytest.mark.slow
+@pytest.mark.needs_torch
 def test_a_template_that_initialised_cuda_is_refused(templates, caplog):
     fake_cuda = templates.module("fake_cuda", """
         import torch
@@ -410,6 +412,7 @@ def test_a_template_that_initialised_cuda_is_refused(templates, caplog):
 
 
 @pytest.mark.slow
+@pytest.mark.needs_torch
 def test_a_template_that_used_the_intra_op_thread_pool_is_refused(templates, caplog):
     busy = templates.module("busy_pool", """
         import torch
@@ -425,6 +428,7 @@ def test_a_template_that_used_the_intra_op_thread_pool_is_refused(templates, cap
 
 
 @pytest.mark.slow
+@pytest.mark.needs_torch
 def test_torch_alone_passes_the_check_though_it_leaves_an_openblas_thread(templates):
     config = templates.config(REPORT, modules=("torch",), nproc=1)
     pool = templates.pool(config)

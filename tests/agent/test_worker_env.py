@@ -214,6 +214,7 @@ DUMP_ENV = textwrap.dedent(
 
 
 @pytest.mark.slow
+@pytest.mark.needs_torch
 def test_environment_matches_torchrun_key_by_key(tmp_path):
     """Run ``torchrun --standalone --nproc-per-node=2`` and rebuild each worker's env and command.
 

@@ -21,6 +21,7 @@ import psutil
 import pytest
 
 from elastic.agent.prewarm.pool import ForkedWorker, TemplatePool
+from elastic.testing.agents import wait_until
 from elastic.agent.processes.workers import (
     GroupState,
     GroupStatus,
@@ -51,14 +52,6 @@ def alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
-
-
-def wait_until(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)
 
 
 def wait_done(group: WorkerGroup, timeout: float = 20.0) -> GroupState:
@@ -492,6 +485,8 @@ def test_console_prefix_defaults_to_torchruns_and_substitutes_the_template_as_to
 # -- failures with their causes ----------------------------------------------------------------
 
 
+@pytest.mark.slow  # a worker that imports torch (seconds)
+@pytest.mark.needs_torch
 def test_a_worker_using_record_reports_its_traceback(harness):
     body = """
     if LR == 1:

@@ -7,16 +7,16 @@ docstring) are read by pure functions: :func:`spans` (one per attempt that forme
 :func:`overlaps`, :func:`longest_gap`, :func:`reform_seconds`, :func:`last_step` and
 :func:`worker_starts`; :func:`figures` gathers them for the report line of a scenario.
 
-Every process a job starts is tracked by PID and start time, its descendants too (a sampler
-thread walks each agent's tree every 0.2 s, and the records name every worker), so
-:meth:`ChaosJob.leftovers` can say which outlived their agent, and :meth:`ChaosJob.close`
-SIGKILLs (and SIGCONTs) whatever still runs, also when the test failed.
+The agents are :class:`elastic.testing.agents.Launched` processes of one
+:class:`~elastic.testing.agents.Job`. Every process a job starts is tracked by PID and start
+time, its descendants too (a sampler thread walks each agent's tree every 0.2 s, and the records
+name every worker), so :meth:`ChaosJob.leftovers` can say which outlived their agent, and
+:meth:`ChaosJob.close` SIGKILLs (and SIGCONTs) whatever still runs, also when the test failed.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import threading
@@ -29,8 +29,7 @@ from typing import Callable, Iterable
 
 import psutil
 
-from elastic.testing import with_stacks
-from elastic.testing.hang_report import hang_report
+from elastic.testing import agents, with_stacks
 
 HERE = Path(__file__).parent
 TRAIN = HERE / "workers" / "train.py"
@@ -211,43 +210,11 @@ def figures(records: list[Record], fault_at: float) -> Figures:
 
 
 def agent_env(node: str, gloo_ifname: str = "lo") -> dict[str, str]:
-    """An agent's environment: ours minus launcher/worker variables from outside, plus the node label."""
-    dropped = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
-               "ROLE_RANK", "ROLE_NAME", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS"}
-    env = {key: value for key, value in os.environ.items()
-           if not key.startswith(("TORCHELASTIC_", "PET_", "CHAOS_", "ELASTIC_")) and key not in dropped}
+    """An agent's environment: :func:`elastic.testing.agents.clean_env` without ``CHAOS_*`` from
+    outside, with one OpenMP thread, gloo on ``gloo_ifname``, unbuffered output and the node label."""
+    env = {key: value for key, value in agents.clean_env().items() if not key.startswith("CHAOS_")}
     env.update(OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME=gloo_ifname, PYTHONUNBUFFERED="1", CHAOS_NODE=node)
     return env
-
-
-@dataclass
-class AgentProcess:
-    """One agent: its process, where its output goes, and its event log (elasticrun only)."""
-
-    node: str
-    proc: subprocess.Popen
-    stdout_path: Path
-    stderr_path: Path
-    event_log: Path | None
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def stderr(self) -> str:
-        return self.stderr_path.read_text(errors="replace")
-
-    def rounds_joined(self) -> int:
-        """``round_joined`` events in the agent's event log (elasticrun only; 0 without one)."""
-        if self.event_log is None or not self.event_log.exists():
-            return 0
-        count = 0
-        for line in self.event_log.read_text(errors="replace").splitlines():
-            try:
-                count += json.loads(line).get("event") == "round_joined"
-            except ValueError:
-                continue
-        return count
 
 
 @dataclass
@@ -261,13 +228,11 @@ class ChaosJob:
     step_seconds: float = 0.25
     max_restarts: int = 3
     run_id: str = field(default_factory=lambda: f"chaos-{uuid.uuid4().hex[:10]}")
-    agents: dict[str, AgentProcess] = field(default_factory=dict)
-    native: dict[str, str] = field(default_factory=dict)
-    """Per agent that did not exit in :meth:`wait_exit`: its OS threads and native stacks."""
 
     def __post_init__(self) -> None:
         self.out_dir = self.workdir / "records"
         self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.processes = agents.Job(self.workdir)
         self._seen: dict[int, psutil.Process] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -289,64 +254,66 @@ class ChaosJob:
                     f"--rdzv-conf={TORCHRUN_CONF}", *script]
         raise ValueError(f"Unknown launcher {self.launcher!r}.")
 
+    @property
+    def agents(self) -> dict[str, agents.Launched]:
+        """The agents by node."""
+        return self.processes.agents
+
     def start(self, node: str, endpoints: str, local_addr: str = "127.0.0.1", *, gloo_ifname: str = "lo",
-              wrap=None) -> AgentProcess:
+              wrap=None) -> agents.Launched:
         """Start node ``node``'s agent; ``wrap(argv) -> argv`` runs it elsewhere (a namespace)."""
         argv = self.argv(node, endpoints, local_addr)
         if wrap is not None:
             argv = wrap(argv)
-        stdout_path, stderr_path = self.workdir / f"{node}.stdout", self.workdir / f"{node}.stderr"
-        with open(stdout_path, "ab") as out, open(stderr_path, "ab") as err:
-            proc = subprocess.Popen(argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
-                                    env=agent_env(node, gloo_ifname), cwd=self.workdir)
-        event_log = self.workdir / f"{node}.events.jsonl" if self.launcher == ELASTICRUN else None
-        agent = AgentProcess(node, proc, stdout_path, stderr_path, event_log)
-        self.agents[node] = agent
-        self._track(proc.pid)
+        agent = self.processes.start(node, argv, env=agent_env(node, gloo_ifname), cwd=self.workdir)
+        self._track(agent.pid)
         return agent
+
+    def rounds_joined(self, node: str) -> int:
+        """``round_joined`` events in node ``node``'s event log (elasticrun only; 0 without one)."""
+        event_log = self.workdir / f"{node}.events.jsonl"
+        if self.launcher != ELASTICRUN or not event_log.exists():
+            return 0
+        count = 0
+        for line in event_log.read_text(errors="replace").splitlines():
+            try:
+                count += json.loads(line).get("event") == "round_joined"
+            except ValueError:
+                continue
+        return count
 
     def records(self) -> list[Record]:
         return read_records(self.out_dir)
 
     def wait_records(self, predicate: Callable[[list[Record]], bool], timeout: float) -> bool:
         """Poll the records until ``predicate(records)``; False after ``timeout`` seconds."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if predicate(self.records()):
-                return True
-            time.sleep(0.1)
-        return predicate(self.records())
+        try:
+            return agents.wait_until(lambda: predicate(self.records()), timeout, "the records", 0.1)
+        except agents.WaitTimeout:
+            return False
 
     def wait_step(self, step: int, timeout: float) -> bool:
         """Wait until a worker finished ``step``; False on timeout or when every agent exited."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if last_step(self.records()) >= step:
-                return True
-            if all(agent.proc.poll() is not None for agent in self.agents.values()):
-                return last_step(self.records()) >= step
-            time.sleep(0.1)
-        return False
+        def reached_or_all_exited() -> bool:
+            return (last_step(self.records()) >= step
+                    or all(agent.proc.poll() is not None for agent in self.agents.values()))
+        try:
+            agents.wait_until(reached_or_all_exited, timeout, f"step {step}", 0.1)
+        except agents.WaitTimeout:
+            return False
+        return last_step(self.records()) >= step
 
     def wait_exit(self, timeout: float) -> dict[str, int | None]:
         """Each agent's exit code (None: still running after ``timeout`` seconds in all; its
         threads' stacks are then collected, see :meth:`hang_stacks`)."""
-        deadline = time.monotonic() + timeout
-        codes: dict[str, int | None] = {}
-        for node, agent in self.agents.items():
-            try:
-                codes[node] = agent.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                codes[node] = None
-        self.native = {node: hang_report(agent.pid) for node, agent in self.agents.items() if codes[node] is None}
-        return codes
+        return self.processes.collect(timeout=timeout)
 
     def hang_stacks(self) -> str:
         """The threads and stacks of the agents that did not exit (:meth:`wait_exit` collected
         their native stacks and had them dump their Python stacks to their stderr)."""
-        dumps = [f"--- agent {node} threads:\n{report}" for node, report in self.native.items()]
+        dumps = [f"--- agent {node} threads:\n{agent.hang}" for node, agent in self.agents.items() if agent.hang]
         for node, agent in self.agents.items():
-            text = agent.stderr()
+            text = agent.stderr
             start = text.find("Thread 0x")
             if start == -1:
                 start = text.find("Current thread 0x")
@@ -368,7 +335,7 @@ class ChaosJob:
 
     def stderr_tails(self, chars: int = 2500) -> str:
         return "\n".join(f"--- {self.launcher} agent {node} (exit {agent.proc.poll()}) stderr tail:\n"
-                         f"{agent.stderr()[-chars:]}" for node, agent in self.agents.items())
+                         f"{agent.stderr[-chars:]}" for node, agent in self.agents.items())
 
     def close(self) -> None:
         """SIGKILL (and SIGCONT) every tracked process still running, agents first; stop the sampler."""
@@ -433,13 +400,3 @@ def _describe(proc: psutil.Process) -> str:
     except psutil.Error:
         return "?"
 
-
-def wait_for_line(agent: AgentProcess, needle: str, timeout: float) -> str | None:
-    """The first stderr line of ``agent`` containing ``needle`` within ``timeout`` s, else None."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for line in agent.stderr().splitlines():
-            if needle in line:
-                return line
-        time.sleep(0.1)
-    return None

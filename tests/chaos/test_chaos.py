@@ -39,7 +39,7 @@ from elastic.testing.etcd_cluster import EtcdCluster
 from elastic.testing.freeze import freeze
 from elastic.testing.netns import NamespaceLink
 
-pytestmark = [pytest.mark.slow, pytest.mark.chaos, pytest.mark.etcd, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.slow, pytest.mark.chaos, pytest.mark.etcd, pytest.mark.needs_torch, pytest.mark.timeout(420)]
 
 STEPS = 100
 FAULT_STEP = 20
@@ -292,7 +292,7 @@ def judge(scenario: Scenario, launcher: str, job: ChaosJob, codes: dict, found: 
     if launcher == ELASTICRUN:
         if found.charged:
             problems.append(f"{found.charged} restart(s) charged to --max-restarts for a fault no worker caused")
-        rounds = (job.agents["a"].rounds_joined(), job.agents["b"].rounds_joined())
+        rounds = (job.rounds_joined("a"), job.rounds_joined("b"))
         if rounds != expected[1]:
             problems.append(f"agents a, b joined {rounds} rounds, expected {expected[1]}")
     return problems
@@ -303,7 +303,7 @@ def judge_corrupt_state(job: ChaosJob) -> list[str]:
     problems = []
     key = state_key(job)
     for node, agent in job.agents.items():
-        text = agent.stderr()
+        text = agent.stderr
         if "Traceback" in text:
             problems.append(f"agent {node} printed a traceback")
         if not any(key in line for line in text.splitlines()):

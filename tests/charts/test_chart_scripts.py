@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from chartlib import CHART, REPO
+from elastic.testing.agents import wait_until
 from elastic.testing.ports import free_port
 
 FILES = CHART / "files"
@@ -67,13 +68,6 @@ def gone(pid: int) -> bool:
         return True
 
 
-def wait_for(predicate, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
-
-
 def stop(process: subprocess.Popen[str]) -> None:
     if process.poll() is None:
         process.kill()
@@ -84,8 +78,8 @@ def test_wrapper_passes_every_argument_and_idles_after_success(tmp_path):
     env = fake_elasticrun(tmp_path, 'printf "%s\\n" "$@" > "$MARK"; exit 0')
     process = start_wrapper(env, "--nnodes=2:4", "--", "train.py", "two words", "")
     try:
-        wait_for(lambda: "elasticrun finished with status 0" in output_of(env))
-        wait_for(lambda: len(children_of(process.pid)) == 1)
+        wait_until(lambda: "elasticrun finished with status 0" in output_of(env), 10, "the wrapper's 'finished' line")
+        wait_until(lambda: len(children_of(process.pid)) == 1, 10, "the wrapper's one idle child")
         [sleeper] = children_of(process.pid)
         time.sleep(0.3)
         assert process.poll() is None, "a finished job must idle, not exit (the StatefulSet would restart it)"
@@ -94,7 +88,7 @@ def test_wrapper_passes_every_argument_and_idles_after_success(tmp_path):
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=5) == 0
         assert time.monotonic() - started < 3, "the idle wrapper must exit promptly on SIGTERM"
-        wait_for(lambda: gone(sleeper), timeout=5)
+        wait_until(lambda: gone(sleeper), 5, f"the idle child {sleeper} to exit")
     finally:
         stop(process)
 
@@ -115,7 +109,7 @@ def test_wrapper_forwards_sigterm_to_elasticrun_and_exits_with_its_status(tmp_pa
     process = start_wrapper(fake_elasticrun(tmp_path, body))
     mark = tmp_path / "mark"
     try:
-        wait_for(lambda: mark.exists() and mark.read_text().strip() == "running")
+        wait_until(lambda: mark.exists() and mark.read_text().strip() == "running", 10, "the fake elasticrun to run")
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=5) == 143
         assert mark.read_text().strip() == "stopped", "elasticrun did not get the SIGTERM"

@@ -98,6 +98,7 @@ def test_unset_flags_resolve_to_the_launch_config_defaults():
         ETCD_SPEC, RendezvousSettings("job-1", 1, 1), False)
 
 
+@pytest.mark.needs_torch
 def test_every_torchrun_flag_is_accepted_with_its_spellings_default_and_twin(monkeypatch):
     for name in list(os.environ):
         if name.startswith("PET_"):

@@ -11,16 +11,13 @@ that really formed one process group, whatever the launcher claimed.
 all-reduce, torchrun's rank derivation) and :func:`shape` the launcher-independent form of its
 rank/world columns, compared with stock torchrun's c10d run of the same scenario.
 
-Every process a job starts (agents, their workers, found through the process tree and the
-table's pids) is stopped by PID at the end, whatever happened.
+The processes are :mod:`elastic.testing.agents`'s: every process a job starts (agents, their
+workers, found through the process tree and the table's pids) is stopped by PID at the end,
+whatever happened.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import subprocess
 import sys
 import time
 import uuid
@@ -29,9 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
-import psutil
-from elastic.testing import with_stacks
-from elastic.testing.hang_report import hang_report
+from elastic.testing import agents, with_stacks
 from elastic.testing.ports import free_port
 
 HERE = Path(__file__).parent
@@ -70,15 +65,9 @@ HUNG_TAIL = 16000
 
 
 def clean_env(**extra: str) -> dict[str, str]:
-    """An agent's environment: ours without launcher/worker variables from outside."""
-    env = {
-        key: value
-        for key, value in os.environ.items()
-        if not key.startswith(("TORCHELASTIC_", "PET_", "TORCH_NCCL", "PROBE_", "ELASTIC_"))
-        and key not in {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
-                        "ROLE_RANK", "ROLE_NAME", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOGLEVEL",
-                        "OMP_NUM_THREADS"}
-    }
+    """An agent's environment: :func:`elastic.testing.agents.clean_env` without ``PROBE_*`` from
+    outside, with one OpenMP thread, gloo on loopback and unbuffered output; plus ``extra``."""
+    env = {key: value for key, value in agents.clean_env().items() if not key.startswith("PROBE_")}
     env.update(OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo", PYTHONUNBUFFERED="1")
     env.update(extra)
     return env
@@ -123,64 +112,6 @@ def launcher_argv(launcher: str, rdzv: Rendezvous, *, nnodes: str, nproc: str, m
 # -- processes ---------------------------------------------------------------------------------
 
 
-class Agent:
-    """One agent process (its output in files) and the label its workers carry (``PROBE_NODE``)."""
-
-    def __init__(self, label: str, nproc: str, argv: list[str], workdir: Path, env: dict[str, str]) -> None:
-        self.label = label
-        self.nproc = nproc
-        self.stdout_path = workdir / f"{label}.stdout"
-        self.stderr_path = workdir / f"{label}.stderr"
-        with open(self.stdout_path, "ab") as out, open(self.stderr_path, "ab") as err:
-            self.proc = subprocess.Popen(argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env,
-                                         cwd=workdir)
-        self.pid = self.proc.pid
-
-    @property
-    def stderr(self) -> str:
-        return self.stderr_path.read_text(errors="replace")
-
-    @property
-    def stdout(self) -> str:
-        return self.stdout_path.read_text(errors="replace")
-
-    def tree(self) -> list[psutil.Process]:
-        try:
-            me = psutil.Process(self.pid)
-            return [me, *me.children(recursive=True)]
-        except psutil.NoSuchProcess:
-            return []
-
-    def kill_tree(self) -> float:
-        """SIGKILL the agent and all its descendants at once (a machine dying); the wall time."""
-        procs = self.tree()
-        killed_at = time.time()
-        for proc in procs:
-            try:
-                proc.kill()
-            except psutil.NoSuchProcess:
-                pass
-        psutil.wait_procs(procs, timeout=10)
-        self.proc.wait(timeout=10)
-        return killed_at
-
-    def terminate(self) -> float:
-        """SIGTERM the agent (a graceful stop); the wall time."""
-        at = time.time()
-        self.proc.send_signal(signal.SIGTERM)
-        return at
-
-
-def kill_if_probe(pid: int) -> None:
-    """SIGKILL ``pid`` if it is still one of our probe workers (not a reused pid)."""
-    try:
-        proc = psutil.Process(pid)
-        if proc.status() != psutil.STATUS_ZOMBIE and str(PROBE) in " ".join(proc.cmdline()):
-            proc.kill()
-    except psutil.Error:
-        pass
-
-
 @dataclass
 class Outcome:
     """What a job ended with: each agent's exit code (None: still running when given up)."""
@@ -210,73 +141,57 @@ class Job:
         config = etcd_server.client_config()
         self.rdzv = Rendezvous(f"mn-{uuid.uuid4().hex[:10]}", etcd_server.endpoints, config.user, config.password,
                                free_port())
-        self.agents: dict[str, Agent] = {}
-        self.hangs: dict[str, str] = {}  # label -> hang_report of an agent that missed wait_exit's deadline
         self.started = time.monotonic()
         self.phase_timeout = REFERENCE_TIMEOUT if launcher == C10D else JOB_TIMEOUT
         self.exit_timeout = REFERENCE_RUN_TIMEOUT if launcher == C10D else JOB_TIMEOUT
+        self.processes = agents.Job(workdir, timeout=self.exit_timeout, worker_marker=str(PROBE))
 
-    def start(self, label: str, nproc: str | int) -> Agent:
+    @property
+    def agents(self) -> dict[str, agents.Launched]:
+        """The agents by label."""
+        return self.processes.agents
+
+    def start(self, label: str, nproc: str | int) -> agents.Launched:
         argv = launcher_argv(self.launcher, self.rdzv, nnodes=self.nnodes, nproc=str(nproc),
                              max_restarts=self.max_restarts, log_dir=self.workdir / f"logs-{label}")
         argv += [str(PROBE), str(self.table_path), *self.probe_args]
         # torch's agent logs each step (rendezvous, exit barrier, shutdown) at INFO: the failure
         # message's stderr tail then says where an agent that did not exit got to.
         extra = {"LOGLEVEL": "INFO"} if self.launcher == PLUGIN else {}
-        agent = Agent(label, str(nproc), argv, self.workdir, clean_env(PROBE_NODE=label, **extra))
-        self.agents[label] = agent
-        return agent
+        return self.processes.start(label, argv, env=clean_env(PROBE_NODE=label, **extra), cwd=self.workdir)
 
     def rows(self) -> list[dict]:
-        if not self.table_path.exists():
-            return []
-        complete = self.table_path.read_text().split("\n")[:-1]  # the last piece may still be being written
-        return [json.loads(line) for line in complete if line.strip()]
+        return agents.read_json_lines(self.table_path)
 
     def wait_for(self, what: str, predicate: Callable[[list[dict]], bool],
-                 agents: Iterable[str] | None = None) -> list[dict] | None:
-        """Poll the table until ``predicate(rows)``; None after ``phase_timeout`` or when a watched agent exits."""
-        watched = [self.agents[label] for label in (agents if agents is not None else self.agents)]
-        deadline = time.monotonic() + self.phase_timeout
-        while time.monotonic() < deadline:
-            rows = self.rows()
-            if predicate(rows):
-                return rows
-            if any(agent.proc.poll() is not None for agent in watched):
-                return None if not predicate(self.rows()) else self.rows()
-            time.sleep(0.1)
-        return None
+                 labels: Iterable[str] | None = None) -> list[dict] | None:
+        """Poll the table until ``predicate(rows)``; None after ``phase_timeout`` or when one of
+        the agents ``labels`` (all) exits first."""
+        watched = [self.agents[label] for label in (labels if labels is not None else self.agents)]
+        try:
+            return agents.Reports(self.table_path).wait_for(what, predicate, watched, self.phase_timeout)
+        except (agents.WaitTimeout, agents.ProcessExited):
+            return None
 
     def wait_exit(self, labels: Iterable[str] | None = None, timeout: float | None = None) -> Outcome:
         """Wait for the agents to exit (all, or ``labels``); codes are None for those still running."""
-        labels = list(labels if labels is not None else self.agents)
-        deadline = time.monotonic() + (self.exit_timeout if timeout is None else timeout)
-        codes: dict[str, int | None] = {}
-        for label in labels:
-            try:
-                codes[label] = self.agents[label].proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                codes[label] = None
-                if self.launcher != C10D:  # the reference's own hangs are known and not asserted
-                    self.hangs[label] = hang_report(self.agents[label].pid)
+        # The reference's own hangs are known and not asserted: where its agents wait is not gathered.
+        codes = self.processes.collect(labels, timeout, diagnose=self.launcher != C10D)
         return Outcome(codes, time.monotonic() - self.started)
 
     def logs(self, tail: int = 1500) -> str:
         parts = []
         for label, agent in self.agents.items():
             parts.append(f"--- {self.launcher} agent {label} (exit {agent.proc.poll()}) stderr tail:\n"
-                         f"{agent.stderr[-(HUNG_TAIL if label in self.hangs else tail):]}")
-            if label in self.hangs:  # its Python stacks (SIGUSR1) are in the stderr tail above
-                parts.append(f"--- {self.launcher} agent {label} did not exit; its threads:\n{self.hangs[label]}")
+                         f"{agent.stderr[-(HUNG_TAIL if agent.hang else tail):]}")
+            if agent.hang:  # its Python stacks (SIGUSR1) are in the stderr tail above
+                parts.append(f"--- {self.launcher} agent {label} did not exit; its threads:\n{agent.hang}")
         return "\n".join(parts)
 
     def close(self) -> None:
         """SIGKILL every agent still running (with its tree) and every probe worker left behind."""
-        for agent in self.agents.values():
-            if agent.proc.poll() is None:
-                agent.kill_tree()
-        for pid in {row["pid"] for row in self.rows()}:
-            kill_if_probe(pid)
+        self.processes.worker_pids.update(row["pid"] for row in self.rows())
+        self.processes.stop_all()
 
 
 # -- attempts ----------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ import pytest
 import harness
 from harness import C10D, ELASTICRUN, LAUNCHERS, PLUGIN, PREWARMED, Attempt, Job
 
-pytestmark = [pytest.mark.slow, pytest.mark.etcd]
+pytestmark = [pytest.mark.slow, pytest.mark.etcd, pytest.mark.needs_torch]
 
 RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
 
@@ -226,8 +226,8 @@ def agent_kill_drive(job: Job) -> tuple[dict, dict]:
     before = find(rows, 3) if rows else None
     if before is None:
         return {"3 nodes": None, "after the kill": None}, finish(job, list(job.agents), reached=False)
-    killed_at = job.agents["C"].kill_tree()
-    rows = job.wait_for("a world of 2", complete_world(2, after=killed_at, nodes={"A", "B"}), agents=["A", "B"])
+    killed_at = job.agents["C"].kill_tree().at
+    rows = job.wait_for("a world of 2", complete_world(2, after=killed_at, nodes={"A", "B"}), labels=["A", "B"])
     after = find(rows, 2, after=killed_at, nodes={"A", "B"}) if rows else None
     return {"3 nodes": before, "after the kill": after}, finish(job, ["A", "B"], reached=after is not None)
 
@@ -271,7 +271,7 @@ def scale_down_drive(job: Job) -> tuple[dict, dict]:
     if before is None:
         return {"3 nodes": None, "after C left": None}, finish(job, list(job.agents), reached=False)
     left_at = job.agents["C"].terminate()
-    rows = job.wait_for("a world of 2", complete_world(2, after=left_at, nodes={"A", "B"}), agents=["A", "B"])
+    rows = job.wait_for("a world of 2", complete_world(2, after=left_at, nodes={"A", "B"}), labels=["A", "B"])
     after = find(rows, 2, after=left_at, nodes={"A", "B"}) if rows else None
     codes = finish(job, ["A", "B"], reached=after is not None)
     codes["C"] = job.wait_exit(["C"], timeout=20).codes["C"]

@@ -16,16 +16,16 @@ from __future__ import annotations
 
 import re
 import sys
-import time
 import uuid
 from pathlib import Path
 
 import pytest
 
 import harness
-from harness import REPO, Agent, clean_env
+from elastic.testing.agents import Job, Launched
+from harness import REPO, clean_env
 
-pytestmark = [pytest.mark.slow, pytest.mark.etcd]
+pytestmark = [pytest.mark.slow, pytest.mark.etcd, pytest.mark.needs_torch]
 
 EXAMPLES = REPO / "examples"
 RPC_ENV = {"ELASTIC_RPC_INIT_TIMEOUT": "20", "ELASTIC_RPC_TIMEOUT": "30"}
@@ -33,44 +33,17 @@ RUN_TIMEOUT = 60.0
 """Seconds a run may take in all (a crash, a restart, two torch imports per worker: ~20 s alone)."""
 
 
-class Agents:
-    """Starts elasticrun agents for one test; every agent (and its tree) is stopped by PID at the end."""
-
-    def __init__(self, workdir: Path) -> None:
-        self.workdir = workdir
-        self.started: list[Agent] = []
-
-    def start(self, label: str, flags: list[str], script: Path, args: list[str]) -> Agent:
-        argv = [sys.executable, "-m", "elastic.run", *flags, f"--log-dir={self.workdir / f'logs-{label}'}",
-                str(script), *args]
-        agent = Agent(label, "", argv, self.workdir, clean_env(**RPC_ENV))
-        self.started.append(agent)
-        return agent
-
-    def wait(self, agents: list[Agent], timeout: float = RUN_TIMEOUT) -> dict[str, int | None]:
-        """Each agent's exit code, None for those still running ``timeout`` seconds from now (one deadline)."""
-        deadline = time.monotonic() + timeout
-        codes: dict[str, int | None] = {}
-        for agent in agents:
-            try:
-                codes[agent.label] = agent.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except Exception:  # subprocess.TimeoutExpired: recorded as None, stopped at teardown
-                codes[agent.label] = None
-        return codes
-
-    def close(self) -> None:
-        for agent in self.started:
-            if agent.proc.poll() is None:
-                agent.kill_tree()
-
-
 @pytest.fixture
 def agents(tmp_path):
-    started = Agents(tmp_path)
-    try:
-        yield started
-    finally:
-        started.close()
+    """The test's elasticrun agents; every one (and its tree) is stopped by PID at the end."""
+    with Job(tmp_path, timeout=RUN_TIMEOUT) as job:
+        yield job
+
+
+def start(agents: Job, label: str, flags: list[str], script: Path, args: list[str]) -> Launched:
+    argv = [sys.executable, "-m", "elastic.run", *flags, f"--log-dir={agents.workdir / f'logs-{label}'}",
+            str(script), *args]
+    return agents.start(label, argv, env=clean_env(**RPC_ENV), cwd=agents.workdir)
 
 
 def etcd_flags(etcd_server, run_id: str) -> list[str]:
@@ -81,23 +54,23 @@ def etcd_flags(etcd_server, run_id: str) -> list[str]:
             "--local-addr=127.0.0.1"]
 
 
-def crash_run(agents: Agents, etcd_server, script: Path, args: list[str]) -> tuple[str, str]:
+def crash_run(agents: Job, etcd_server, script: Path, args: list[str]) -> tuple[str, str]:
     """Two agents x two workers with the crash; their stdout (joined) and a failure report."""
     flags = etcd_flags(etcd_server, f"rpc-mn-{uuid.uuid4().hex[:8]}")
-    started = [agents.start(label, flags, script, args) for label in ("A", "B")]
-    codes = agents.wait(started)
+    started = [start(agents, label, flags, script, args) for label in ("A", "B")]
+    codes = agents.collect([agent.name for agent in started])  # None: still running after RUN_TIMEOUT
     out = "\n".join(agent.stdout for agent in started)
     report = "" if all(code == 0 for code in codes.values()) else (
         f"the two-agent run after the crash did not finish: exit codes {codes} (None: still running after "
-        f"{RUN_TIMEOUT:g}s)\n" + "\n".join(f"--- agent {a.label} stdout:\n{a.stdout[-2000:]}\n--- stderr:\n"
+        f"{RUN_TIMEOUT:g}s)\n" + "\n".join(f"--- agent {a.name} stdout:\n{a.stdout[-2000:]}\n--- stderr:\n"
                                            f"{a.stderr[-3000:]}" for a in started))
     return out, report
 
 
-def uninterrupted_run(agents: Agents, script: Path, args: list[str]) -> str:
-    agent = agents.start("reference", ["--standalone", "--nproc-per-node=4"], script, args)
-    codes = agents.wait([agent])
-    assert codes == {agent.label: 0}, f"the uninterrupted run failed ({codes}):\n{agent.stderr[-3000:]}"
+def uninterrupted_run(agents: Job, script: Path, args: list[str]) -> str:
+    agent = start(agents, "reference", ["--standalone", "--nproc-per-node=4"], script, args)
+    codes = agents.collect([agent.name])
+    assert codes == {agent.name: 0}, f"the uninterrupted run failed ({codes}):\n{agent.stderr[-3000:]}"
     return agent.stdout
 
 

@@ -16,6 +16,7 @@ import pytest
 
 from elastic.rendezvous.handler import RendezvousHandler
 from elastic.rendezvous.settings import RendezvousSettings
+from elastic.testing.agents import wait_until
 from elastic.testing.fake_store import FakeHarness
 from elastic.testing.tcp_store import TcpStoreHarness
 
@@ -57,11 +58,11 @@ def test_a_peer_that_finished_and_left_before_our_read_still_counts_as_done(harn
             done_prefix = a.keys.done_prefix(info.round)
 
             b_finished = pool.submit(b.finish, 10.0)
-            wait_until(lambda: len(observer.get_prefix(done_prefix).kvs) == 1)  # b is marked done first
+            wait_until(lambda: len(observer.get_prefix(done_prefix).kvs) == 1, 10, "b's done key", 0.01)
             a_finished = pool.submit(a.finish, 10.0)  # a marks itself done, then waits at the gate
             assert b_finished.result(timeout=10) is True
             b.shutdown()  # b leaves: its done key goes with its lease
-            wait_until(lambda: len(observer.get_prefix(done_prefix).kvs) == 1)
+            wait_until(lambda: len(observer.get_prefix(done_prefix).kvs) == 1, 10, "only a's done key", 0.01)
             started = time.monotonic()
             gate.set()
             assert a_finished.result(timeout=15) is True
@@ -71,13 +72,6 @@ def test_a_peer_that_finished_and_left_before_our_read_still_counts_as_done(harn
         a.shutdown()
         b.shutdown()
         observer.close()
-
-
-def wait_until(condition, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.01)
 
 
 def test_a_member_whose_lease_lapses_before_it_is_done_ends_the_barrier_at_once(harness):
@@ -93,7 +87,8 @@ def test_a_member_whose_lease_lapses_before_it_is_done_ends_the_barrier_at_once(
             info, _ = pool.map(lambda handler: handler.next_rendezvous(), [a, b], timeout=30)
             a_finished = pool.submit(a.finish, 60.0)
             done_prefix = a.keys.done_prefix(info.round)
-            wait_until(lambda: len(observer.get_prefix(done_prefix).kvs) == 1)  # a is waiting for b
+            wait_until(lambda: len(observer.get_prefix(done_prefix).kvs) == 1, 10, "a's done key (a waits for b)",
+                       0.01)
             started = time.monotonic()
             observer.revoke(b._membership.lease_id)  # b's lease lapses before b is done
             assert a_finished.result(timeout=10) is False

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 import uuid
@@ -17,7 +16,6 @@ from datetime import timedelta
 from importlib.metadata import entry_points
 from pathlib import Path
 
-import psutil
 import pytest
 
 # torch is installed by .ci/run (pip install torch==2.13.0); without it these tests fail, not skip.
@@ -45,7 +43,9 @@ from elastic.rendezvous.torchrun_plugin import (  # noqa: E402
     to_torch_error,
 )
 from elastic.testing import with_stacks  # noqa: E402
-from elastic.testing.hang_report import hang_report  # noqa: E402
+from elastic.testing.agents import Launched, wait_while_running  # noqa: E402
+
+pytestmark = pytest.mark.needs_torch
 
 TORCHRUN_TIMEOUT = 120.0
 """Seconds one torchrun may take in all (rendezvous, two gloo workers, exit barrier)."""
@@ -106,7 +106,7 @@ def unique_run_id(label: str) -> str:
 
 def start_torchrun(tmp_path: Path, etcd_server, run_id: str, nnodes: str, name: str, *,
                    extra_conf: str = "", hold_world: int = 0, share_store: bool = True,
-                   console_script: bool = False) -> subprocess.Popen:
+                   console_script: bool = False) -> Launched:
     """One torchrun agent with 2 gloo workers; its log goes to ``tmp_path/<name>.log``.
 
     Workers in a world of ``hold_world`` processes report, then sleep instead of exiting.
@@ -133,53 +133,30 @@ def start_torchrun(tmp_path: Path, etcd_server, run_id: str, nnodes: str, name: 
         str(out_dir),
         str(hold_world),
     ]
-    with open(tmp_path / f"{name}.log", "wb") as log_file:
-        return subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
-                                env=env, cwd=tmp_path, start_new_session=True)
+    return Launched(command, name=name, logdir=tmp_path, env=env, cwd=tmp_path, merge_output=True,
+                    new_session=True, timeout=TORCHRUN_TIMEOUT)
 
 
-def stop_by_pid(process: subprocess.Popen, *, hard: bool = False) -> None:
+def stop_by_pid(process: Launched, *, hard: bool = False) -> None:
     """Stop torchrun (SIGTERM, or SIGKILL when ``hard``) and then any worker it left, each by its PID."""
-    if process.poll() is not None:
-        return
-    try:
-        children = psutil.Process(process.pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        children = []
-    process.kill() if hard else process.terminate()
-    try:
-        process.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(timeout=15)
-    for child in children:  # psutil refuses to signal a PID that was reused
-        try:
-            child.kill()
-            child.wait(timeout=10)
-        except psutil.NoSuchProcess:
-            pass
+    if hard:
+        process.kill_tree()
+    else:
+        process.stop(grace=15)
 
 
-def wait_all(processes: list[subprocess.Popen], tmp_path: Path) -> float:
-    """Wait for every torchrun to exit 0 within :data:`TORCHRUN_TIMEOUT`; the seconds it took."""
+def wait_all(processes: list[Launched], tmp_path: Path) -> float:
+    """Wait for every torchrun to exit 0 within :data:`TORCHRUN_TIMEOUT`; the seconds it took.
+
+    One that does not exit fails the test with where it waits (its OS threads and native stacks,
+    then, on SIGUSR1, every Python thread's stack in its log: with_stacks) and the logs."""
     started = time.monotonic()
     for index, process in enumerate(processes):
-        remaining = max(TORCHRUN_TIMEOUT - (time.monotonic() - started), 0.1)
-        try:
-            code = process.wait(timeout=remaining)
-        except subprocess.TimeoutExpired:
-            threads = dump_stacks(process)
-            pytest.fail(f"torchrun {index} did not finish in {TORCHRUN_TIMEOUT:g}s:\n{threads}\n{logs(tmp_path)}")
+        code = process.exited_within(max(TORCHRUN_TIMEOUT - (time.monotonic() - started), 0.1))
+        if code is None:
+            pytest.fail(f"torchrun {index} did not finish in {TORCHRUN_TIMEOUT:g}s:\n{process.hang}\n{logs(tmp_path)}")
         assert code == 0, f"torchrun {index} exited {code}:\n{logs(tmp_path)}"
     return time.monotonic() - started
-
-
-def dump_stacks(process: subprocess.Popen) -> str:
-    """Where a hung torchrun waits (:func:`hang_report`): its OS threads and native stacks
-    (returned), then, on SIGUSR1, every Python thread's stack in its log (with_stacks)."""
-    if process.poll() is not None:
-        return f"torchrun {process.pid} has exited ({process.returncode})"
-    return hang_report(process.pid)
 
 
 def logs(tmp_path: Path) -> str:
@@ -192,17 +169,15 @@ def worker_reports(tmp_path: Path, world_size: int) -> list[dict]:
     return [json.loads(path.read_text()) for path in sorted((tmp_path / "out").glob(f"w{world_size}-rank*.json"))]
 
 
-def wait_for_reports(tmp_path: Path, world_size: int, processes: list[subprocess.Popen]) -> list[dict]:
-    """Poll until all ``world_size`` workers of a world reported (bounded by :data:`TORCHRUN_TIMEOUT`)."""
-    deadline = time.monotonic() + TORCHRUN_TIMEOUT
-    while time.monotonic() < deadline:
+def wait_for_reports(tmp_path: Path, world_size: int, processes: list[Launched]) -> list[dict]:
+    """Poll until all ``world_size`` workers of a world reported (bounded by :data:`TORCHRUN_TIMEOUT`);
+    fails when a torchrun exits first."""
+    def complete() -> list[dict]:
         reports = worker_reports(tmp_path, world_size)
-        if len(reports) == world_size:
-            return reports
-        if any(process.poll() is not None for process in processes):
-            pytest.fail(f"a torchrun exited before its world of {world_size} formed:\n{logs(tmp_path)}")
-        time.sleep(0.2)
-    pytest.fail(f"no world of {world_size} workers within {TORCHRUN_TIMEOUT:g}s:\n{logs(tmp_path)}")
+        return reports if len(reports) == world_size else []
+
+    return wait_while_running(f"a world of {world_size} workers", complete, processes, TORCHRUN_TIMEOUT,
+                              interval=0.2, context=lambda: logs(tmp_path))
 
 
 # -- translation (no torch processes) ---------------------------------------------------------
@@ -397,7 +372,7 @@ def test_one_torchrun_agent_runs_two_gloo_workers_that_all_reduce(etcd_server, t
 @pytest.mark.etcd
 def test_two_torchrun_agents_with_one_run_id_form_one_world_of_four(etcd_server, tmp_path):
     run_id = unique_run_id("two")
-    processes: list[subprocess.Popen] = []
+    processes: list[Launched] = []
     try:
         processes = [start_torchrun(tmp_path, etcd_server, run_id, "2", f"agent{index}", console_script=True)
                      for index in range(2)]
@@ -419,7 +394,7 @@ def test_two_torchrun_agents_with_one_run_id_form_one_world_of_four(etcd_server,
 def test_when_the_master_agent_dies_the_survivor_restarts_its_workers_into_a_smaller_world(etcd_server, tmp_path):
     run_id = unique_run_id("scale-down")
     conf = ",last_call_timeout=2,lease_ttl=3"
-    processes: list[subprocess.Popen] = []
+    processes: list[Launched] = []
     try:
         processes = [start_torchrun(tmp_path, etcd_server, run_id, "1:2", f"agent{index}", extra_conf=conf,
                                     hold_world=4) for index in range(2)]

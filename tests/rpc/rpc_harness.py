@@ -2,28 +2,23 @@
 
 A :class:`Spawner` starts one real process per rank running ``workers/scenarios.py`` with the
 environment built by ``elastic.agent.processes.worker_env.worker_env`` (the function elasticrun itself
-uses), a free ``MASTER_PORT``, and optionally several roles. Every process is stopped by PID at
-the end of its fixture, whatever happened. The ``elasticrun`` helpers (launchers, JSON-line
-reports) are those of ``tests/agent/test_elasticrun.py``, loaded from there.
+uses), a free ``MASTER_PORT``, and optionally several roles. Each run is a
+:class:`~elastic.testing.agents.Job`; every process is stopped by PID at the end of its fixture,
+whatever happened.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
-import signal
-import subprocess
 import sys
-import time
 import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
-
 
 from elastic.agent.processes.worker_env import worker_env
 from elastic.config import Entrypoint, LaunchConfig
 from elastic.rendezvous.api import RendezvousInfo
+from elastic.testing import agents
+from elastic.testing.ports import free_port
 
 HERE = Path(__file__).parent
 WORKERS = HERE / "workers"
@@ -31,59 +26,36 @@ SCENARIOS = WORKERS / "scenarios.py"
 SCENARIO_TIMEOUT = 90.0
 
 
-def _load_e2e():
-    """``tests/agent/test_elasticrun.py`` as a library module (its tests are not re-collected)."""
-    path = HERE.parent / "agent" / "test_elasticrun.py"
-    spec = importlib.util.spec_from_file_location("_elasticrun_e2e_helpers", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+class Spawned(agents.Job):
+    """The processes of one scenario run (rank ``r`` is ``ranks[r]``, its output in ``rank<r>.log``)
+    and their JSON results."""
 
-
-e2e = _load_e2e()
-
-
-@dataclass
-class Spawned:
-    """The processes of one scenario run, their logs and their JSON results."""
-
-    out_dir: Path
-    procs: list[subprocess.Popen] = field(default_factory=list)
-    logs: list[Path] = field(default_factory=list)
+    def __init__(self, out_dir: Path) -> None:
+        super().__init__(out_dir, timeout=SCENARIO_TIMEOUT)
+        self.out_dir = out_dir
+        self.ranks: list[agents.Launched] = []
 
     def wait(self, timeout: float = SCENARIO_TIMEOUT) -> list[int]:
-        deadline = time.monotonic() + timeout
-        codes = []
-        for rank, proc in enumerate(self.procs):
-            try:
-                codes.append(proc.wait(timeout=max(0.1, deadline - time.monotonic())))
-            except subprocess.TimeoutExpired:
-                raise AssertionError(f"rank {rank} did not exit within {timeout:g}s:\n{self.log(rank)}") from None
-        return codes
+        """Every rank's exit code (one deadline); fails naming a rank that did not exit, with its log."""
+        codes = self.collect(timeout=timeout)
+        for rank, launched in enumerate(self.ranks):
+            if codes[launched.name] is None:
+                raise agents.DidNotExit(f"rank {rank} did not exit within {timeout:g}s:\n{launched.describe(6000)}")
+        return [codes[launched.name] for launched in self.ranks]
 
     def log(self, rank: int) -> str:
-        return self.logs[rank].read_text(errors="replace")[-6000:]
+        return self.ranks[rank].stdout[-6000:]
 
     def result(self, rank: int) -> dict:
         path = self.out_dir / f"result-{rank}.json"
         assert path.exists(), f"rank {rank} wrote no result:\n{self.log(rank)}"
         return json.loads(path.read_text())
 
-    def stop(self) -> None:
-        """SIGKILL whatever is still running (each process by its PID), then reap it."""
-        for proc in self.procs:
-            if proc.poll() is None:
-                try:
-                    os.kill(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                proc.wait(timeout=10)
-
 
 def elastic_worker_env(rank: int, world: int, port: int, *, role: tuple[str, int, int] | None = None,
                        run_id: str = "rpc-test", restart_count: int = 0, error_dir: Path) -> dict[str, str]:
     """What elasticrun gives worker ``rank`` of a one-node ``world`` (plus role overrides)."""
-    base = e2e.clean_env()
+    base = agents.clean_env()
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=world,
                           entrypoint=Entrypoint("script", str(SCENARIOS)), role="worker")
     info = RendezvousInfo(run_id=run_id, round=0, group_rank=0, group_world_size=1,
@@ -104,20 +76,15 @@ class Spawner:
 
     def __call__(self, scenario: str, world: int, roles: list[tuple[str, int, int]] | None = None) -> Spawned:
         out_dir = self._tmp.mktemp(scenario)
-        port = e2e.free_port()
+        port = free_port()
         run_id = f"rpc-{uuid.uuid4().hex[:8]}"
         spawned = Spawned(out_dir)
         self._runs.append(spawned)
         for rank in range(world):
             env = elastic_worker_env(rank, world, port, role=roles[rank] if roles else None, run_id=run_id,
                                      error_dir=out_dir)
-            log = out_dir / f"log-{rank}.txt"
-            with open(log, "wb") as sink:
-                spawned.procs.append(subprocess.Popen(
-                    [sys.executable, "-u", str(SCENARIOS), scenario, str(out_dir)],
-                    env=env, stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                ))  # fmt: skip
-            spawned.logs.append(log)
+            spawned.ranks.append(spawned.start(f"rank{rank}", [sys.executable, "-u", str(SCENARIOS), scenario,
+                                                               str(out_dir)], env=env, merge_output=True))
         return spawned
 
     def run(self, scenario: str, world: int, roles: list[tuple[str, int, int]] | None = None) -> list[dict]:
@@ -130,22 +97,4 @@ class Spawner:
 
     def stop_all(self) -> None:
         for spawned in self._runs:
-            spawned.stop()
-
-
-
-
-def free_port() -> int:
-    return e2e.free_port()
-
-
-def wait_for_files(paths: list[Path], procs: list[subprocess.Popen], timeout: float = SCENARIO_TIMEOUT) -> None:
-    """Poll until every path exists; fail early if one of ``procs`` exits meanwhile."""
-    deadline = time.monotonic() + timeout
-    while not all(path.exists() for path in paths):
-        for proc in procs:
-            if proc.poll() is not None:
-                raise AssertionError(f"process {proc.pid} exited ({proc.returncode}) before {paths} appeared")
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {paths}")
-        time.sleep(0.05)
+            spawned.stop_all()

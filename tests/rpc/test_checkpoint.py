@@ -10,6 +10,8 @@ import torch
 from rpc.checkpoint import ShardStore, latest_common_step, restore_local, save_local
 from rpc.errors import CheckpointError
 
+pytestmark = pytest.mark.needs_torch
+
 
 def worker_environ(role: str = "ps", role_rank: int = 1) -> dict[str, str]:
     return {"RANK": "2", "WORLD_SIZE": "4", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500",

@@ -72,6 +72,7 @@ def test_errors_form_one_tree_under_rpc_error(error, bases):
     assert all(issubclass(error, base) for base in bases)
 
 
+@pytest.mark.needs_torch
 def test_using_rpc_before_start_says_so():
     with pytest.raises(errors.RpcNotStartedError, match=r"call rpc\.start\(\)"):
         rpc.current()

@@ -13,8 +13,11 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+import pytest
 import torch
 from torch.overrides import TorchFunctionMode
+
+pytestmark = pytest.mark.needs_torch
 
 REPO = Path(__file__).resolve().parents[2]
 

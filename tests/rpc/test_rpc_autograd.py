@@ -14,6 +14,9 @@ import pytest
 
 from rpc.introspect import split_id
 
+# Slow: three workers import torch and form an RPC group (seconds); CI runs it (--all).
+pytestmark = [pytest.mark.slow, pytest.mark.needs_torch]
+
 
 @pytest.fixture(scope="module")
 def results(module_spawn) -> list[dict]:

@@ -8,7 +8,12 @@ import sys
 import textwrap
 import time
 
-from rpc_harness import free_port, wait_for_files
+import pytest
+
+from elastic.testing.ports import free_port
+
+# Slow: each test starts workers that import torch (seconds each); CI runs them (--all).
+pytestmark = [pytest.mark.slow, pytest.mark.needs_torch]
 
 
 def test_rpc_and_a_gloo_process_group_share_master_port_and_rpc_starts_twice(spawn):
@@ -31,15 +36,15 @@ def test_sigterm_exits_143_at_once_even_while_waiting_in_an_rpc(spawn):
     so each would exit after minutes. The wakeup-fd watcher exits within the SIGTERM bound.
     """
     run = spawn("blocked", 2)
-    wait_for_files([run.out_dir / "ready-0", run.out_dir / "ready-1", run.out_dir / "served-1"], run.procs)
+    ready = [run.out_dir / "ready-0", run.out_dir / "ready-1", run.out_dir / "served-1"]
+    run.wait_for("the files " + ", ".join(path.name for path in ready), lambda: all(path.exists() for path in ready))
     time.sleep(0.5)  # let rank 0 enter the blocking call
     for rank in (0, 1):
         sent = time.monotonic()
-        run.procs[rank].send_signal(signal.SIGTERM)
-        try:
-            code = run.procs[rank].wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            raise AssertionError(f"rank {rank} ignored SIGTERM for 30s:\n{run.log(rank)}") from None
+        run.ranks[rank].send_signal(signal.SIGTERM)
+        code = run.ranks[rank].exited_within(30)
+        if code is None:
+            raise AssertionError(f"rank {rank} ignored SIGTERM for 30s:\n{run.log(rank)}\n{run.ranks[rank].hang}")
         assert code == 143, run.log(rank)
         assert time.monotonic() - sent < 30
         assert "SIGTERM; shutting RPC down without waiting for peers" in run.log(rank)

@@ -1,7 +1,7 @@
 """RPC under ``elasticrun``: a killed worker, a restarted group, a resumed training; the examples.
 
-Real agents (``python -m elastic.run --standalone``) and real workers, with the launcher and
-report helpers of ``tests/agent/test_elasticrun.py``. Every process is stopped by PID at the end.
+Real agents (``python -m elastic.run --standalone``) and real workers, started and read through
+:mod:`elastic.testing.agents`. Every process is stopped by PID at the end.
 """
 
 from __future__ import annotations
@@ -13,41 +13,34 @@ from pathlib import Path
 
 import psutil
 import pytest
-import torch
 
-from rpc_harness import WORKERS, e2e
+from elastic.testing import agents
+from rpc_harness import WORKERS
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.needs_torch]
 
 REPO = Path(__file__).resolve().parents[2]
 TRAIN = WORKERS / "elastic_train.py"
 STEPS = 60
+RUN_TIMEOUT = 60.0
 
 
 @pytest.fixture
 def procs(tmp_path):
-    """The e2e launchers; at the end also any worker of ours a killed agent left behind."""
-    processes = e2e.Processes(tmp_path)
-    try:
-        yield processes
-    finally:
-        processes.stop_all()
-        for pid in processes.worker_pids:
-            _kill_if_ours(pid)
+    """The test's agents; at the end also any worker of ours a killed agent left behind."""
+    with agents.Job(tmp_path, timeout=RUN_TIMEOUT, worker_marker=str(WORKERS)) as job:
+        yield job
 
 
 @pytest.fixture
 def reports(tmp_path, procs):
-    return e2e.Reports(tmp_path / "reports.jsonl", procs)
+    return agents.Reports(tmp_path / "reports.jsonl", procs)
 
 
-def _kill_if_ours(pid: int) -> None:
-    try:
-        proc = psutil.Process(pid)
-        if str(WORKERS) in " ".join(proc.cmdline()) and proc.status() != psutil.STATUS_ZOMBIE:
-            proc.kill()
-    except psutil.Error:
-        pass
+def elasticrun(procs: agents.Job, *args: str) -> agents.Launched:
+    """``python -m elastic.run ARGS`` (TMPDIR: the PID files of a killed agent stay in the test's directory)."""
+    return procs.start(f"agent{len(procs.agents)}", [sys.executable, "-m", "elastic.run", *args],
+                       env=agents.clean_env(TMPDIR=str(procs.workdir)))
 
 
 def steps_of_first_attempt_at_least(count: int):
@@ -58,9 +51,9 @@ def steps_of_first_attempt_at_least(count: int):
 
 def test_killing_a_worker_restarts_the_group_and_training_resumes_from_its_checkpoint(procs, reports, tmp_path):
     checkpoints = tmp_path / "checkpoints"
-    agent = procs.elasticrun("--standalone", "--nproc-per-node=2", "--max-restarts=1", "--role=worker",
-                             str(TRAIN), str(reports.path), str(checkpoints), "--steps", str(STEPS),
-                             "--step-delay", "0.05")
+    agent = elasticrun(procs, "--standalone", "--nproc-per-node=2", "--max-restarts=1", "--role=worker",
+                       str(TRAIN), str(reports.path), str(checkpoints), "--steps", str(STEPS),
+                       "--step-delay", "0.05")
     records = reports.wait_for("step 5 of the first attempt", steps_of_first_attempt_at_least(5), [agent])
     victim = next(r["pid"] for r in records if r["event"] == "rpc_up" and r["restart_count"] == 0 and r["rank"] == 1)
     os.kill(victim, signal.SIGKILL)  # stage 1's owner dies mid-training
@@ -95,14 +88,16 @@ def test_killing_a_worker_restarts_the_group_and_training_resumes_from_its_check
         import toy
     finally:
         sys.path.remove(str(WORKERS))
+    import torch
+
     final = {key: torch.tensor(value) for key, value in finished["state"].items()}
     assert toy.max_difference(final, toy.train_locally(STEPS)) <= 1e-6
 
 
 def test_the_pipeline_example_recovers_from_a_crash_and_finishes(procs, tmp_path):
-    agent = procs.elasticrun("--standalone", "--nproc-per-node=3", "--max-restarts=1",
-                             str(REPO / "examples" / "rpc_pipeline.py"), "--steps", "12", "--checkpoint-every", "4",
-                             "--crash-at-step", "8", "--checkpoint-dir", str(tmp_path / "checkpoints"))
+    agent = elasticrun(procs, "--standalone", "--nproc-per-node=3", "--max-restarts=1",
+                       str(REPO / "examples" / "rpc_pipeline.py"), "--steps", "12", "--checkpoint-every", "4",
+                       "--crash-at-step", "8", "--checkpoint-dir", str(tmp_path / "checkpoints"))
     assert agent.wait() == 0, agent.stderr[-4000:]
     out = agent.stdout
     assert "starting at step 0 (restart count 0" in out and "failing on purpose at step 8" in out
@@ -112,9 +107,9 @@ def test_the_pipeline_example_recovers_from_a_crash_and_finishes(procs, tmp_path
 
 
 def test_the_parameter_server_example_runs_to_the_end(procs, tmp_path):
-    agent = procs.elasticrun("--standalone", "--nproc-per-node=3", str(REPO / "examples" / "rpc_parameter_server.py"),
-                             "--steps", "8", "--checkpoint-every", "4",
-                             "--checkpoint-dir", str(tmp_path / "checkpoints"))
+    agent = elasticrun(procs, "--standalone", "--nproc-per-node=3", str(REPO / "examples" / "rpc_parameter_server.py"),
+                       "--steps", "8", "--checkpoint-every", "4",
+                       "--checkpoint-dir", str(tmp_path / "checkpoints"))
     assert agent.wait() == 0, agent.stderr[-4000:]
     out = agent.stdout
     assert out.count("from step 0 (restart count 0)") == 2  # two trainers

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import pytest
 
+# Slow: three workers import torch and form an RPC group (seconds); CI runs it (--all).
+pytestmark = [pytest.mark.slow, pytest.mark.needs_torch]
+
 ROLES = [("master", 0, 1), ("stage", 0, 2), ("stage", 1, 2)]
 
 

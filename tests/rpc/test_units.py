@@ -70,6 +70,7 @@ def test_the_local_shutdown_runs_before_the_exit():
 # -- torch's private distributed autograd API, which rpc.introspect reads ----------------------
 
 
+@pytest.mark.needs_torch
 def test_torch_still_has_the_private_distributed_autograd_api_introspection_reads():
     import torch.distributed.autograd as dist_autograd
     from torch._C._distributed_autograd import DistAutogradContext
@@ -79,6 +80,7 @@ def test_torch_still_has_the_private_distributed_autograd_api_introspection_read
         assert callable(getattr(DistAutogradContext, method, None)), method
 
 
+@pytest.mark.needs_torch
 def test_a_missing_private_api_is_named_in_the_error(monkeypatch):
     import torch.distributed.autograd as dist_autograd
 
@@ -90,6 +92,7 @@ def test_a_missing_private_api_is_named_in_the_error(monkeypatch):
         describe_context(5)
 
 
+@pytest.mark.needs_torch
 def test_no_context_is_an_introspection_error_with_torchs_reason():
     from rpc.errors import IntrospectionError
     from rpc.introspect import describe_context

@@ -8,7 +8,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from backends.tcp.protocol import MAGIC, PROTOCOL_VERSION, FrameDecoder, encode_frame
@@ -116,12 +115,3 @@ class StoreProcess:
             if stream is not None:
                 stream.close()
 
-
-def wait_until(predicate, timeout: float = 10.0, interval: float = 0.05) -> bool:
-    """Poll ``predicate`` until it is true or ``timeout`` passes (bounded)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return bool(predicate())

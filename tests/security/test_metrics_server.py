@@ -13,7 +13,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from elastic.agent.observe.metrics import MetricsServer
-from hostile import wait_until
+from elastic.testing.agents import wait_until
 
 
 def test_the_metrics_server_listens_on_loopback_by_default():
@@ -61,7 +61,7 @@ def test_connections_beyond_the_cap_are_closed_at_once_and_threads_stay_bounded(
     threads_before = threading.active_count()
     with MetricsServer(0, registry=CollectorRegistry(), max_connections=4, request_deadline=3.0) as server:
         idle = [socket.create_connection(("127.0.0.1", server.port), timeout=5) for _ in range(4)]
-        assert wait_until(lambda: threading.active_count() >= threads_before + 1 + 4, timeout=5)
+        wait_until(lambda: threading.active_count() >= threads_before + 1 + 4, 5, "a thread per idle connection")
         extra = [socket.create_connection(("127.0.0.1", server.port), timeout=5) for _ in range(20)]
         try:
             for sock in extra:
@@ -75,4 +75,4 @@ def test_connections_beyond_the_cap_are_closed_at_once_and_threads_stay_bounded(
             with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
                 sock.sendall(b"GET /healthz HTTP/1.0\r\n\r\n")
                 return sock.recv(12).startswith(b"HTTP/1.0 200")
-        assert wait_until(answers, timeout=10)
+        wait_until(answers, 10, "the server to answer /healthz again")

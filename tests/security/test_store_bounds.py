@@ -19,7 +19,8 @@ import pytest
 from backends.errors import BackendConnectionError, LimitExceededError, ValueTooLargeError
 from backends.tcp.client import TcpStoreBackend, TcpStoreConfig
 from backends.tcp.protocol import PROTOCOL_VERSION, FrameDecoder, encode_frame
-from hostile import StoreProcess, handshake, raw_socket, wait_until
+from elastic.testing.agents import wait_until
+from hostile import StoreProcess, handshake, raw_socket
 
 MiB = 1024 * 1024
 
@@ -154,7 +155,8 @@ def test_idle_connections_that_never_authenticate_cost_little_and_lock_nobody_ou
         try:
             for _ in range(count):
                 idle.append(raw_socket(store.port))
-            assert wait_until(lambda: sum(not _open(sock) for sock in idle[:100]) == 100, timeout=10)
+            wait_until(lambda: sum(not _open(sock) for sock in idle[:100]) == 100, 10,
+                       "the store to close the 100 oldest idle connections")
             grown = store.rss_bytes() - before
             with client(store, token_file) as other:  # evicts the oldest idle handshake
                 assert other.put("/alive", b"1") > 1
@@ -184,7 +186,7 @@ def test_connections_beyond_the_limit_get_a_busy_error_naming_the_flag(token_fil
         finally:
             for other in held:
                 other.close()
-        assert wait_until(lambda: _connects(store, token_file), timeout=10)
+        wait_until(lambda: _connects(store, token_file), 10, "the store to accept a client again")
 
 
 def _connects(store, token_file) -> bool:
