@@ -10,7 +10,7 @@ Two things are inferred, and said so in their labels:
 * a restart is recorded once the next round closed; its mark sits where the group stopped
   (the start of that round's rendezvous), where a reader looks for it;
 * an agent whose log ends without ``job_finished`` was killed or lost: its last attempt is drawn
-  open (``ended=False``) to when a peer first reported a member lost, or to the end.
+  open (``ended=False``) to when a peer first acted on its loss (see `_noticed_lost`), or to the end.
 """
 
 from __future__ import annotations
@@ -207,8 +207,8 @@ def _lane(index: int, own: Sequence[Record], origin: float, end: float,
     lane_end = last
     if ending == GONE:
         lane_end = noticed if noticed is not None and noticed >= last else max(end, last)
-        seen = (f"a peer reported a member lost at {_clock(noticed)}" if noticed is not None and noticed >= last
-                else "no peer reported it")
+        seen = (f"a peer acted on its loss at {_clock(noticed)}" if noticed is not None and noticed >= last
+                else "no peer acted on its loss")
         if attempt is not None:
             bars.append(Bar(index, BarKind.ATTEMPT, attempt[0], max(lane_end, attempt[0]), attempt[1],
                             f"{attempt[2]}; end not recorded", ended=False))
@@ -226,8 +226,13 @@ def _attempt_label(fields: dict) -> str:
 
 
 def _noticed_lost(node: str, last: float, by_node: dict[str, list[Record]]) -> float | None:
-    """When a peer first reported a member lost after ``node``'s last record, while its latest
-    round had ``node`` as a member; None if none did (or ``node`` finished)."""
+    """When a peer first acted on ``node``'s loss after ``node``'s last record; None if no peer
+    did (or ``node`` finished).
+
+    A peer acted when it began the rendezvous of a round without ``node`` right after one with
+    it (whether it first saw the loss or its workers' failure), or reported a member lost while
+    its latest round had ``node``.
+    """
     if by_node[node][-1].event is Event.JOB_FINISHED:
         return None
     times = []
@@ -237,8 +242,12 @@ def _noticed_lost(node: str, last: float, by_node: dict[str, list[Record]]) -> f
         members: list[str] | None = None
         for record in own:
             if record.event is Event.ROUND_JOINED:
+                had = members is not None and node in members
                 members = record.fields.get("members")
-            elif record.event is Event.MEMBER_LOST and record.at >= last and (members is None or node in members):
+                if had and members is not None and node not in members and record.at >= last:
+                    times.append(max(_began(record), last))
+                    break
+            elif record.event is Event.MEMBER_LOST and record.at >= last and members is not None and node in members:
                 times.append(record.at)
                 break
     return min(times, default=None)

@@ -103,9 +103,27 @@ def test_a_killed_node_ends_where_a_peer_reported_it_lost_and_its_rejoin_is_a_ne
     assert timeline.lanes[1].end == 6.0
 
 
-def test_a_peer_that_no_longer_had_the_node_in_its_round_does_not_end_it():
-    records = [joined(1, "a", 0, ["a", "b"]), joined(1, "b", 0, ["a", "b"]),
-               joined(3, "a", 1, ["a", "c"]), rec(5, "member_lost", "a", reason="c left"), finished(9, "a")]
+def test_a_killed_node_ends_where_a_peer_began_a_round_without_it():
+    # The survivor's workers fail first (a reset connection); it rejoins, and the round it gets
+    # lacks the dead node: its failure is not counted, said as a member lost after the join.
+    records = [
+        joined(1, "a", 0, ["a", "b"]), joined(1, "b", 0, ["a", "b"], rank=1),
+        rec(2, "restart", "b", cause="worker_failure"),
+        rec(6, "worker_exit", "a", local_rank=0, global_rank=0, exitcode=1, signal=None),
+        joined(7.5, "a", 1, ["a"], duration=1.0),
+        rec(7.5, "member_lost", "a", reason="worker failure not counted: a member of the previous round is absent"),
+        finished(9, "a"),
+    ]
+    timeline = layout(records)
+    [open_attempt] = [b for b in timeline.bars if not b.ended]
+    assert (open_attempt.lane, open_attempt.end) == (1, 6.5)
+    [gone] = [m for m in timeline.marks if m.kind is MarkKind.GONE]
+    assert gone.at == 6.5 and "a peer acted on its loss at +6.50 s" in gone.label
+
+
+def test_a_peer_whose_rounds_never_had_the_node_does_not_end_it():
+    records = [joined(1, "a", 0, ["a", "c"]), joined(1, "b", 0, ["b"], run_id="other"),
+               joined(3, "a", 1, ["a"]), rec(5, "member_lost", "a", reason="c left"), finished(9, "a")]
     [open_attempt] = [b for b in layout(records).bars if not b.ended]
     assert open_attempt.end == 9.0
 
