@@ -1,4 +1,6 @@
-"""A small reader of the timeline page's DOM (as written, or as Chromium's --dump-dom gives it)."""
+"""A small DOM reader for tests of generated pages (the timeline's, as written or as Chromium's
+``--dump-dom`` gives it): elements with their attributes, children and text, built with
+:mod:`html.parser`. Enough to count and inspect elements; not a full HTML tree builder."""
 
 from __future__ import annotations
 

@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from dom import parse
+
+from elastic.testing.dom import parse
 
 REPO = Path(__file__).resolve().parents[2]
 TIMELINE = [sys.executable, "-m", "elastic.timeline"]

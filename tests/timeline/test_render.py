@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 
 import pytest
-from dom import parse
 
 from elastic.agent.observe.events import Event
+from elastic.testing.dom import parse
 from elastic.timeline.layout import MarkKind, layout
 from elastic.timeline.page import render_page
 from elastic.timeline.records import Record
