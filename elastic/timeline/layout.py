@@ -267,16 +267,16 @@ def _world(ordered: Sequence[Record], origin: float) -> tuple[tuple[WorldStep, .
 
 def _summary(ordered: Sequence[Record], lanes: Sequence[Lane], marks: Sequence[Mark],
              world: Sequence[WorldStep]) -> Summary:
-    """Restarts count once per round they led to (every member records the same one)."""
-    current: dict[str, int | None] = {}
-    restarts: set[tuple[str, int | None, str, str | None]] = set()
+    """Restarts count once per round they led to and cause (every member records the same one);
+    a restart before any round of its node (a log cut at the start) counts on its own."""
+    current: dict[str, int] = {}
+    restarts: set[tuple[str, int | str, str]] = set()
     for record in ordered:
         if record.event is Event.ROUND_JOINED:
             current[record.node] = record.fields["round"]
         elif record.event is Event.RESTART:
-            restarts.add((record.run_id, current.get(record.node), record.fields["cause"],
-                          None if current.get(record.node) is not None else record.node))
-    by_cause = Counter(cause for _, _, cause, _ in restarts)
+            restarts.add((record.run_id, current.get(record.node, record.node), record.fields["cause"]))
+    by_cause = Counter(cause for _, _, cause in restarts)
     exits = Counter(m.cause for m in marks if m.kind is MarkKind.WORKER_EXIT)
     return Summary(len(world), tuple(sorted(by_cause.items())), tuple(sorted(exits.items())), len(lanes),
                    sum(1 for lane in lanes if lane.ending == GONE))

@@ -83,6 +83,11 @@ def test_elasticrun_timeline_is_the_same_command(tmp_path):
     assert parse((tmp_path / "t.html").read_text()).find_all("g", "lane")
 
 
+def test_elasticruns_help_points_to_the_timeline(tmp_path):
+    result = run([*ELASTICRUN, "--help"], tmp_path)
+    assert result.returncode == 0 and "elasticrun timeline EVENTS.jsonl..." in " ".join(result.stdout.split())
+
+
 def test_a_training_script_named_timeline_still_runs_as_under_torchrun(tmp_path):
     (tmp_path / "timeline").write_text("import sys\nprint('the script ran with', sys.argv[1:])\n")
     result = run([*ELASTICRUN, "timeline", "a.jsonl"], tmp_path, LOGLEVEL="WARNING")
