@@ -140,8 +140,8 @@ def check_story(dom: Element) -> None:
     # The world: 4 workers, 2 while alone, 4 again after the rejoin.
     [world] = svg.find_all("g", "world")
     sizes = [int(step.attrs["data-size"]) for step in world.find_all("circle", "world-step")]
-    assert world.attrs["data-unit"] == "workers" and sizes[-1] == 4 and 2 in sizes, sizes
-    assert sizes.index(2) > sizes.index(4)
+    # (The first round may have closed with one node if the other came after the last call.)
+    assert world.attrs["data-unit"] == "workers" and 4 in sizes[:-2] and sizes[-2:] == [2, 4], sizes
     # The summary.
     [summary] = dom.find_all("table", "summary")
     rows = {row.attrs["data-row"]: row.find_all("td")[0].all_text() for row in summary.find_all("tr")}
