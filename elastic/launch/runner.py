@@ -54,8 +54,9 @@ def run(config: LaunchConfig) -> int:
             settings = config.rendezvous
             handler = create_handler(config.backend, settings, node_addr, local_world_size=config.nproc_per_node,
                                      role=config.role)
-            events = cleanup.enter_context(EventLog(config.event_log, run_id=config.run_id, node=socket.gethostname()))
             # The node id, not the host name: two agents on one host are two nodes.
+            events = cleanup.enter_context(EventLog(config.event_log, run_id=config.run_id, node=handler.node_id,
+                                                    host=socket.gethostname()))
             metrics = AgentMetrics(run_id=config.run_id, node=handler.node_id)
             handler.on_progress(lambda progress: metrics.set_rendezvous_joined(progress and progress.joined))
             metrics.watch_store_outage(lambda: handler.membership().store_outage)
