@@ -3,7 +3,7 @@
 Settings (environment): LIVE_STEPS (40), LIVE_STEP_SLEEP (0.05 s of "compute" per step),
 LIVE_OPTIONS (JSON kwargs of LiveOptions), LIVE_CHECK (1: all-reduce a parameter checksum at
 the start of every step and log whether every rank had the same), LIVE_BIG_MB (0: the small
-model; N: add an N/3 MB parameter so that with Adam's two moments the state is about N MB).
+model with SGD; N: a hidden layer of N/3 MiB of parameters, and Adam, for a state of ~N MiB).
 """
 
 import time
@@ -48,9 +48,9 @@ def plain(value):
 
 
 emit(ev="start", t=STARTED, pid=os.getpid(), slot=os.environ.get("LIVE_SLOT"))
-model = make_model(int(os.environ.get("RANK", "0")))  # different per rank: the first heal equalises
-if big_mb:
-    model.register_parameter("ballast", torch.nn.Parameter(torch.zeros(big_mb * 1024 * 1024 // 12)))
+# Different per rank: the first heal equalises. With LIVE_BIG_MB the hidden layer is wide enough
+# that parameters + Adam's two moments come to about that many MiB (18 parameters per unit).
+model = make_model(int(os.environ.get("RANK", "0")), hidden=big_mb * 1024 * 1024 // (3 * 4 * 18) if big_mb else 32)
 opt = torch.optim.Adam(model.parameters(), lr=1e-3) if big_mb else torch.optim.SGD(model.parameters(), lr=LR)
 
 
