@@ -154,14 +154,18 @@ class SimulatedAgent:
             worker.pipe_w = None
 
     def kill(self, slot: str) -> float:
+        """SIGKILL ``slot``'s worker and reap it; the time the signal was sent."""
         proc = self.workers[slot].proc
+        sent = time.monotonic()
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
-        return time.monotonic()
+        return sent
 
     def freeze(self, slot: str) -> float:
+        """SIGSTOP ``slot``'s worker and wait until all its threads stopped; the time the signal was sent."""
+        sent = time.monotonic()
         freeze(self.workers[slot].proc.pid)
-        return time.monotonic()
+        return sent
 
     def thaw(self, slot: str) -> None:
         thaw(self.workers[slot].proc.pid)

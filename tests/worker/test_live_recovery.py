@@ -147,6 +147,8 @@ def test_a_new_round_with_the_same_members_reforms_without_a_transfer(live_agent
         again = recoveries(logs[slot])[1]
         assert (again["round"], again["cause"], again["role"], again["nbytes"]) == (1, "round", "level", 0)
         assert gap_after(logs[slot], arrived) < 3.0
+        ready = [(line["event"], line["round"], line["step"]) for line in agent.ready_lines(slot)]
+        assert ready == [("joining", 0, 0), ("formed", 0, 0), ("formed", 1, again["step"])]
 
 
 @pytest.mark.slow  # the watcher's handling of garbage is also covered in-process (test_channel.py)
