@@ -19,6 +19,7 @@ the last reference of a running gloo work joins its thread) and waits for them a
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 import time
@@ -151,6 +152,10 @@ class OpRegistry:
             ops, self._ops = list(self._ops), set()
         for op in ops:
             op.settle(error=lost)
+        if self.failure is not None:
+            # Raised in the training thread, the failure's traceback holds frames that hold this
+            # group: a reference cycle that would keep its threads and sockets until the next GC.
+            self.failure.__traceback__ = None
         return [work for op in ops for work in op.works if not _completed(work)]
 
 
@@ -188,7 +193,11 @@ class Graveyard:
     def reap(self) -> int:
         """Drop the groups whose works all ended; the number of works still running."""
         running = [(group, [work for work in works if not _completed(work)]) for group, works in self._graves]
+        ended = len(self._graves) - sum(1 for _, works in running if works)
         self._graves = [(group, works) for group, works in running if works]
+        if ended:
+            del running
+            gc.collect()  # a released group may still sit in a cycle; free its threads and sockets now
         return sum(len(works) for _, works in self._graves)
 
     def drain(self, timeout: float, sleep: Callable[[float], None] = time.sleep) -> int:

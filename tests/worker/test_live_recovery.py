@@ -121,13 +121,20 @@ def test_a_frozen_peer_is_abandoned_when_the_next_round_arrives_and_heals_when_i
     assert_follows_reference(by_step, total)
     for slot in ("w0", "w1"):
         assert_no_redo(logs[slot])
-        assert [r["cause"] for r in recoveries(logs[slot])] == ["start", "lost", "round"]
+        causes = [r["cause"] for r in recoveries(logs[slot])]
+        # Round 2 reaches each survivor at a step boundary ("round"), unless the other survivor
+        # read it first and left round 1's group under it, failing its collective ("lost").
+        assert causes[:2] == ["start", "lost"] and causes[2] in ("round", "lost") and len(causes) == 3, causes
     thawed = recoveries(logs["w2"])
     assert [r["round"] for r in thawed] == [0, 2] and thawed[1]["role"] == "receiver"
     assert gap < 3.0, f"the survivor's first step came {gap:.2f}s after the round arrived"
-    # Leak: the abandoned group's threads and fds are back to their level before the freeze.
+    # Leak: while the abandoned group's collective runs it keeps its threads and sockets; once the
+    # collective timeout ends it, they are released, and with the same world size the survivor
+    # is back to its threads and fds of before the freeze.
+    during = next(event for event in steps(logs["w0"]) if event["round"] == 1)
     after = steps(logs["w0"])[-1]
-    assert after["threads"] <= before["threads"] + 1 and after["fds"] <= before["fds"] + 2, (before, after)
+    assert during["hung"] == 1 and during["threads"] > before["threads"], (before, during)
+    assert after["threads"] == before["threads"] and after["fds"] <= before["fds"], (before, after)
     assert frozen_at < arrived
 
 
@@ -145,10 +152,13 @@ def test_a_new_round_with_the_same_members_reforms_without_a_transfer(live_agent
     for slot in ("w0", "w1"):
         assert_no_redo(logs[slot])
         again = recoveries(logs[slot])[1]
-        assert (again["round"], again["cause"], again["role"], again["nbytes"]) == (1, "round", "level", 0)
+        assert (again["round"], again["role"], again["nbytes"]) == (1, "level", 0)
+        # "lost" when the other rank took the round first and left round 0's group under this one.
+        assert again["cause"] in ("round", "lost")
         assert gap_after(logs[slot], arrived) < 3.0
         ready = [(line["event"], line["round"], line["step"]) for line in agent.ready_lines(slot)]
-        assert ready == [("joining", 0, 0), ("formed", 0, 0), ("formed", 1, again["step"])]
+        lost = [("lost", 0, again["step"])] if again["cause"] == "lost" else []
+        assert ready == [("joining", 0, 0), ("formed", 0, 0), *lost, ("formed", 1, again["step"])]
 
 
 @pytest.mark.slow  # the watcher's handling of garbage is also covered in-process (test_channel.py)
