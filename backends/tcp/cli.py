@@ -28,12 +28,16 @@ from backends.kvstate import DEFAULT_HISTORY_BYTES, DEFAULT_MAX_KEY_BYTES, DEFAU
 from backends.tcp.limits import StoreLimits
 from backends.tcp.protocol import DEFAULT_PORT
 from backends.tcp.server import start_server
+from backends.untrusted import read_small_file
 
 log = logging.getLogger(__name__)
 
 __all__ = ["main"]
 
 PROG = "elastic-store"
+
+MAX_TOKEN_FILE_BYTES = 64 * 1024
+"""Largest token file read (a token is a line; this refuses ``/dev/zero``)."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -100,9 +104,10 @@ def read_token(path: Path | None) -> str | None:
     if path is None:
         return None
     try:
-        token = path.read_text(encoding="utf-8").strip()
-    except (OSError, UnicodeDecodeError) as error:
-        raise _UsageError(f"cannot read the token file {str(path)!r}: {error}") from error
+        token = read_small_file(path, max_bytes=MAX_TOKEN_FILE_BYTES).decode("utf-8").strip()
+    except ValueError as error:  # UnicodeDecodeError included
+        reason = "it is not UTF-8 text" if isinstance(error, UnicodeDecodeError) else str(error)
+        raise _UsageError(f"cannot read the token file {str(path)[:200]!r}: {reason}") from None
     if not token:
         raise _UsageError(f"the token file {str(path)!r} is empty")
     return token

@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import ClassVar, Mapping, TypeVar, Union
 
 from backends.endpoints import Endpoint, parse_endpoint, parse_endpoints
 from backends.errors import EndpointError
+from backends.untrusted import read_small_file
 from elastic.rendezvous.conf import ConfValues
 from elastic.rendezvous.errors import RendezvousConfigError
 
@@ -37,6 +37,9 @@ BACKEND_NAMES = (*ETCD_NAMES, *STORE_NAMES, "static")
 
 DEFAULT_MAX_RESPONSE_BYTES = 32 * 1024 * 1024
 """The etcd client's response limit unless ``max_response_bytes`` is given (the etcd backend's default)."""
+
+MAX_SECRET_FILE_BYTES = 64 * 1024
+"""Largest ``password_file``/``token_file`` read (a secret is a line; this refuses ``/dev/zero``)."""
 
 OPEN_STORE_OPTION = "insecure_open_store"
 """``--rdzv-conf`` option that lets a c10d host serve its store off loopback without a token."""
@@ -68,15 +71,18 @@ class SecretFile:
     path: str
 
     def read(self) -> str:
-        """The file's text without surrounding whitespace.
+        """The file's text without surrounding whitespace; only a regular file of at most
+        :data:`MAX_SECRET_FILE_BYTES` is read, without blocking (a FIFO is refused, not waited on).
 
         Raises:
-            RendezvousConfigError: the file cannot be read; the message names the option and the path.
+            RendezvousConfigError: the file cannot be read, is not a small regular UTF-8 file;
+                the message names the option and the path.
         """
         try:
-            return Path(self.path).read_text().strip()
-        except OSError as error:
-            raise RendezvousConfigError(f"Cannot read {self.option} {self.path!r}: {error.strerror}.") from error
+            return read_small_file(self.path, max_bytes=MAX_SECRET_FILE_BYTES).decode("utf-8").strip()
+        except ValueError as error:  # UnicodeDecodeError included
+            reason = "it is not UTF-8 text" if isinstance(error, UnicodeDecodeError) else str(error)
+            raise RendezvousConfigError(f"Cannot read {self.option} {self.path[:200]!r}: {reason}.") from None
 
     def conf_text(self) -> str:
         return f"{self.option}={self.path}"
