@@ -31,6 +31,7 @@ from dataclasses import fields
 from typing import Any, Callable, Mapping, Sequence, TextIO
 
 from elastic import __version__
+from elastic.agent.processes.log_dir import log_dir_problem
 from elastic.config import Entrypoint, LaunchConfig, Std, StdMask
 from elastic.launch.devices import DeviceProbe, HostDevices
 from elastic.launch.flags import (
@@ -337,6 +338,9 @@ def parse_or_exit(
 ) -> LaunchConfig:
     """:func:`config_from_args` for the entry point: warnings go to stderr as ``elasticrun: warning: ...``.
 
+    Also refuses a ``--log-dir`` that cannot hold logs (a file, ``/dev/null``, under ``/proc``,
+    read-only), which only the filesystem can tell.
+
     Raises:
         SystemExit: status 2 after printing ``elasticrun: error: <one line>`` to stderr for bad
             input; status 0 after printing the help to stdout for ``-h``/``--help``.
@@ -344,7 +348,11 @@ def parse_or_exit(
     out, err = stdout or sys.stdout, stderr or sys.stderr
     injected.setdefault("warn", lambda message: print(f"{PROG}: warning: {message}", file=err))
     try:
-        return config_from_args(argv, environ, **injected)
+        config = config_from_args(argv, environ, **injected)
+        problem = config.log_dir and log_dir_problem(config.log_dir)  # reads the filesystem: not in the pure part
+        if problem:
+            raise fail("--log-dir", f"{config.log_dir[:200]!r}: {problem}; give a writable directory")
+        return config
     except HelpRequested as help_:
         print(help_.text, file=out, end="")
         raise SystemExit(0) from None

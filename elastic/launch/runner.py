@@ -25,6 +25,7 @@ from elastic.agent.observe.events import EventLog
 from elastic.agent.lifeline.keeper import Lifeline, state_dir
 from elastic.agent.errors import AgentError
 from elastic.agent.observe.metrics import AgentMetrics, MetricsServer
+from elastic.agent.processes.log_dir import create_log_dir
 from elastic.agent.processes.store_host import StoreHost
 from elastic.agent.prewarm.pool import TemplatePool
 from elastic.agent.waking import Waker
@@ -46,6 +47,8 @@ def run(config: LaunchConfig) -> int:
         print(notice, file=sys.stderr)
     with ExitStack() as cleanup:
         try:
+            if config.log_dir:
+                create_log_dir(config.log_dir)  # what the CLI could not tell before creating it
             # torchrun's --standalone gives workers MASTER_ADDR=localhost; match it.
             node_addr = config.local_addr or ("localhost" if config.standalone else socket.getfqdn())
             config = _with_standalone_store(config, cleanup)
