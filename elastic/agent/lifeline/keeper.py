@@ -11,7 +11,8 @@ Three mechanisms, each covering what the one before cannot:
    worker forked by any other thread gets no parent-death signal (logged once); the watchdog
    still covers it. The signal reaches the direct child only.
 2. **The watchdog** (any POSIX system, :mod:`elastic.agent.lifeline.watchdog`), one per agent, in its
-   own session, holds the read end of a pipe whose only write end is the agent's. When the
+   own session, started without the agent's working directory on its path
+   (:mod:`elastic.agent.safe_path`), holds the read end of a pipe whose only write end is the agent's. When the
    agent dies, however, the kernel closes that end; the watchdog reads EOF,
    SIGKILLs every worker its agent's PID file names with their descendants and sessions
    (:func:`elastic.agent.lifeline.pidfile.kill_workers`), removes the file and exits. This is what
@@ -47,12 +48,16 @@ from elastic.agent.lifeline import pidfile
 from elastic.agent.errors import LifelineError
 from elastic.agent.lifeline.pdeathsig import load_prctl
 from elastic.agent.lifeline.pidfile import LiveWorkers, ProcessId
+from elastic.agent.safe_path import isolated_program
 
 log = logging.getLogger(__name__)
 
 __all__ = ["PDEATHSIG_AVAILABLE", "Lifeline", "parent_death_preexec", "state_dir"]
 
 _WATCHDOG_EXIT_S = 5.0
+
+WATCHDOG_PROGRAM = isolated_program("from elastic.agent.lifeline.watchdog import main\nmain()", package_root=True)
+"""The watchdog's ``python -c`` program: nothing imported from the agent's working directory."""
 
 
 _set_pdeathsig = load_prctl()
@@ -232,7 +237,7 @@ class Lifeline:
         read_end, self._pipe_w = os.pipe()  # both close-on-exec; only the watchdog gets read_end
         try:
             self._watchdog = subprocess.Popen(
-                [sys.executable, "-m", "elastic.agent.lifeline.watchdog", self.path],
+                [sys.executable, "-c", WATCHDOG_PROGRAM, os.path.abspath(self.path)],
                 stdin=read_end, stdout=subprocess.DEVNULL, start_new_session=True, close_fds=True,
             )  # fmt: skip
         finally:
