@@ -338,15 +338,26 @@ class Template:
             if not data:
                 break
             try:
-                messages = reader.feed(data)
+                for message in reader.feed(data):
+                    self._apply(message)
             except TemplateWireError as error:
                 self._kill(str(error))
                 break
-            for message in messages:
-                self._apply(message)
         self._died()
 
     def _apply(self, message: dict) -> None:
+        """Apply one message of the template.
+
+        Raises:
+            TemplateWireError: a field has the wrong type (the template speaks nonsense).
+        """
+        try:
+            self._apply_checked(message)
+        except (KeyError, TypeError, ValueError) as error:
+            raise TemplateWireError(f"A malformed {str(message.get('op'))[:40]!r} message from the template: "
+                                    f"{type(error).__name__}: {str(error)[:100]}") from error
+
+    def _apply_checked(self, message: dict) -> None:
         op = message.get("op")
         if op == "ready":
             self.ready_info = message
