@@ -39,6 +39,8 @@ from elastic.launch.flags import (
     VERSION_FLAGS, format_help,
 )
 from elastic.launch.rendezvous_flags import rendezvous_fields
+from elastic.rendezvous.conf import parse_rdzv_conf
+from elastic.rendezvous.secret_sources import command_line_secret_warning, inline_secret_options
 from elastic.launch.values import (
     ConfigError, Sources, as_given, choice, fail, host_address, integer, optional_port, optional_text, seconds,
 )
@@ -294,6 +296,9 @@ def config_from_args(
     if not (role_text or "").strip():
         raise fail(role_where, "the role name must not be empty")
     _warn_compat_only(sources, pending.append)
+    secrets = inline_secret_options(parse_rdzv_conf(given["rdzv_conf"])) if "rdzv_conf" in given else ()
+    if secrets:  # on the command line, every user of the machine reads it in ps
+        pending.append(command_line_secret_warning(secrets))
     if entrypoint.kind == "command" and sources.switch("prewarm"):
         pending.append(f"{as_given(sources, 'prewarm')} is ignored with --no-python: the workers are not "
                        "Python, so they start as usual")

@@ -35,6 +35,7 @@ from elastic.rendezvous.errors import RendezvousError
 from elastic.rendezvous.progress import WaitSnapshot
 from elastic.rendezvous.backend_spec import StandaloneSpec, StaticSpec
 from elastic.rendezvous.registry import create_handler
+from elastic.rendezvous.secret_sources import hide_inline_secrets
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +43,7 @@ log = logging.getLogger(__name__)
 def run(config: LaunchConfig) -> int:
     """Run the agent for ``config`` on this node; returns the process exit code."""
     _configure_logging()
+    hide_inline_secrets(os.environ)  # read into config.backend: no helper or worker inherits it
     notice = omp_threads_notice(os.environ, config.nproc_per_node)
     if notice:
         print(notice, file=sys.stderr)
