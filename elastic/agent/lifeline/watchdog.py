@@ -33,6 +33,10 @@ def watch(path: str) -> int:
     except (pidfile.PidFileError, OSError) as exc:
         print(f"elasticrun watchdog: cannot read {path}: {exc}", file=sys.stderr)
         return 1
+    if live.host != pidfile.host_key():  # its pids mean other processes here: never act on them
+        print(f"elasticrun watchdog: {path} names host {live.host}, not this one ({pidfile.host_key()}); "
+              "leaving it alone", file=sys.stderr)
+        return 1
     killed = pidfile.kill_workers(live.workers)
     pidfile.remove(path)
     if killed:
