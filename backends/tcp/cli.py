@@ -24,7 +24,10 @@ from pathlib import Path
 from typing import NoReturn, Sequence
 
 from backends.endpoints import is_loopback_only
-from backends.kvstate import DEFAULT_HISTORY_BYTES, DEFAULT_MAX_KEY_BYTES, DEFAULT_MAX_VALUE_BYTES
+from backends.kvstate import (
+    DEFAULT_HISTORY_BYTES, DEFAULT_MAX_KEY_BYTES, DEFAULT_MAX_LEASES, DEFAULT_MAX_LIVE_BYTES, DEFAULT_MAX_VALUE_BYTES,
+    KEY_OVERHEAD_BYTES,
+)
 from backends.tcp.limits import StoreLimits
 from backends.tcp.protocol import DEFAULT_PORT
 from backends.tcp.server import start_server
@@ -68,6 +71,9 @@ _STATE_LIMITS = (
     ("max_key_bytes", DEFAULT_MAX_KEY_BYTES, "longest key in bytes"),
     ("max_value_bytes", DEFAULT_MAX_VALUE_BYTES, "largest value in bytes"),
     ("max_history_bytes", DEFAULT_HISTORY_BYTES, "bytes of keys and values kept for watches that start in the past"),
+    ("max_live_bytes", DEFAULT_MAX_LIVE_BYTES,
+     f"bytes of live keys and values (each key also counts {KEY_OVERHEAD_BYTES})"),
+    ("max_leases", DEFAULT_MAX_LEASES, "live leases"),
 )
 _SERVER_LIMITS = (
     ("max_header_bytes", _DEFAULTS.max_header_bytes, "largest request header in bytes"),
@@ -138,7 +144,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         handle = start_server(args.host, args.port, token, max_key_bytes=args.max_key_bytes,
                               max_value_bytes=args.max_value_bytes, history_bytes=args.max_history_bytes,
-                              limits=limits)
+                              max_live_bytes=args.max_live_bytes, max_leases=args.max_leases, limits=limits)
     except OSError as error:
         print(f"{PROG}: error: cannot listen on {args.host}:{args.port}: {error}", file=sys.stderr)
         return 1
