@@ -14,8 +14,11 @@ checkpoint every ``--checkpoint-every`` steps (rank 0 writes, atomically), and a
 — a crashed worker, a lost or added node — resumes from the last checkpoint with whatever world
 size the new round has. It prints the loss as it goes and ``done: ...`` at the end.
 
-The checkpoint is per run (``/tmp/elastic-train-ddp-<run id>.pt``): a new ``--standalone`` run
-(a new run id) starts from scratch, and every node of one ``--rdzv-id`` shares the same one.
+The checkpoint is per run (``<tmp>/elastic-train-ddp-<uid>/<run id>.pt``): a new
+``--standalone`` run (a new run id) starts from scratch, and the workers of one ``--rdzv-id`` on
+a machine share it (give ``--checkpoint`` on a shared filesystem for several machines). The
+directory is private to the user (0700, checked): in a world-writable ``/tmp`` another user
+could otherwise plant a checkpoint under the predictable name, and ``ps`` shows the run id.
 When it resumes it says from which step and file.
 """
 
@@ -23,6 +26,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import stat
+import sys
+import tempfile
 import time
 
 import torch
@@ -35,11 +41,29 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=200, help="total optimizer steps (default 200)")
     parser.add_argument("--batch-size", type=int, default=64, help="samples per worker per step")
     parser.add_argument("--checkpoint-every", type=int, default=20, help="steps between checkpoints")
-    run_id = os.environ.get("TORCHELASTIC_RUN_ID", "none").replace("/", "_")
-    parser.add_argument("--checkpoint", default=os.environ.get("CHECKPOINT_PATH", f"/tmp/elastic-train-ddp-{run_id}.pt"),
-                        help="checkpoint file shared by the workers (default /tmp/elastic-train-ddp-<run id>.pt)")
+    parser.add_argument("--checkpoint", default=os.environ.get("CHECKPOINT_PATH"),
+                        help="checkpoint file shared by the workers (default <tmp>/elastic-train-ddp-<uid>/<run id>.pt)")
     parser.add_argument("--step-delay", type=float, default=0.0, help="seconds to sleep per step (for demos)")
-    return parser.parse_args()
+    args = parser.parse_args()
+    if args.checkpoint is None:
+        run_id = os.environ.get("TORCHELASTIC_RUN_ID", "none").replace("/", "_")
+        args.checkpoint = os.path.join(private_dir(), f"{run_id}.pt")
+    return args
+
+
+def private_dir() -> str:
+    """``<tmp>/elastic-train-ddp-<uid>``, created 0700 if missing; exits with one line if it is not
+    a directory of this user that only this user can write (someone else made it first)."""
+    path = os.path.join(tempfile.gettempdir(), f"elastic-train-ddp-{os.geteuid()}")
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    info = os.lstat(path)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o077:
+        sys.exit(f"train_ddp: {path} is not a private directory of this user (owner uid {info.st_uid}, mode "
+                 f"{stat.S_IMODE(info.st_mode):o}); remove it or pass --checkpoint (or CHECKPOINT_PATH)")
+    return path
 
 
 def synthetic_batch(step: int, rank: int, batch_size: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -54,7 +78,7 @@ def synthetic_batch(step: int, rank: int, batch_size: int, device: torch.device)
 def load_checkpoint(path: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
     if not os.path.exists(path):
         return 0
-    state = torch.load(path, map_location="cpu")
+    state = torch.load(path, map_location="cpu", weights_only=True)  # tensors and numbers only, never code
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
     return int(state["step"])

@@ -29,6 +29,7 @@ import uuid
 from dataclasses import fields
 from typing import Any, Callable, Mapping, Sequence, TextIO
 
+from elastic.agent.processes.log_dir import log_dir_problem
 from elastic.config import Entrypoint, LaunchConfig, Std, StdMask
 from elastic.launch.devices import DeviceProbe, HostDevices
 from elastic.launch.flags import (
@@ -39,6 +40,8 @@ from elastic.launch.scan import HelpRequested, split_command_line
 
 __all__ = ["ConfigError", "HelpRequested", "config_from_args", "installed_logs_specs", "parse_or_exit",
            "split_command_line"]
+from elastic.rendezvous.conf import parse_rdzv_conf
+from elastic.rendezvous.secret_sources import command_line_secret_warning, inline_secret_options
 from elastic.launch.values import (
     ConfigError, Sources, as_given, choice, fail, host_address, integer, optional_port, optional_text, seconds,
 )
@@ -251,6 +254,9 @@ def config_from_args(
     if not (role_text or "").strip():
         raise fail(role_where, "the role name must not be empty")
     _warn_compat_only(sources, pending.append)
+    secrets = inline_secret_options(parse_rdzv_conf(given["rdzv_conf"])) if "rdzv_conf" in given else ()
+    if secrets:  # on the command line, every user of the machine reads it in ps
+        pending.append(command_line_secret_warning(secrets))
     if entrypoint.kind == "command" and sources.switch("prewarm"):
         pending.append(f"{as_given(sources, 'prewarm')} is ignored with --no-python: the workers are not "
                        "Python, so they start as usual")
@@ -297,6 +303,9 @@ def parse_or_exit(
 ) -> LaunchConfig:
     """:func:`config_from_args` for the entry point: warnings go to stderr as ``elasticrun: warning: ...``.
 
+    Also refuses a ``--log-dir`` that cannot hold logs (a file, ``/dev/null``, under ``/proc``,
+    read-only), which only the filesystem can tell.
+
     Raises:
         SystemExit: status 2 after printing ``elasticrun: error: <one line>`` to stderr for bad
             input; status 0 after printing the help to stdout for ``-h``/``--help``.
@@ -304,7 +313,11 @@ def parse_or_exit(
     out, err = stdout or sys.stdout, stderr or sys.stderr
     injected.setdefault("warn", lambda message: print(f"{PROG}: warning: {message}", file=err))
     try:
-        return config_from_args(argv, environ, **injected)
+        config = config_from_args(argv, environ, **injected)
+        problem = config.log_dir and log_dir_problem(config.log_dir)  # reads the filesystem: not in the pure part
+        if problem:
+            raise fail("--log-dir", f"{config.log_dir[:200]!r}: {problem}; give a writable directory")
+        return config
     except HelpRequested as help_:
         print(help_.text, file=out, end="")
         raise SystemExit(0) from None

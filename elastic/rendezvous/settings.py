@@ -24,6 +24,10 @@ ETCD_MIN_LEASE_TTL = 2.0
 
 DEFAULT_LEASE_TTL = 5.0
 
+MAX_RUN_ID_CHARS = 128
+"""Longest run id: it is one path component of the log and PID-file directories (255 bytes on
+Linux, with the node id beside it) and a segment of every store key of the job."""
+
 
 @dataclass(frozen=True)
 class RendezvousSettings:
@@ -51,6 +55,11 @@ class RendezvousSettings:
     def __post_init__(self) -> None:
         # A plain name: it becomes a store key segment and a log directory, so '.' and '..'
         # (which would name the log root or its parent) are refused too.
+        if len(self.run_id) > MAX_RUN_ID_CHARS:
+            raise RendezvousConfigError(
+                f"The run id ({len(self.run_id)} characters, {self.run_id[:40]!r}...) must be at most "
+                f"{MAX_RUN_ID_CHARS} characters: it names a directory and a store key."
+            )
         if not self.run_id or not re.fullmatch(r"[A-Za-z0-9._\-]+", self.run_id) or not self.run_id.strip("."):
             raise RendezvousConfigError(
                 f"The run id ({self.run_id[:100]!r}) must be a plain name: letters, digits, '.', '_' and '-', "

@@ -47,8 +47,11 @@ from torch.distributed.elastic.rendezvous import api as torch_api
 from elastic.rendezvous import errors as ours
 from elastic.rendezvous.api import MembershipChange, Rendezvous, RendezvousInfo
 from elastic.rendezvous.backend_spec import EtcdSpec, etcd_endpoints, etcd_spec
-from elastic.rendezvous.conf import OurConf, from_torch
+from elastic.rendezvous.conf import OurConf, from_torch, parse_rdzv_conf
 from elastic.rendezvous.registry import create_handler
+from elastic.rendezvous.secret_sources import (
+    RDZV_CONF_VARIABLE, command_line_secret_warning, hide_inline_secrets, inline_secret_options,
+)
 from elastic.rendezvous.settings import RendezvousSettings, settings_from_conf
 
 log = logging.getLogger(__name__)
@@ -325,10 +328,28 @@ def create_rdzv_handler(params: torch_api.RendezvousParameters) -> TorchrunRende
             log.warning("Rendezvous %s: node %s: %s", params.run_id, node_addr, note)
         settings = settings_from_params(params)
         spec = backend_from_params(params)
+        _hide_secrets(conf_from_params(params))
         handler = create_handler(spec, settings, node_addr)
     log.info("Rendezvous %s: node %s (%s) uses etcd at %s through torchrun",
              settings.run_id, handler.node_id, node_addr, spec.endpoint_text)
     return TorchrunRendezvousHandler(handler, node_addr, store_timeout=_store_timeout(params, spec))
+
+
+def _hide_secrets(conf: dict[str, str]) -> None:
+    """Keep an inline ``password=`` from torchrun's workers: torch's agent starts them with its
+    own environment, so remove it from ``PET_RDZV_CONF`` there (the spec holds it already);
+    warn once when it came from the command line, where ``ps`` shows it to every user."""
+    given = inline_secret_options(conf)
+    if not given:
+        return
+    try:
+        from_env = inline_secret_options(parse_rdzv_conf(os.environ.get(RDZV_CONF_VARIABLE, "")))
+    except ours.RendezvousConfigError:
+        from_env = ()
+    on_command_line = tuple(name for name in given if name not in from_env)
+    if on_command_line:
+        log.warning("%s", command_line_secret_warning(on_command_line))
+    hide_inline_secrets(os.environ)
 
 
 def handler_creator() -> Callable[[torch_api.RendezvousParameters], torch_api.RendezvousHandler]:
