@@ -38,7 +38,7 @@ from elastic.agent.restarts import PendingCause, PendingRestart, settle
 from elastic.agent.waking import Interrupted, Waker
 from elastic.config import LaunchConfig
 from elastic.rendezvous.api import MembershipChange, MembershipStatus, Rendezvous, RendezvousInfo
-from elastic.rendezvous.errors import RendezvousClosedError, RendezvousError
+from elastic.rendezvous.errors import JobFinishedError, RendezvousClosedError, RendezvousError
 
 log = logging.getLogger(__name__)
 
@@ -139,6 +139,7 @@ class ElasticAgent:
                                                          "another node (the job failed there or was stopped)"),
             AgentAction.STOP_BLIND: lambda verdict: self._end(1, "store_unreachable", verdict.membership.reason
                                                               or "the store does not answer"),
+            AgentAction.STOP_FINISHED: self._stop_finished,
         }
 
     # -- the loop -------------------------------------------------------------------------------
@@ -158,7 +159,10 @@ class ElasticAgent:
         self._warm_before_joining_a_running_job()
         pending: PendingRestart | None = None
         while True:
-            info = self._rendezvous()
+            try:
+                info = self._rendezvous()
+            except JobFinishedError as finished:
+                return self._finished_before_joining(finished, pending)
             self._settle(pending, info)
             # TORCHELASTIC_RESTART_COUNT: the round record's count, or (static) the node's own.
             group = self._attempts.start(info, self.attempt, self.restarts_used)
@@ -305,18 +309,48 @@ class ElasticAgent:
         return None
 
     def _finish(self, verdict: Verdict) -> AgentResult:
-        """Exit barrier: wait for the other members' workers, then close the rendezvous.
+        """Record the job's end, then the exit barrier: wait for the other members' workers.
 
-        Best effort, as torchrun's: our workers have succeeded, so a backend that goes away now
-        (a c10d host that finished first stops its store) is logged, not turned into a failure.
+        The job is finished for everyone as soon as one node's workers all succeeded (torchrun's
+        rule), so that is recorded first: no round forms after it, and a member whose workers
+        fail now (their peers left) ends instead of training again. There is nothing to close
+        after the barrier: the record already stops every join. Best effort, as torchrun's: our
+        workers have succeeded, so a backend that goes away now (a c10d host that finished first
+        stops its store) is logged, not turned into a failure, and is not retried for long.
         """
         try:
-            if self._blocking(lambda: self.rendezvous.finish(self.config.exit_barrier_timeout), "exit-barrier"):
-                self._blocking(lambda: self.rendezvous.set_closed(RendezvousClosedError.JOB_FINISHED), "close")
+            self._blocking(self.rendezvous.declare_finished, "declare-finished")
+            self._blocking(lambda: self.rendezvous.finish(self.config.exit_barrier_timeout), "exit-barrier")
         except RendezvousError as error:
             log.warning("Run %s node %s: the exit barrier failed (%s); the workers had finished, so exiting 0",
                         self.rendezvous.run_id, self.host, error)
         return self._end(0, "succeeded", "workers finished")
+
+    def _stop_finished(self, verdict: Verdict) -> AgentResult:
+        """The job finished on another node while this node's workers ran: exit 0, say why, train no more."""
+        if verdict.membership.change is MembershipChange.JOB_FINISHED_ELSEWHERE:
+            after = "this node's workers ran in a round without it: stopped them, not training again"
+        else:
+            after = (f"this node's workers {'failed' if verdict.state.status is GroupStatus.FAILED else 'stopped'} "
+                     "after that, most likely because their peers left: not training again")
+        return self._end_finished(f"{verdict.membership.reason}; {after}")
+
+    def _finished_before_joining(self, finished: JobFinishedError, pending: PendingRestart | None) -> AgentResult:
+        """The job finished while this node was (re)joining: exit 0 without training again."""
+        ended = f"the job finished on node {finished.node_id} in round {finished.round}"
+        if self._attempts.last is None:
+            reason = f"{ended}; nothing to do (use a new --rdzv-id to run the job again)"
+            log.warning("Run %s node %s: %s", self.rendezvous.run_id, self.host, reason)
+            return self._end(0, "already_finished", reason)
+        if pending is not None and pending.cause is PendingCause.FAILURE:
+            after = "this node's workers failed after that, most likely because their peers left"
+        else:
+            after = f"this node's workers were stopped after that ({pending.reason if pending else 'a restart'})"
+        return self._end_finished(f"{ended}; {after}: not training again")
+
+    def _end_finished(self, reason: str) -> AgentResult:
+        log.warning("Run %s node %s: %s", self.rendezvous.run_id, self.host, reason)
+        return self._end(0, "finished_elsewhere", reason)
 
     def _give_up(self, verdict: Verdict) -> AgentResult:
         first = first_failure(verdict.state.failures)

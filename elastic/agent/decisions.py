@@ -30,6 +30,9 @@ class AgentAction(enum.Enum):
     RESTART_FOR_OUTAGE: workers failed while the store did not answer (or within the grace period
     after): restart without reporting the failure, so it is not charged (the rejoin waits for
     the store).
+    STOP_FINISHED: the job finished on another node (its workers all succeeded) and this node's
+    workers failed or stopped after that, or run in a round that formed without the finisher:
+    stop them and exit 0 without training again.
     """
 
     KEEP_RUNNING = "keep_running"
@@ -42,6 +45,7 @@ class AgentAction(enum.Enum):
     EXCLUDE = "exclude"
     STOP_BLIND = "stop_blind"
     RESTART_FOR_OUTAGE = "restart_for_outage"
+    STOP_FINISHED = "stop_finished"
 
 
 @dataclass(frozen=True)
@@ -64,12 +68,17 @@ def decide(view: AgentView) -> AgentAction:
 
     A failure that coincides with a membership change is the change's consequence (a peer's
     death breaks the collectives) and does not count against ``--max-restarts``; nor does one
-    that coincides with a store outage, whether or not restarts remain.
+    that coincides with a store outage, whether or not restarts remain. Once a peer finished the
+    job, running workers may finish too, and a failure is the job's end, never a restart.
     """
     if view.group is GroupStatus.SUCCEEDED:
         return AgentAction.FINISH
     if view.membership is MembershipChange.STORE_UNREACHABLE:
         return AgentAction.STOP_BLIND
+    if view.membership is MembershipChange.JOB_FINISHED_ELSEWHERE:
+        return AgentAction.STOP_FINISHED
+    if view.membership is MembershipChange.JOB_FINISHED:  # a peer of this round finished the job
+        return AgentAction.KEEP_RUNNING if view.group is GroupStatus.RUNNING else AgentAction.STOP_FINISHED
     if view.group in (GroupStatus.FAILED, GroupStatus.STOPPED):
         if view.membership is MembershipChange.CLOSED:
             return AgentAction.STOP_CLOSED

@@ -87,8 +87,8 @@ class FakeRendezvous(Rendezvous):
         self._status = MembershipStatus()
         self._joins = 0
         self.calls: list[str] = []
-        """The agent's calls in order: ``next_rendezvous``, ``report_failure``, ``finish``, ``set_closed``,
-        ``exclude``, ``is_closed``, ``job_running``, ``shutdown``."""
+        """The agent's calls in order: ``next_rendezvous``, ``report_failure``, ``declare_finished``,
+        ``finish``, ``set_closed``, ``exclude``, ``is_closed``, ``job_running``, ``shutdown``."""
         self.failures: list[float] = []
         """The wall times :meth:`report_failure` was given."""
         self.closed_reasons: list[str] = []
@@ -163,6 +163,10 @@ class FakeRendezvous(Rendezvous):
         with self._lock:
             self.calls.append("report_failure")
             self.failures.append(at)
+
+    def declare_finished(self) -> None:
+        with self._lock:
+            self.calls.append("declare_finished")
 
     def finish(self, timeout: float) -> bool:
         with self._lock:
