@@ -239,7 +239,7 @@ class ElasticAgent:
             elif action is AgentAction.AWAIT_MEMBERSHIP:  # only while a failure's grace runs
                 self._waker.wait((grace_deadline or 0.0) - self._clock())
             else:
-                if membership.change is not None:
+                if membership.change is not None and action is not AgentAction.STOP_FINISHED:
                     self._report.change(membership)
                 return Verdict(action, group.poll(), membership)
 

@@ -34,9 +34,11 @@ given), ``ca_cert`` / ``ssl_cert`` / ``ssl_cert_key`` (torch's etcd-v2 TLS keys)
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import socket
+import sys
 import time
 from datetime import timedelta
 from typing import Callable, Iterator
@@ -50,6 +52,7 @@ from elastic.rendezvous.backend_spec import EtcdSpec, etcd_endpoints, etcd_spec
 from elastic.rendezvous.conf import OurConf, from_torch
 from elastic.rendezvous.registry import create_handler
 from elastic.rendezvous.settings import RendezvousSettings, settings_from_conf
+from elastic.rendezvous.torchrun_outcome import AgentStore, leaving_after_success, torchrun_job
 
 log = logging.getLogger(__name__)
 
@@ -187,6 +190,8 @@ class TorchrunRendezvousHandler(torch_api.RendezvousHandler):
         self._store_timeout = timedelta(seconds=store_timeout)
         self._store_factory = store_factory
         self._round_store: dist.Store | None = None
+        self._joined = False  # a round included this node (so its workers ran)
+        self._declared = False
         self._restart_logged = False
         self._rejoin_seen: float | None = None
         self._clock = time.monotonic
@@ -212,11 +217,20 @@ class TorchrunRendezvousHandler(torch_api.RendezvousHandler):
         self._round_store = None  # the old server stops once torch's agent drops its reference too
         self._restart_logged = False
         self._rejoin_seen = None
-        with _torch_errors():
-            info = self._handler.next_rendezvous()
+        try:
+            with _torch_errors():
+                info = self._handler.next_rendezvous()
+        except torch_api.RendezvousClosedError as error:
+            self._leave_if_finished(error.__cause__)
+            raise
+        except torch_api.RendezvousError as error:
+            self._leave_if_refused(error.__cause__)
+            raise
+        self._joined = True
         raw = self._open_round_store(info)
         self._round_store = raw
-        store = dist.PrefixStore(f"torch.rendezvous.{info.run_id}.{info.round}", raw)
+        prefixed = dist.PrefixStore(f"torch.rendezvous.{info.run_id}.{info.round}", raw)
+        store = AgentStore(prefixed, self._workers_succeeded, self._exit_barrier)
         return torch_api.RendezvousInfo(store, info.group_rank, info.group_world_size, self._bootstrap(info, store))
 
     def is_closed(self) -> bool:
@@ -237,6 +251,8 @@ class TorchrunRendezvousHandler(torch_api.RendezvousHandler):
         within the lease TTL instead of waiting for a collective to time out.
         """
         status = self._handler.membership()
+        if status.change is MembershipChange.JOB_FINISHED:
+            return 0  # a peer finished the job: ours may finish; a failure ends the node at the next join
         if status.waiting > 0 and self._hide_rejoining(status.waiting, status.rejoining):
             return 0
         if status.waiting > 0:
@@ -269,8 +285,15 @@ class TorchrunRendezvousHandler(torch_api.RendezvousHandler):
         return self._handler.run_id
 
     def shutdown(self) -> bool:
-        """Leave the rendezvous without closing it for the others (DESIGN §3.7); False on failure."""
+        """Leave the rendezvous without closing it for the others (DESIGN §3.7); False on failure.
+
+        torch's ``launch_agent`` calls this from a ``finally`` on success and failure alike; on
+        success (no exception passing through) the job's end is declared, if the exit barrier
+        did not already (:mod:`elastic.rendezvous.torchrun_outcome`).
+        """
         self._round_store = None
+        if leaving_after_success():
+            self._workers_succeeded()
         try:
             self._handler.shutdown()
             return True
@@ -278,6 +301,50 @@ class TorchrunRendezvousHandler(torch_api.RendezvousHandler):
             log.warning("Rendezvous %s: node %s could not shut down cleanly",
                         self._handler.run_id, self._handler.node_id, exc_info=True)
             return False
+
+    # -- the job's end and identity -----------------------------------------------------------------
+    def _workers_succeeded(self) -> None:
+        """This node's workers all succeeded: declare the job finished, once. Never raises (it
+        runs inside torch's exit barrier and its ``finally``): a failure is logged."""
+        if self._declared or not self._joined:
+            return
+        self._declared = True
+        try:
+            self._handler.declare_finished()
+        except ours.RendezvousError as error:
+            log.warning("Rendezvous %s: node %s could not record the job's end: %s", self._handler.run_id,
+                        self._handler.node_id, error)
+
+    def _exit_barrier(self, timeout: float) -> None:
+        """Our exit barrier in place of torch's store counter (:mod:`elastic.rendezvous.torchrun_outcome`):
+        over when every member is done or one left without being done. Never raises."""
+        try:
+            self._handler.finish(timeout)
+        except ours.RendezvousError as error:
+            log.warning("Rendezvous %s: node %s: the exit barrier failed (%s); the workers had finished",
+                        self._handler.run_id, self._handler.node_id, error)
+
+    def _leave_if_finished(self, cause: BaseException | None) -> None:
+        """The job finished (another node's workers all succeeded): exit torchrun with 0 and one
+        line, without training again. ``SystemExit``: torch 2.13's agent turns its own
+        ``RendezvousGracefulExitError`` into an ``AttributeError`` (``run()`` returns None to
+        ``launch_agent``), and any other rendezvous error into exit 1 with a traceback."""
+        if not isinstance(cause, ours.JobFinishedError):
+            return
+        ended = f"the job finished on node {cause.node_id} in round {cause.round}"
+        if self._joined:
+            line = (f"{ended}; this node's workers failed or stopped after that, most likely because their peers "
+                    "left: not training again")
+        else:
+            line = f"{ended}; nothing to do (use a new --rdzv-id to run the job again)"
+        log.warning("Rendezvous %s: node %s: %s", self._handler.run_id, self._handler.node_id, line)
+        raise SystemExit(0)
+
+    def _leave_if_refused(self, cause: BaseException | None) -> None:
+        """Another job owns the run id: one line and exit 1, not a traceback (bad input)."""
+        if isinstance(cause, ours.JobMismatchError):
+            log.error("%s", cause)
+            raise SystemExit(1)
 
     # -- helpers --------------------------------------------------------------------------------
     def _open_round_store(self, info: RendezvousInfo) -> dist.Store:
@@ -324,6 +391,7 @@ def create_rdzv_handler(params: torch_api.RendezvousParameters) -> TorchrunRende
         for note in our_conf(params).notes:
             log.warning("Rendezvous %s: node %s: %s", params.run_id, node_addr, note)
         settings = settings_from_params(params)
+        settings = dataclasses.replace(settings, job=torchrun_job(sys.argv, settings.job_fingerprint))
         spec = backend_from_params(params)
         handler = create_handler(spec, settings, node_addr)
     log.info("Rendezvous %s: node %s (%s) uses etcd at %s through torchrun",
