@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Mapping, TypeVar
 
 from elastic.rendezvous.conf import ConfValues, check_known_keys
@@ -50,9 +50,10 @@ class RendezvousSettings:
     server says otherwise, DESIGN §3.10) before it stops its workers with an error."""
     job_fingerprint: str = ""
     """``--rdzv-conf job_fingerprint``: replaces the fingerprint computed from the command ("": computed)."""
-    job: JobIdentity | None = None
+    job: JobIdentity | None = field(default=None, compare=False)
     """This node's job (:mod:`elastic.rendezvous.job`), set by the launcher from its command line;
-    None: no identity check (a node without one neither writes nor compares ``state/job``)."""
+    None: no identity check (a node without one neither writes nor compares ``state/job``). Not
+    compared: it describes this node's command, not how the run meets."""
 
     def __post_init__(self) -> None:
         # A plain name: it becomes a store key segment and a log directory, so '.' and '..'
