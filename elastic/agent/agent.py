@@ -320,6 +320,10 @@ class ElasticAgent:
         """
         try:
             self._blocking(self.rendezvous.declare_finished, "declare-finished")
+        except RendezvousError as error:
+            log.warning("Run %s node %s: could not record the job's end (%s); the workers had finished",
+                        self.rendezvous.run_id, self.host, error)
+        try:
             self._blocking(lambda: self.rendezvous.finish(self.config.exit_barrier_timeout), "exit-barrier")
         except RendezvousError as error:
             log.warning("Run %s node %s: the exit barrier failed (%s); the workers had finished, so exiting 0",

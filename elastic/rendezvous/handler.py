@@ -22,6 +22,10 @@ Protocol (DESIGN §3), per round ``r`` of one run:
 4. A node not in the closed round moves to round ``r + 1`` and is *waiting*; members see it
    through their :class:`~elastic.rendezvous.monitor.MembershipMonitor` and restart.
 5. A member whose lease vanishes deletes its key; every member's monitor sees the DELETE.
+6. The job ends once (:mod:`elastic.rendezvous.job`): the first node whose workers all succeed
+   writes ``state/finished`` (:meth:`RendezvousHandler.declare_finished`); every join and close
+   compares it absent, so no round forms after it. Every join also compares the job identity
+   record (``state/job``) the node checked before its first join (:mod:`elastic.rendezvous.gate`).
 
 This module is the facade; each job has its module: :mod:`~elastic.rendezvous.membership`
 (the session, the ``state/`` watch, the master port), :mod:`~elastic.rendezvous.joining`

@@ -192,14 +192,15 @@ class JoinLoop:
             if closed is not None:
                 return self._included(closed)
         else:
-            self._gate.check_job(None)
+            if self._gate.job_created is None:  # once: later joins compare the record checked
+                self._gate.check_job(None)
             state, attempt = self._join_expected_round()
         while True:
             self._gate.check_open(state)
             forming = state.forming
             if attempt is None:
-                refused, attempt = self._join(forming)
-                if attempt is None:
+                attempt, refused = self._join(forming)
+                if refused is not None:
                     state = refused  # closed, finished or another job meanwhile: decide from that read
                     continue
             # A spare has no join timeout: it waits for a member to be lost (or the job to end).
@@ -270,16 +271,16 @@ class JoinLoop:
                                   f"guarded join.")
         return state_from(self._keys, outcome.state), attempt
 
-    def _join(self, forming: int) -> tuple[StateView, JoinAttempt | None]:
+    def _join(self, forming: int) -> tuple[JoinAttempt | None, StateView | None]:
         """Join round ``forming`` and claim its closer if unclaimed (see :func:`join_txn`); when a
-        guard refused the join (nothing written), the ``state/`` read that says why."""
+        guard refused the join (nothing written), no attempt and the ``state/`` read that says why."""
         outcome, attempt = self._send_join(forming, None)
         if attempt is not None:
-            return StateView(outcome.revision, None), attempt
+            return attempt, None
         if outcome.state is None:
             raise RendezvousError(f"Rendezvous {self._settings.run_id}: the store returned no state/ read for a "
                                   f"refused join.")
-        return state_from(self._keys, outcome.state), None
+        return None, state_from(self._keys, outcome.state)
 
     def _send_join(self, forming: int, expected_round: int | None) -> tuple[JoinOutcome, JoinAttempt | None]:
         """Send the join transaction of round ``forming`` on a live lease; a join that applied

@@ -36,9 +36,10 @@ from typing import Callable, Sequence
 
 import torch.distributed as dist
 
+from elastic.rendezvous.errors import JobFinishedError, JobMismatchError
 from elastic.rendezvous.job import JobIdentity, job_identity
 
-__all__ = ["EXIT_BARRIER_PREFIX", "AgentStore", "leaving_after_success", "torchrun_job"]
+__all__ = ["EXIT_BARRIER_PREFIX", "AgentStore", "leaving_after_success", "leaving_line", "torchrun_job"]
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +108,27 @@ def leaving_after_success() -> bool:
     """Whether the handler's ``shutdown()`` runs in ``launch_agent``'s ``finally`` after the
     agent succeeded: no exception is passing through (see the module docstring)."""
     return sys.exc_info()[0] is None
+
+
+def leaving_line(cause: BaseException | None, joined: bool) -> tuple[str, int] | None:
+    """The one line and exit code with which torchrun ends when a join meets ``cause`` (our
+    error behind torch's), or None when torch's agent should handle it.
+
+    The job finished (another node's workers all succeeded): exit 0 without training again
+    (``joined``: this node's workers ran before). Another job owns the run id: exit 1, bad
+    input, one line. By ``SystemExit``, because torch 2.13's agent turns its own
+    ``RendezvousGracefulExitError`` into an ``AttributeError`` (``run()`` returns None to
+    ``launch_agent``) and any other rendezvous error into exit 1 with a traceback.
+    """
+    if isinstance(cause, JobMismatchError):
+        return str(cause), 1
+    if not isinstance(cause, JobFinishedError):
+        return None
+    ended = f"the job finished on node {cause.node_id} in round {cause.round}"
+    if joined:
+        return (f"{ended}; this node's workers failed or stopped after that, most likely because their peers left: "
+                "not training again"), 0
+    return f"{ended}; nothing to do (use a new --rdzv-id to run the job again)", 0
 
 
 def torchrun_job(argv: Sequence[str], explicit: str = "") -> JobIdentity | None:

@@ -52,7 +52,7 @@ from elastic.rendezvous.backend_spec import EtcdSpec, etcd_endpoints, etcd_spec
 from elastic.rendezvous.conf import OurConf, from_torch
 from elastic.rendezvous.registry import create_handler
 from elastic.rendezvous.settings import RendezvousSettings, settings_from_conf
-from elastic.rendezvous.torchrun_outcome import AgentStore, leaving_after_success, torchrun_job
+from elastic.rendezvous.torchrun_outcome import AgentStore, leaving_after_success, leaving_line, torchrun_job
 
 log = logging.getLogger(__name__)
 
@@ -220,11 +220,8 @@ class TorchrunRendezvousHandler(torch_api.RendezvousHandler):
         try:
             with _torch_errors():
                 info = self._handler.next_rendezvous()
-        except torch_api.RendezvousClosedError as error:
-            self._leave_if_finished(error.__cause__)
-            raise
         except torch_api.RendezvousError as error:
-            self._leave_if_refused(error.__cause__)
+            self._leave_if_over(error.__cause__)
             raise
         self._joined = True
         raw = self._open_round_store(info)
@@ -324,27 +321,18 @@ class TorchrunRendezvousHandler(torch_api.RendezvousHandler):
             log.warning("Rendezvous %s: node %s: the exit barrier failed (%s); the workers had finished",
                         self._handler.run_id, self._handler.node_id, error)
 
-    def _leave_if_finished(self, cause: BaseException | None) -> None:
-        """The job finished (another node's workers all succeeded): exit torchrun with 0 and one
-        line, without training again. ``SystemExit``: torch 2.13's agent turns its own
-        ``RendezvousGracefulExitError`` into an ``AttributeError`` (``run()`` returns None to
-        ``launch_agent``), and any other rendezvous error into exit 1 with a traceback."""
-        if not isinstance(cause, ours.JobFinishedError):
-            return
-        ended = f"the job finished on node {cause.node_id} in round {cause.round}"
-        if self._joined:
-            line = (f"{ended}; this node's workers failed or stopped after that, most likely because their peers "
-                    "left: not training again")
-        else:
-            line = f"{ended}; nothing to do (use a new --rdzv-id to run the job again)"
-        log.warning("Rendezvous %s: node %s: %s", self._handler.run_id, self._handler.node_id, line)
-        raise SystemExit(0)
-
-    def _leave_if_refused(self, cause: BaseException | None) -> None:
-        """Another job owns the run id: one line and exit 1, not a traceback (bad input)."""
-        if isinstance(cause, ours.JobMismatchError):
-            log.error("%s", cause)
-            raise SystemExit(1)
+    def _leave_if_over(self, cause: BaseException | None) -> None:
+        """End torchrun in one line when the job finished (exit 0) or another job owns the run
+        id (exit 1); see :func:`~elastic.rendezvous.torchrun_outcome.leaving_line` for why by
+        ``SystemExit``. Returns for any other error (torch's agent handles it)."""
+        leaving = leaving_line(cause, self._joined)
+        if leaving is not None:
+            line, code = leaving
+            if code == 0:
+                log.warning("Rendezvous %s: node %s: %s", self._handler.run_id, self._handler.node_id, line)
+            else:
+                log.error("%s", line)  # the refusal names the run and the node itself
+            raise SystemExit(code)
 
     # -- helpers --------------------------------------------------------------------------------
     def _open_round_store(self, info: RendezvousInfo) -> dist.Store:

@@ -22,7 +22,8 @@ from torch.distributed.elastic.utils import store as store_util
 
 from elastic.rendezvous.api import MembershipChange
 from elastic.rendezvous.job import job_identity
-from elastic.rendezvous.torchrun_outcome import EXIT_BARRIER_PREFIX, AgentStore, torchrun_job
+from elastic.rendezvous.errors import JobFinishedError, JobMismatchError, RendezvousClosedError
+from elastic.rendezvous.torchrun_outcome import EXIT_BARRIER_PREFIX, AgentStore, leaving_line, torchrun_job
 from elastic.rendezvous.torchrun_plugin import TorchrunRendezvousHandler
 from elastic.testing.agents import Launched
 from test_torchrun_plugin import StubHandler, etcd_credentials, etcd_endpoint, logs, unique_run_id, torchrun_command
@@ -56,6 +57,21 @@ def test_outside_torchrun_only_an_explicit_fingerprint_identifies_the_job():
 ])
 def test_the_jobs_end_restarts_nothing_that_may_still_finish(change, expected):
     assert TorchrunRendezvousHandler(StubHandler(0, change), "127.0.0.1").num_nodes_waiting() == expected
+
+
+@pytest.mark.parametrize("cause, joined, says, code", [
+    (JobFinishedError("m", "a", 3), True, "the job finished on node a in round 3; this node's workers failed", 0),
+    (JobFinishedError("m", "a", 3), False, "the job finished on node a in round 3; nothing to do", 0),
+    (JobMismatchError("Rendezvous job: node b is refused: ..."), False, "Rendezvous job: node b is refused", 1),
+    (RendezvousClosedError("closed", "node x gave up"), True, None, None),  # torch's agent handles it
+    (None, True, None, None),
+])
+def test_torchrun_ends_in_one_line_only_for_the_jobs_end_or_another_job(cause, joined, says, code):
+    leaving = leaving_line(cause, joined)
+    if says is None:
+        assert leaving is None
+    else:
+        assert leaving[0].startswith(says) and leaving[1] == code
 
 
 def test_torchs_exit_barrier_on_the_agent_store_declares_first_then_runs_ours():
