@@ -18,6 +18,9 @@ from datetime import timedelta
 
 import pytest
 import torch.distributed as dist
+# torch's rendezvous package first: it loads our entry point as it is imported, and importing the
+# plugin before it would make that load a circular import (etcd-v3 then stays unregistered).
+import torch.distributed.elastic.rendezvous.registry  # noqa: F401
 from torch.distributed.elastic.utils import store as store_util
 
 from elastic.rendezvous.api import MembershipChange
@@ -90,12 +93,12 @@ def test_torchs_exit_barrier_on_the_agent_store_declares_first_then_runs_ours():
 
 AGENT_RUN = textwrap.dedent('''
     import json, socket, sys
+    from torch.distributed.elastic.rendezvous import registry
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
     from elastic.rendezvous.torchrun_plugin import TorchrunRendezvousHandler
     from elastic.rendezvous.torchrun_outcome import leaving_after_success
     from elastic.rendezvous.api import Rendezvous, RendezvousInfo
     from elastic.rendezvous.records import Member
-    from torch.distributed.elastic.rendezvous import registry
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     calls = []
     with socket.socket() as probe:
