@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import IO, Callable, TypeVar
 
 from elastic.agent.attempts import Attempts
-from elastic.agent.decisions import AgentAction, AgentView, decide, should_exclude
+from elastic.agent.decisions import REJOIN_GRACE_S, AgentAction, AgentView, decide, should_exclude
 from elastic.agent.exclusion import ExclusionPolicy, exclusion_reason
 from elastic.agent.groups import GroupFactory, Workers, worker_groups
 from elastic.agent.lifeline.keeper import Lifeline
@@ -217,6 +217,7 @@ class ElasticAgent:
     def _watch(self, group: Workers) -> Verdict:
         """Wait on the waker (worker exits, membership changes, signals) until something must be done."""
         grace_deadline: float | None = None
+        rejoin_deadline: float | None = None
         reported_exits = 0
         while True:
             self._waker.check()
@@ -224,6 +225,11 @@ class ElasticAgent:
             reported_exits = self._report.worker_exits(state, reported_exits)
             membership = self.rendezvous.membership()
             self._report.looked(state, membership)
+            rejoin_pending = False
+            if (membership.change is MembershipChange.NODES_WAITING and state.status is GroupStatus.RUNNING
+                    and 0 < membership.waiting <= membership.rejoining):
+                rejoin_deadline = rejoin_deadline or self._clock() + REJOIN_GRACE_S
+                rejoin_pending = self._clock() < rejoin_deadline
             grace_over = True
             if state.status is GroupStatus.FAILED and membership.change is None:
                 if grace_deadline is None:
@@ -232,12 +238,13 @@ class ElasticAgent:
                     group.stop()
                 grace_over = self._clock() >= grace_deadline
             view = AgentView(state.status, membership.change, self.restarts_used, self.config.max_restarts, grace_over,
-                             self._would_exclude(group), self._in_store_outage(membership))
+                             self._would_exclude(group), self._in_store_outage(membership), rejoin_pending)
             action = decide(view)
             if action is AgentAction.KEEP_RUNNING:
                 self._waker.wait(self.config.monitor_interval)
-            elif action is AgentAction.AWAIT_MEMBERSHIP:  # only while a failure's grace runs
-                self._waker.wait((grace_deadline or 0.0) - self._clock())
+            elif action is AgentAction.AWAIT_MEMBERSHIP:  # only while a failure's or a rejoin's grace runs
+                deadline = rejoin_deadline if rejoin_pending else grace_deadline
+                self._waker.wait(min((deadline or 0.0) - self._clock(), self.config.monitor_interval))
             else:
                 if membership.change is not None and action is not AgentAction.STOP_FINISHED:
                     self._report.change(membership)

@@ -22,7 +22,9 @@ class AgentAction(enum.Enum):
     not finished).
     AWAIT_MEMBERSHIP: workers failed, no restart is left (or this failure would exclude the
     node), but a peer may just have died (its TCP connections reset at once, its lease expires
-    only after the TTL): wait up to the grace period for the membership signal first.
+    only after the TTL): wait up to the grace period for the membership signal first. Also:
+    only members rejoined while this node's workers run: wait up to the rejoin grace for
+    their own outcome first (:data:`REJOIN_GRACE_S`).
     EXCLUDE: this node's own workers failed ``max_node_failures`` times in a row: leave the
     rendezvous for the exclusion cooldown so the others go on without it.
     STOP_BLIND: the store has not answered for ``store_outage_timeout``: stop the workers rather
@@ -61,6 +63,16 @@ class AgentView:
     """Whether a failure of this node's workers now would exclude it (see :func:`should_exclude`)."""
     store_outage: bool = False
     """Whether the store is not answering, or stopped answering within the grace period."""
+    rejoin_pending: bool = False
+    """Only members of this round wait (their workers failed, they rejoined) and the rejoin grace
+    (:data:`REJOIN_GRACE_S`) runs: this node's workers get it to show their own outcome first."""
+
+
+REJOIN_GRACE_S = 3.0
+"""How long running workers get to end on their own when only members rejoined: a peer's
+workers fail on the collectives of ours that just finished the job (then ours succeed: the job
+is finished, not restarted), or ours fail on the peer's (then ours count as failed too, as the
+plugin's grace does for torch's agent)."""
 
 
 def decide(view: AgentView) -> AgentAction:
@@ -94,6 +106,8 @@ def decide(view: AgentView) -> AgentAction:
         return AgentAction.GIVE_UP if view.grace_over else AgentAction.AWAIT_MEMBERSHIP
     if view.membership is MembershipChange.CLOSED:
         return AgentAction.STOP_CLOSED
+    if view.membership is MembershipChange.NODES_WAITING and view.rejoin_pending:
+        return AgentAction.AWAIT_MEMBERSHIP
     if view.membership is not None:
         return AgentAction.RESTART_FOR_MEMBERSHIP
     return AgentAction.KEEP_RUNNING

@@ -99,10 +99,13 @@ class FakeRendezvous(Rendezvous):
         """Called when the exit barrier begins (in the calling thread)."""
 
     # -- what the test does ----------------------------------------------------------------------
-    def change(self, change: MembershipChange, reason: str = "", *, waiting: int = 0) -> None:
-        """The current round's membership changed (any thread)."""
+    def change(self, change: MembershipChange, reason: str = "", *, waiting: int = 0,
+               rejoining: int | None = None) -> None:
+        """The current round's membership changed (any thread); ``rejoining``: how many of the
+        ``waiting`` are members of the round (default: as before)."""
         with self._lock:
-            self._status = MembershipStatus(change, reason or change.value, waiting, self._status.rejoining,
+            self._status = MembershipStatus(change, reason or change.value, waiting,
+                                            self._status.rejoining if rejoining is None else rejoining,
                                             self._status.spares, self._status.store_outage)
         self._changed()
 

@@ -103,3 +103,14 @@ def test_once_the_job_finished_no_decision_restarts_the_workers(group, membershi
                                                                expected):
     view = AgentView(group, membership, used, maximum, grace_over=True, exclude=exclude, store_outage=outage)
     assert decide(view) is expected
+
+
+@pytest.mark.parametrize("group, rejoin_pending, expected", [
+    (RUN, True, A.AWAIT_MEMBERSHIP),  # a member rejoined: ours get the grace to end on their own
+    (RUN, False, A.RESTART_FOR_MEMBERSHIP),  # the grace is over (or a newcomer waits)
+    (OK, True, A.FINISH),  # they finished within it: the job is done, not restarted
+    (FAIL, True, A.RESTART_FOR_MEMBERSHIP),  # they failed within it: the rejoin's consequence
+])
+def test_running_workers_get_the_rejoin_grace_before_a_restart(group, rejoin_pending, expected):
+    view = AgentView(group, WAIT, 0, 3, grace_over=True, rejoin_pending=rejoin_pending)
+    assert decide(view) is expected

@@ -12,6 +12,7 @@ import logging
 import pytest
 
 from elastic.agent.agent import AgentResult
+from elastic.agent.decisions import REJOIN_GRACE_S
 from elastic.rendezvous.api import MembershipChange
 from elastic.rendezvous.errors import JobFinishedError
 from elastic.testing.fake_rendezvous import FakeRendezvous, Round
@@ -105,3 +106,33 @@ def test_out_of_restarts_a_failure_beside_the_jobs_end_is_not_a_give_up(loop):
 
     assert result.exit_code == 0 and loop.finished() == "finished_elsewhere"
     assert rendezvous.closed_reasons == []  # nobody closes the rendezvous as failed
+
+
+# -- a member rejoining while our workers finish -------------------------------------------------
+def test_workers_that_finish_within_the_rejoin_grace_finish_the_job_instead_of_restarting(loop):
+    # b's workers failed on the collectives ours just finished with; b rejoined at once.
+    rendezvous = FakeRendezvous([Round(AB), Round(AB)])
+
+    def on_start(group: FakeGroup) -> None:
+        rendezvous.change(MembershipChange.NODES_WAITING, "b rejoins", waiting=1, rejoining=1)
+        loop.time.after(REJOIN_GRACE_S - 1.0, lambda: group.exit(0, 0))
+
+    result = loop.run(rendezvous, FakeGroups([Fate.RUN], on_start=on_start))
+
+    assert result == AgentResult(0, "workers finished") and loop.restarts() == []
+    assert rendezvous.calls == ["next_rendezvous", "declare_finished", "finish", "shutdown"]
+
+
+@pytest.mark.parametrize("waiting, rejoining, waited", [
+    (1, 1, REJOIN_GRACE_S),  # a member rejoined: ours get the grace, then restart
+    (2, 1, 0.0),  # a newcomer too: a scale-up, at once
+])
+def test_a_rejoin_restarts_running_workers_after_the_grace_and_a_newcomer_at_once(loop, waiting, rejoining, waited):
+    rendezvous = FakeRendezvous([Round(AB), Round(AB)])
+    groups = FakeGroups([Fate.RUN, Fate.SUCCEED], on_start=lambda group: group.attempt == 0 and rendezvous.change(
+        MembershipChange.NODES_WAITING, "waiting", waiting=waiting, rejoining=rejoining))
+
+    assert loop.run(rendezvous, groups).exit_code == 0
+
+    assert loop.restarts() == [("membership_change", 0)]
+    assert loop.time.now - loop.started_at == pytest.approx(waited, abs=1.0)
