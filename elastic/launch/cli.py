@@ -21,6 +21,7 @@ Beside this module: :mod:`.scan`, :mod:`.values` (where a flag's text comes from
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 import signal
@@ -37,6 +38,7 @@ from elastic.launch.flags import (
 )
 from elastic.launch.rendezvous_flags import rendezvous_fields
 from elastic.launch.scan import HelpRequested, split_command_line
+from elastic.rendezvous.job import job_identity
 
 __all__ = ["ConfigError", "HelpRequested", "config_from_args", "installed_logs_specs", "parse_or_exit",
            "split_command_line"]
@@ -288,9 +290,18 @@ def config_from_args(
         prewarm_modules=_modules(*sources.text("prewarm_modules")),
         **rendezvous,
     )
+    config = _with_job_identity(config)
     for message in pending:
         (warn or _log_warning)(message)
     return config
+
+
+def _with_job_identity(config: LaunchConfig) -> LaunchConfig:
+    """The config whose rendezvous settings carry this node's job identity (its fingerprint,
+    :mod:`elastic.rendezvous.job`), from the entrypoint or ``--rdzv-conf job_fingerprint``."""
+    settings, entrypoint = config.rendezvous, config.entrypoint
+    job = job_identity(entrypoint.kind, entrypoint.target, entrypoint.args, settings.job_fingerprint or None)
+    return dataclasses.replace(config, rendezvous=dataclasses.replace(settings, job=job))
 
 
 def parse_or_exit(
