@@ -16,7 +16,8 @@ import threading
 import pytest
 
 from backends.errors import BackendError
-from backends.tcp.client import TcpStoreBackend, TcpStoreConfig
+from backends.tcp.client import TcpStoreBackend
+from backends.tcp.config import TcpStoreConfig
 from backends.tcp.protocol import MAGIC
 from elastic.testing.agents import wait_until
 from elastic.agent.processes.failures import read_error_file
