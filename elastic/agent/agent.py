@@ -26,6 +26,7 @@ from elastic.agent.attempts import Attempts
 from elastic.agent.decisions import REJOIN_GRACE_S, AgentAction, AgentView, decide, should_exclude
 from elastic.agent.exclusion import ExclusionPolicy, exclusion_reason
 from elastic.agent.groups import GroupFactory, Workers, worker_groups
+from elastic.agent.live.decisions import keeps_workers
 from elastic.agent.lifeline.keeper import Lifeline
 from elastic.agent.observe.events import Event, EventLog
 from elastic.agent.observe.metrics import AgentMetrics
@@ -132,6 +133,8 @@ class ElasticAgent:
             AgentAction.RESTART_AFTER_FAILURE: self._restart_after_failure,
             AgentAction.RESTART_FOR_MEMBERSHIP: self._restart_for_membership,
             AgentAction.RESTART_FOR_OUTAGE: self._restart_for_outage,
+            AgentAction.RESTART_UNANSWERED: lambda verdict: self._pending(PendingCause.MEMBERSHIP, verdict, (
+                f"a live worker did not form the new round within {config.live_recovery_timeout:g}s")),
             AgentAction.EXCLUDE: self._sit_out,
             AgentAction.FINISH: self._finish,
             AgentAction.GIVE_UP: self._give_up,
@@ -219,6 +222,7 @@ class ElasticAgent:
         grace_deadline: float | None = None
         rejoin_deadline: float | None = None
         reported_exits = 0
+        live = self.config.live_recovery  # live workers wait for a round, they neither end nor are stopped
         while True:
             self._waker.check()
             state = group.poll()
@@ -227,7 +231,7 @@ class ElasticAgent:
             self._report.looked(state, membership)
             rejoin_pending = False
             if (membership.change is MembershipChange.NODES_WAITING and state.status is GroupStatus.RUNNING
-                    and 0 < membership.waiting <= membership.rejoining):
+                    and 0 < membership.waiting <= membership.rejoining and not live):
                 rejoin_deadline = rejoin_deadline or self._clock() + REJOIN_GRACE_S
                 rejoin_pending = self._clock() < rejoin_deadline
             grace_over = True
@@ -235,10 +239,12 @@ class ElasticAgent:
                 if grace_deadline is None:
                     # Only a peer's death can be a membership change in disguise; alone, there is no peer.
                     grace_deadline = self._clock() + (self.lease_ttl + 1.0 if group.rdzv.group_world_size > 1 else 0.0)
-                    group.stop()
+                    if not live:
+                        group.stop()
                 grace_over = self._clock() >= grace_deadline
             view = AgentView(state.status, membership.change, self.restarts_used, self.config.max_restarts, grace_over,
-                             self._would_exclude(group), self._in_store_outage(membership), rejoin_pending)
+                             self._would_exclude(group), self._in_store_outage(membership), rejoin_pending,
+                             live and self._attempts.unanswered())
             action = decide(view)
             if action is AgentAction.KEEP_RUNNING:
                 self._waker.wait(self.config.monitor_interval)
@@ -267,8 +273,10 @@ class ElasticAgent:
 
     # -- acting on a verdict: the group is stopped once, then one handler runs -----------------------
     def _act(self, verdict: Verdict) -> Step:
-        """Stop the workers, then apply the verdict; returns the result, a restart, or None (rejoin)."""
-        self._attempts.stop()
+        """Stop the workers (unless live recovery keeps them for the next round), then apply the
+        verdict; returns the result, a restart, or None (rejoin)."""
+        if not keeps_workers(self.config.live_recovery, verdict.action, self._attempts.unanswered()):
+            self._attempts.stop()
         return self._actions[verdict.action](verdict)
 
     def _restart_after_failure(self, verdict: Verdict) -> PendingRestart:

@@ -12,6 +12,8 @@ import time
 
 from elastic.agent.errors import StoreHostError, WorkerStartError
 from elastic.agent.groups import GroupFactory, Workers
+from elastic.agent.live.decisions import RoundAnswer
+from elastic.agent.live.workers import LiveWorkers
 from elastic.agent.lifeline.keeper import Lifeline
 from elastic.agent.observe.report import AgentReport
 from elastic.agent.prewarm.pool import READY_TIMEOUT_S, TemplatePool
@@ -71,11 +73,14 @@ class Attempts:
     def start(self, info: RendezvousInfo, attempt: int, restart_count: int) -> Workers | None:
         """Start the workers of ``attempt`` in round ``info``; None (after one console line) when
         they cannot start. Call from the main thread: the workers' parent-death signal follows
-        the thread that forked them (:mod:`elastic.agent.lifeline.keeper`).
+        the thread that forked them (:mod:`elastic.agent.lifeline.keeper`). Live workers the agent
+        kept (``--live-recovery``) move to the round instead (:meth:`LiveWorkers.advance`).
 
         Raises:
             Interrupted: a signal arrived while waiting for the templates.
         """
+        if isinstance(self.running, LiveWorkers):
+            return self._advance(self.running, info, attempt, restart_count)
         templates = self._templates
         if templates is not None:  # a fork waits for its template: wait here, where a signal is seen
             self._waker.call(lambda: templates.wait_ready(READY_TIMEOUT_S), what="templates")
@@ -107,6 +112,24 @@ class Attempts:
             self._store_host.release()
         if self._lifeline is not None:
             self._lifeline.untrack(group.pids().values())
+
+    def unanswered(self) -> bool:
+        """Whether a live worker left the round published last unanswered past the deadline."""
+        return isinstance(self.running, LiveWorkers) and self.running.answer() is RoundAnswer.OVERDUE
+
+    def _advance(self, group: LiveWorkers, info: RendezvousInfo, attempt: int, restart_count: int) -> Workers | None:
+        before = set(group.pids().values())
+        try:
+            group.advance(info, attempt=attempt, restart_count=restart_count, use_agent_store=self._serve_store(info))
+        except WorkerStartError as error:
+            self._report.print(f"elasticrun: cannot restart the workers: {error}")
+            self.stop()
+            return None
+        after = set(group.pids().values())
+        if self._lifeline is not None:
+            self._lifeline.untrack(before - after)
+            self._lifeline.track(after - before)
+        return group
 
     def close(self) -> None:
         """Stop the store helper (the agent is done)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Callable, Protocol
 
+from elastic.agent.live.workers import LiveWorkers
 from elastic.agent.prewarm.pool import TemplatePool
 from elastic.agent.processes.workers import GroupState, WorkerGroup
 from elastic.config import LaunchConfig
@@ -62,9 +63,12 @@ class GroupFactory(Protocol):
 
 
 def worker_groups(config: LaunchConfig, node_id: str, templates: TemplatePool | None) -> GroupFactory:
-    """The factory of real :class:`WorkerGroup` s for this node."""
+    """The factory of real :class:`WorkerGroup` s for this node (:class:`LiveWorkers` with ``--live-recovery``)."""
 
     def make(info: RendezvousInfo, *, attempt: int, restart_count: int, use_agent_store: bool) -> Workers:
+        if config.live_recovery:
+            return LiveWorkers(config, info, attempt=attempt, restart_count=restart_count,
+                               use_agent_store=use_agent_store, node_id=node_id)
         return WorkerGroup(config, info, attempt=attempt, restart_count=restart_count,
                            use_agent_store=use_agent_store, node_id=node_id, templates=templates)
 

@@ -59,11 +59,21 @@ __all__ = [
     "GroupStatus",
     "WorkerGroup",
     "WorkerLogs",
+    "WorkerExtras",
     "WorkerStartError",
     "attempt_log_dir",
     "console_prefix",
     "resolve_log_root",
 ]
+
+
+@dataclass(frozen=True)
+class WorkerExtras:
+    """What one worker gets beyond torchrun's environment (live recovery's round pipes): more
+    variables, and descriptors it inherits under their own numbers."""
+
+    env: Mapping[str, str] = field(default_factory=dict)
+    pass_fds: tuple[int, ...] = ()
 
 
 class GroupStatus(enum.Enum):
@@ -142,6 +152,10 @@ class WorkerGroup:
             template cannot serve starts the normal way.
         logs_specs: the ``--logs-specs`` plugin's helper that places the logs (default: this
             process's shared one for ``config.logs_specs``, if it names a plugin; else our layout).
+        local_ranks: the local ranks this group runs (default: all ``nproc_per_node``; live
+            recovery restarts only those that died).
+        extras: per local rank, what its worker gets beyond the usual (a worker with extras is
+            never forked from a template).
 
     Raises:
         ValueError: bad counts, or ids that would put the logs outside the log root.
@@ -165,6 +179,8 @@ class WorkerGroup:
         process_lister: ProcessLister | None = None,
         templates: TemplatePool | None = None,
         logs_specs: LogsSpecsHost | None = None,
+        local_ranks: tuple[int, ...] | None = None,
+        extras: Callable[[int], WorkerExtras] | None = None,
     ) -> None:
         if config.nproc_per_node < 1:
             raise ValueError(f"The number of workers ({config.nproc_per_node}) must be positive.")
@@ -189,7 +205,11 @@ class WorkerGroup:
         self.log_dir = "" if logs_specs is not None else attempt_log_dir(
             log_root or resolve_log_root(config.log_dir), rdzv.run_id, attempt, node_id
         )
-        self._workers = [self._plan(local_rank) for local_rank in range(config.nproc_per_node)]
+        ranks = range(config.nproc_per_node) if local_ranks is None else local_ranks
+        if any(not 0 <= rank < config.nproc_per_node for rank in ranks):
+            raise ValueError(f"The local ranks {tuple(ranks)} must be in [0, {config.nproc_per_node}).")
+        self._extras = extras
+        self._workers = [self._plan(local_rank) for local_rank in ranks]
         self._cond = threading.Condition()
         self._exits = 0
         self._exit_callbacks: list[Callable[[], None]] = []
@@ -422,8 +442,10 @@ class WorkerGroup:
         if output is None:
             raise RuntimeError(f"Run {self.rdzv.run_id}: local rank {worker.local_rank} has no output placed.")
         env = self._env(worker, error_file=worker.logs.error_file)
+        extras = self._extras(worker.local_rank) if self._extras is not None else WorkerExtras()
+        env.update(extras.env)
         with output.stdio() as std:
-            proc = self._fork(worker, env, std)
+            proc = self._fork(worker, env, std) if self._extras is None else None
             if proc is None:
                 proc = subprocess.Popen(
                     self._argv(worker),
@@ -433,6 +455,7 @@ class WorkerGroup:
                     stderr=std["stderr"],
                     start_new_session=True,
                     close_fds=True,
+                    pass_fds=extras.pass_fds,
                     # Linux: SIGKILL when this thread's process dies (see elastic.agent.lifeline.keeper).
                     preexec_fn=parent_death_preexec(),
                 )

@@ -1,0 +1,142 @@
+"""``elasticrun --live-recovery`` end to end: two real agents on a real etcd, one LiveTraining
+DDP worker each (``tests/worker/workers/live_train.py``, gloo, CPU).
+
+A worker crash: the survivor keeps its process and redoes no step, the crashed worker is
+restarted alone and heals from the survivor. A node loss (the whole agent's process tree
+SIGKILLed): the survivor trains on alone without a restart; the node comes back and heals.
+Every step starts with a parameter checksum all-reduced over the group (``LIVE_CHECK=1``), so
+equal parameters after every recovery are checked on every step. The measured figures are
+printed (``pytest -s`` shows them).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from elastic.testing import agents
+from elastic.testing.live_agent import read_events
+from e2e import FAST_CONF, LEASE_TTL, run_id
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "worker"))
+from live_checks import REPO, TEST_OPTIONS, WORKER, assert_consistent, assert_no_redo, recoveries, steps  # noqa: E402
+
+pytestmark = [pytest.mark.slow, pytest.mark.etcd, pytest.mark.needs_torch]
+
+FAULT_STEP = 25
+STEP_SLEEP = 0.1
+
+
+def _agent(procs, etcd_server, rid: str, name: str, log: Path, total: int) -> agents.Launched:
+    config = etcd_server.client_config()
+    env = agents.clean_env(TMPDIR=str(procs.workdir), PYTHONPATH=str(REPO), LIVE_LOG=str(log), LIVE_SLOT=name,
+                           LIVE_STEPS=str(total), LIVE_STEP_SLEEP=str(STEP_SLEEP), LIVE_OPTIONS=TEST_OPTIONS,
+                           LIVE_CHECK="1", OMP_NUM_THREADS="1")
+    return procs.elasticrun(
+        "--nnodes", "1:2", "--nproc-per-node", "1", "--max-restarts", "3", "--live-recovery",
+        "--rdzv-backend", "etcd", "--rdzv-endpoint", etcd_server.endpoints, "--rdzv-id", rid,
+        "--rdzv-conf", f"{FAST_CONF},user={config.user},password={config.password}", "--local-addr", "127.0.0.1",
+        str(WORKER), name=name, env=env)
+
+
+def _pids(log: Path) -> list[int]:
+    return [event["pid"] for event in read_events(log) if event.get("ev") == "start"]
+
+
+def _at_step(log: Path, step: int, world: int) -> bool:
+    return any(event["step"] >= step and event["world"] == world for event in steps(read_events(log)))
+
+
+def _longest_gap(events: list[dict], after: float) -> tuple[float, int]:
+    """The longest time between two committed steps around and after ``after`` (the fault), and the step it ended at."""
+    done = steps(events)
+    pairs = [(b["t"] - a["t"], b["step"]) for a, b in zip(done, done[1:]) if b["t"] > after]
+    return max(pairs)
+
+
+def _kill_stray_workers(*logs: Path) -> None:
+    for log in logs:
+        for pid in _pids(log):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def test_a_crashed_worker_restarts_alone_and_heals_while_the_survivor_keeps_its_process(procs, etcd_server, tmp_path):
+    total = 80
+    rid = run_id()
+    logs = {name: tmp_path / f"{name}.jsonl" for name in ("a", "b")}
+    try:
+        for name, log in logs.items():
+            _agent(procs, etcd_server, rid, name, log, total)
+        procs.wait_for("both workers past the fault step", lambda: all(_at_step(log, FAULT_STEP, 2) for log in logs.values()))
+        [victim] = _pids(logs["b"])
+        killed = time.monotonic()
+        os.kill(victim, signal.SIGKILL)
+        assert [procs[name].wait(90) for name in ("a", "b")] == [0, 0], procs.logs()
+    finally:
+        _kill_stray_workers(*logs.values())
+    a, b = read_events(logs["a"]), read_events(logs["b"])
+    replacement = [event for event in b if event.get("ev") == "start"][-1]
+    assert len(_pids(logs["a"])) == 1, "the survivor's worker was restarted"
+    assert len(_pids(logs["b"])) == 2 and replacement["pid"] != victim
+    assert_no_redo(a)
+    assert [event["step"] for event in steps(a)][-1] == total - 1
+    by_step = assert_consistent({"a": a, "b": b})  # equal checksums at the start of every step, both ranks
+    assert sorted(by_step) == list(range(total))
+    healed = [r for r in recoveries(b) if r["began"] > replacement["t"]][0]
+    assert healed["role"] == "receiver" and healed["step"] > FAULT_STEP, healed
+    first_after = [event for event in steps(b) if event["t"] > replacement["t"]][0]
+    assert first_after["step"] == healed["step"]
+    gap, at = _longest_gap(a, killed)
+    ready = healed["began"] - killed  # the replacement's agent rejoin, process start and torch import
+    print(f"\nlive crash: survivor's longest step gap {gap:.2f}s (ending at step {at}), 0 steps redone; "
+          f"replacement ready to form {ready:.2f}s after the kill, healed {healed['nbytes']} bytes in "
+          f"{healed['healed'] - healed['formed']:.3f}s, first step {first_after['t'] - replacement['t']:.2f}s after "
+          f"its process start; survivor's gap beyond the replacement's start {gap - ready:.2f}s")
+    assert gap - ready <= 0.5, f"the survivor waited {gap - ready:.2f}s beyond the replacement's start"
+
+
+def test_a_lost_node_leaves_the_survivor_training_alone_and_heals_when_it_comes_back(procs, etcd_server, tmp_path):
+    total = 110
+    rid = run_id()
+    logs = {name: tmp_path / f"{name}.jsonl" for name in ("a", "b", "b2")}
+    try:
+        for name in ("a", "b"):
+            _agent(procs, etcd_server, rid, name, logs[name], total)
+        procs.wait_for("both workers past the fault step", lambda: all(_at_step(logs[n], FAULT_STEP, 2) for n in "ab"))
+        killed = time.monotonic()
+        procs["b"].kill_tree()
+        procs.wait_for("the survivor to train alone", lambda: _at_step(logs["a"], FAULT_STEP + 5, 1), names=["a"])
+        _agent(procs, etcd_server, rid, "b2", logs["b2"], total)
+        procs.wait_for("the node to come back and train", lambda: _at_step(logs["b2"], 0, 2), names=["a", "b2"])
+        assert [procs[name].wait(90) for name in ("a", "b2")] == [0, 0], procs.logs()
+    finally:
+        _kill_stray_workers(*logs.values())
+    a, b2 = read_events(logs["a"]), read_events(logs["b2"])
+    assert len(_pids(logs["a"])) == 1, "the survivor's worker was restarted"
+    assert_no_redo(a)
+    worlds = [event["world"] for event in steps(a)]
+    assert worlds[0] == 2 and 1 in worlds and worlds[-1] == 2, "the survivor did not train alone, then with the node"
+    by_step = assert_consistent({"a": a, "b2": b2})
+    assert sorted(by_step) == list(range(total))
+    healed = recoveries(b2)[0]
+    assert healed["role"] == "receiver" and healed["step"] > FAULT_STEP + 5, healed
+    assert steps(b2)[0]["step"] == healed["step"]
+    alone = [event for event in steps(a) if event["world"] == 1]
+    loss_gap, _ = _longest_gap([event for event in steps(a) if event["t"] <= alone[0]["t"]], killed)
+    back = steps(a)[len([event for event in steps(a) if event["t"] <= alone[-1]["t"]])]  # its first step with the node
+    join_gap = back["t"] - alone[-1]["t"]
+    beyond = back["t"] - healed["began"]  # the survivor's wait once the joiner was ready to form
+    print(f"\nlive node loss: survivor's step gap {loss_gap:.2f}s at the loss (lease TTL {LEASE_TTL:g}s), "
+          f"{join_gap:.2f}s when the node came back ({beyond:.2f}s of it after the joiner was ready to form), "
+          f"0 steps redone; the returning node healed {healed['nbytes']} bytes in "
+          f"{healed['healed'] - healed['formed']:.3f}s")
+    assert loss_gap <= LEASE_TTL + 0.5, f"the survivor waited {loss_gap:.2f}s for the round without the lost node"
+    assert beyond <= 0.5, f"the survivor waited {beyond:.2f}s beyond the joiner's start"
