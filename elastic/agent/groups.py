@@ -7,6 +7,7 @@ against :class:`Workers` so its loop can be tested in-process with a fake group
 
 from __future__ import annotations
 
+import functools
 from typing import Callable, Protocol
 
 from elastic.agent.live.workers import LiveWorkers
@@ -68,7 +69,8 @@ def worker_groups(config: LaunchConfig, node_id: str, templates: TemplatePool | 
     def make(info: RendezvousInfo, *, attempt: int, restart_count: int, use_agent_store: bool) -> Workers:
         if config.live_recovery:
             return LiveWorkers(config, info, attempt=attempt, restart_count=restart_count,
-                               use_agent_store=use_agent_store, node_id=node_id)
+                               use_agent_store=use_agent_store, node_id=node_id,
+                               make_group=functools.partial(WorkerGroup, templates=templates))
         return WorkerGroup(config, info, attempt=attempt, restart_count=restart_count,
                            use_agent_store=use_agent_store, node_id=node_id, templates=templates)
 

@@ -263,7 +263,7 @@ def config_from_args(
     if entrypoint.kind == "command" and sources.switch("prewarm"):
         pending.append(f"{as_given(sources, 'prewarm')} is ignored with --no-python: the workers are not "
                        "Python, so they start as usual")
-    live_recovery = _live_recovery(sources, entrypoint.kind == "command", rendezvous)
+    live_recovery = _live_recovery(sources, rendezvous)
     config = LaunchConfig(
         min_nodes=min_nodes,
         max_nodes=max_nodes,
@@ -300,23 +300,17 @@ def config_from_args(
     return config
 
 
-def _live_recovery(sources: Sources, no_python: bool, rendezvous: Mapping[str, Any]) -> bool:
+def _live_recovery(sources: Sources, rendezvous: Mapping[str, Any]) -> bool:
     """``--live-recovery``, refused where the agent cannot publish rounds to its workers.
 
     Raises:
-        ConfigError: with ``--prewarm`` (a forked worker gets only its stdout and stderr from
-            the template, not the round pipes), or with the static rendezvous (no rounds, and no
-            agent-hosted store for a new round).
+        ConfigError: with the static rendezvous (no rounds, and no agent-hosted store for a new round).
     """
     if not sources.switch("live_recovery"):
         return False
-    where = as_given(sources, "live_recovery")
-    if sources.switch("prewarm") and not no_python:
-        raise fail(where, f"cannot be combined with {as_given(sources, 'prewarm')}: a worker forked from a "
-                          "template does not receive the round pipes (see docs/live-recovery.md); drop one of them")
     if isinstance(rendezvous.get("backend"), StaticSpec):
-        raise fail(where, "needs a rendezvous with rounds (etcd, c10d/tcp or --standalone), not the static "
-                          "backend")
+        raise fail(as_given(sources, "live_recovery"), "needs a rendezvous with rounds (etcd, c10d/tcp or "
+                   "--standalone), not the static backend")
     return True
 
 

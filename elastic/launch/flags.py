@@ -162,7 +162,7 @@ OPTIONS: tuple[Option, ...] = (
     _option("--live-recovery", ADDITIONS, "Keep healthy workers running through a peer's failure or a "
             "membership change: the agent publishes each new round to its workers (ELASTIC_ROUND_FD) and "
             "restarts only those that died; for scripts that use elastic.worker.LiveTraining "
-            "(docs/live-recovery.md). Not with --prewarm or the static rendezvous."),
+            "(docs/live-recovery.md). Not with the static rendezvous."),
     _option("--live-recovery-timeout", ADDITIONS, "Seconds a live worker has to form a new round before "
             "the agent restarts the node's whole group as without --live-recovery.", metavar="SECONDS",
             default="60"),

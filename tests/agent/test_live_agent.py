@@ -30,15 +30,17 @@ pytestmark = [pytest.mark.slow, pytest.mark.etcd, pytest.mark.needs_torch]
 
 FAULT_STEP = 25
 STEP_SLEEP = 0.1
+PREWARM = ["--prewarm", "--prewarm-modules", "torch,torch.distributed,torch.nn.functional,elastic.worker.live"]
+"""What the worker imports before its LiveTraining starts: a forked replacement only builds its state."""
 
 
-def _agent(procs, etcd_server, rid: str, name: str, log: Path, total: int) -> agents.Launched:
+def _agent(procs, etcd_server, rid: str, name: str, log: Path, total: int, *extra: str) -> agents.Launched:
     config = etcd_server.client_config()
     env = agents.clean_env(TMPDIR=str(procs.workdir), PYTHONPATH=str(REPO), LIVE_LOG=str(log), LIVE_SLOT=name,
                            LIVE_STEPS=str(total), LIVE_STEP_SLEEP=str(STEP_SLEEP), LIVE_OPTIONS=TEST_OPTIONS,
                            LIVE_CHECK="1", OMP_NUM_THREADS="1")
     return procs.elasticrun(
-        "--nnodes", "1:2", "--nproc-per-node", "1", "--max-restarts", "3", "--live-recovery",
+        "--nnodes", "1:2", "--nproc-per-node", "1", "--max-restarts", "3", "--live-recovery", *extra,
         "--rdzv-backend", "etcd", "--rdzv-endpoint", etcd_server.endpoints, "--rdzv-id", rid,
         "--rdzv-conf", f"{FAST_CONF},user={config.user},password={config.password}", "--local-addr", "127.0.0.1",
         str(WORKER), name=name, env=env)
@@ -68,13 +70,15 @@ def _kill_stray_workers(*logs: Path) -> None:
                 pass
 
 
-def test_a_crashed_worker_restarts_alone_and_heals_while_the_survivor_keeps_its_process(procs, etcd_server, tmp_path):
+@pytest.mark.parametrize("start", ["spawned", "prewarm"])
+def test_a_crashed_worker_restarts_alone_and_heals_while_the_survivor_keeps_its_process(procs, etcd_server, tmp_path,
+                                                                                      start):
     total = 80
     rid = run_id()
     logs = {name: tmp_path / f"{name}.jsonl" for name in ("a", "b")}
     try:
         for name, log in logs.items():
-            _agent(procs, etcd_server, rid, name, log, total)
+            _agent(procs, etcd_server, rid, name, log, total, *(PREWARM if start == "prewarm" else []))
         procs.wait_for("both workers past the fault step", lambda: all(_at_step(log, FAULT_STEP, 2) for log in logs.values()))
         [victim] = _pids(logs["b"])
         killed = time.monotonic()
@@ -96,7 +100,7 @@ def test_a_crashed_worker_restarts_alone_and_heals_while_the_survivor_keeps_its_
     assert first_after["step"] == healed["step"]
     gap, at = _longest_gap(a, killed)
     ready = healed["began"] - killed  # the replacement's agent rejoin, process start and torch import
-    print(f"\nlive crash: survivor's longest step gap {gap:.2f}s (ending at step {at}), 0 steps redone; "
+    print(f"\nlive crash ({start}): survivor's longest step gap {gap:.2f}s (ending at step {at}), 0 steps redone; "
           f"replacement ready to form {ready:.2f}s after the kill, healed {healed['nbytes']} bytes in "
           f"{healed['healed'] - healed['formed']:.3f}s, first step {first_after['t'] - replacement['t']:.2f}s after "
           f"its process start; survivor's gap beyond the replacement's start {gap - ready:.2f}s")

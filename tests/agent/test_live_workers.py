@@ -4,6 +4,7 @@ reads, no torch)."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -17,6 +18,7 @@ from elastic.agent.decisions import AgentAction, AgentView, decide
 from elastic.agent.live.decisions import AnswerView, RoundAnswer, decide_answer, keeps_workers
 from elastic.agent.live.pipes import RoundPipes
 from elastic.agent.live.workers import LiveWorkers, round_for
+from elastic.agent.prewarm.pool import ForkedWorker, TemplatePool
 from elastic.agent.processes.workers import GroupStatus, WorkerGroup
 from elastic.config import Entrypoint, LaunchConfig, Std, StdMask
 from elastic.rendezvous.api import MembershipChange, RendezvousInfo
@@ -86,8 +88,7 @@ def test_the_pipes_carry_round_lines_one_way_and_answers_the_other():
     pipes = RoundPipes("test")
     first = round_for(_config(), _info(4, 1, 2), 1, restart_count=2)
     extras = pipes.extras(first)
-    round_r, ready_w = int(extras.env[ROUND_FD_VAR]), int(extras.env[READY_FD_VAR])
-    assert extras.pass_fds == (round_r, ready_w)
+    round_r, ready_w = extras.fds[ROUND_FD_VAR], extras.fds[READY_FD_VAR]
     assert (extras.env[ROUND_VAR], extras.env[STORE_PREFIX_VAR]) == ("4", "etcd-elastic/live/live-unit/round-4")
     reader, writer = os.dup(round_r), os.dup(ready_w)  # the worker's ends, as it inherits them
     pipes.started()  # the agent's copies of the child ends are closed
@@ -143,10 +144,12 @@ class Clock:
         return self.now
 
 
-@pytest.fixture
-def live(tmp_path):
-    """``live(mute=None)``: LiveWorkers of 2 local ranks running the answering script in round 0."""
+@pytest.fixture(params=["spawned", "forked"])
+def live(request, tmp_path):
+    """``live(mute="")``: LiveWorkers of 2 local ranks running the answering script in round 0,
+    started normally or forked from pre-warmed templates (``--prewarm``: the pipes ride along)."""
     made: list[LiveWorkers] = []
+    pools: list[TemplatePool] = []
     script = tmp_path / "answering.py"
     script.write_text(ANSWERING)
     out = tmp_path / "out.jsonl"
@@ -154,12 +157,22 @@ def live(tmp_path):
     def make(mute: str = "", timeout: float = 5.0) -> tuple[LiveWorkers, Clock]:
         clock = Clock()
         environ = dict(os.environ, TEST_OUT=str(out), TEST_MUTE=mute)
+        config = _config(script=str(script), timeout=timeout)
+        pool = None
+        if request.param == "forked":
+            pool = TemplatePool(dataclasses.replace(config, prewarm=True, prewarm_modules=("json",)), environ,
+                                sys.executable)
+            pools.append(pool)
+            pool.start()
+            assert pool.wait_ready(30)
         group_maker = functools.partial(WorkerGroup, log_root=str(tmp_path / "logs"), environ=environ,
-                                        python=sys.executable)
-        workers = LiveWorkers(_config(script=str(script), timeout=timeout), _info(0), attempt=0, restart_count=0,
-                              use_agent_store=True, node_id="n0", make_group=group_maker, clock=clock)
+                                        python=sys.executable, templates=pool)
+        workers = LiveWorkers(config, _info(0), attempt=0, restart_count=0, use_agent_store=True, node_id="n0",
+                              make_group=group_maker, clock=clock)
         made.append(workers)
         workers.start()
+        forked = [isinstance(w.proc, ForkedWorker) for group in workers._groups for w in group._workers]
+        assert forked == [request.param == "forked"] * 2
         return workers, clock
 
     make.events = lambda: [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
@@ -168,6 +181,8 @@ def live(tmp_path):
     finally:
         for workers in made:
             workers.stop(timeout=2.0)
+        for pool in pools:
+            pool.close()
 
 
 def _until(condition, what: str, timeout: float = 15.0):

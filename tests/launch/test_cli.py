@@ -599,10 +599,6 @@ BAD = [
     (("--prewarm-modules", "torch,os.path;rm", "t.py"), {}, "--prewarm-modules: 'os.path;rm' is not a module name"),
     (("t.py",), {"PET_PREWARM": "sure"}, "--prewarm (from PET_PREWARM): 'sure' is not 1 or 0"),
     (("--live-recovery-timeout", "0", "t.py"), {}, "--live-recovery-timeout: '0' is not a positive number"),
-    (("--live-recovery", "--prewarm", "t.py"), {}, "--live-recovery: cannot be combined with --prewarm: a worker "
-                                                   "forked from a template does not receive the round pipes"),
-    (("t.py",), {"PET_LIVE_RECOVERY": "1", "PET_PREWARM": "1"}, "PET_LIVE_RECOVERY=1: cannot be combined with "
-                                                                 "PET_PREWARM=1"),
     (("--nnodes", "2", "--node-rank", "0", "--master-addr", "h", "--live-recovery", "t.py"), {},
      "--live-recovery: needs a rendezvous with rounds (etcd, c10d/tcp or --standalone), not the static backend"),
     (("--bogus", "t.py"), {}, "--bogus: unknown flag (see elasticrun --help)"),
@@ -639,6 +635,7 @@ def test_prewarm_is_off_by_default_and_imports_torch_when_on():
 def test_live_recovery_is_off_by_default_with_a_60_s_answer_deadline():
     config = parse("t.py")
     assert (config.live_recovery, config.live_recovery_timeout) == (False, 60.0)
+    assert parse("--live-recovery", "--prewarm", "t.py").prewarm  # forked workers get the pipes too
 
 
 def test_prewarm_with_no_python_is_accepted_with_one_warning():

@@ -53,9 +53,8 @@ class RoundPipes:
 
     def extras(self, first: Round) -> WorkerExtras:
         """What the worker is started with: the child ends, and its first round's number and prefix."""
-        return WorkerExtras(env={ROUND_FD_VAR: str(self._round_r), READY_FD_VAR: str(self._ready_w),
-                                 ROUND_VAR: str(first.round), STORE_PREFIX_VAR: first.store_prefix},
-                            pass_fds=(self._round_r, self._ready_w))
+        return WorkerExtras(env={ROUND_VAR: str(first.round), STORE_PREFIX_VAR: first.store_prefix},
+                            fds={ROUND_FD_VAR: self._round_r, READY_FD_VAR: self._ready_w})
 
     def started(self) -> None:
         """Close the agent's copies of the child ends (the worker holds its own now): the worker

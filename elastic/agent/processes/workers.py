@@ -16,6 +16,7 @@ it also reaps grandchildren a finished worker left behind.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import logging
 import os
@@ -70,10 +71,11 @@ __all__ = [
 @dataclass(frozen=True)
 class WorkerExtras:
     """What one worker gets beyond torchrun's environment (live recovery's round pipes): more
-    variables, and descriptors it inherits under their own numbers."""
+    variables, and descriptors it inherits, each named by the variable that carries its number
+    (a forked worker gets them under other numbers, and the variables say which)."""
 
     env: Mapping[str, str] = field(default_factory=dict)
-    pass_fds: tuple[int, ...] = ()
+    fds: Mapping[str, int] = field(default_factory=dict)
 
 
 class GroupStatus(enum.Enum):
@@ -154,8 +156,7 @@ class WorkerGroup:
             process's shared one for ``config.logs_specs``, if it names a plugin; else our layout).
         local_ranks: the local ranks this group runs (default: all ``nproc_per_node``; live
             recovery restarts only those that died).
-        extras: per local rank, what its worker gets beyond the usual (a worker with extras is
-            never forked from a template).
+        extras: per local rank, what its worker gets beyond the usual.
 
     Raises:
         ValueError: bad counts, or ids that would put the logs outside the log root.
@@ -443,9 +444,9 @@ class WorkerGroup:
             raise RuntimeError(f"Run {self.rdzv.run_id}: local rank {worker.local_rank} has no output placed.")
         env = self._env(worker, error_file=worker.logs.error_file)
         extras = self._extras(worker.local_rank) if self._extras is not None else WorkerExtras()
-        env.update(extras.env)
+        env.update({**extras.env, **{name: str(fd) for name, fd in extras.fds.items()}})
         with output.stdio() as std:
-            proc = self._fork(worker, env, std) if self._extras is None else None
+            proc = self._fork(worker, env, std, extras)
             if proc is None:
                 proc = subprocess.Popen(
                     self._argv(worker),
@@ -455,7 +456,7 @@ class WorkerGroup:
                     stderr=std["stderr"],
                     start_new_session=True,
                     close_fds=True,
-                    pass_fds=extras.pass_fds,
+                    pass_fds=tuple(extras.fds.values()),
                     # Linux: SIGKILL when this thread's process dies (see elastic.agent.lifeline.keeper).
                     preexec_fn=parent_death_preexec(),
                 )
@@ -473,13 +474,15 @@ class WorkerGroup:
         forked = sum(isinstance(w.proc, ForkedWorker) for w in self._workers)
         return f" ({forked} forked from pre-warmed templates)" if self._templates is not None else ""
 
-    def _fork(self, worker: _Worker, env: dict[str, str], std: dict[str, object]) -> ForkedWorker | None:
+    def _fork(self, worker: _Worker, env: dict[str, str], std: dict[str, object],
+              extras: WorkerExtras) -> ForkedWorker | None:
         """The worker forked from its pre-warmed template, or None: start it normally."""
         if self._templates is None:
             return None
         args = self._argv(worker)
         substituted = args[len(args) - len(self.config.entrypoint.args):]  # every argv ends with them
-        return self._templates.fork(worker.local_rank, self._templates.job(env, substituted), std, args)
+        job = dataclasses.replace(self._templates.job(env, substituted), inherited=tuple(extras.fds))
+        return self._templates.fork(worker.local_rank, job, std, args, inherited=tuple(extras.fds.values()))
 
     def _watch(self, worker: _Worker, proc: subprocess.Popen | ForkedWorker) -> None:
         code = proc.wait()
