@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from elastic.testing import agents
+from elastic.testing.freeze import freeze, thaw
 from elastic.testing.live_agent import read_events
 from e2e import FAST_CONF, LEASE_TTL, run_id
 
@@ -149,3 +150,50 @@ def test_a_lost_node_leaves_the_survivor_training_alone_and_heals_when_it_comes_
           f"{healed['nbytes']} bytes in {healed['healed'] - healed['formed']:.3f}s")
     assert alone_after <= LEASE_TTL + 0.5, f"the survivor re-formed alone {alone_after:.2f}s after the loss"
     assert beyond <= 0.5, f"the survivor re-formed {beyond:.2f}s after the joiner was ready to form"
+
+
+def test_a_frozen_node_is_left_behind_after_its_lease_and_heals_when_thawed(procs, etcd_server, tmp_path):
+    total = 110
+    rid = run_id()
+    logs = {name: tmp_path / f"{name}.jsonl" for name in ("a", "b")}
+    try:
+        for name, log in logs.items():
+            _agent(procs, etcd_server, rid, name, log, total)
+        procs.wait_for("both workers past the fault step", lambda: all(_at_step(log, FAULT_STEP, 2) for log in logs.values()))
+        tree = [process.pid for process in procs["b"].tree()]  # the agent, its worker, its store helper
+        frozen = time.monotonic()
+        for pid in tree:
+            freeze(pid)
+        try:
+            procs.wait_for("the survivor to train alone", lambda: _at_step(logs["a"], FAULT_STEP + 5, 1), names=["a"])
+        finally:
+            for pid in tree:
+                thaw(pid)
+        thawed = time.monotonic()
+        assert [procs[name].wait(90) for name in ("a", "b")] == [0, 0], procs.logs()
+    finally:
+        _kill_stray_workers(*logs.values())
+    a, b = read_events(logs["a"]), read_events(logs["b"])
+    assert len(_pids(logs["a"])) == 1 and len(_pids(logs["b"])) == 1, "a worker was restarted"
+    assert_no_redo(a)
+    assert [event["world"] for event in steps(a)][-1] == 2, "the thawed node did not train again"
+    behind = [r for r in recoveries(b) if r["formed"] > thawed][0]
+    assert behind["role"] == "receiver" and behind["step"] > FAULT_STEP + 5, behind
+    # Frozen after its last collective of a step, the node commits that step when thawed, in the
+    # group the survivor abandoned (the survivor redid it alone): it is behind, so the heal
+    # overwrites it. Those steps are the only ones allowed to differ.
+    stale = [e for e in steps(b) if e["t"] > frozen and e["round"] < behind["round"]]
+    assert len(stale) <= 1 and all(e["step"] < behind["step"] for e in stale), stale
+    by_step = assert_consistent({"a": a, "b": [e for e in b if e not in stale]})
+    assert sorted(by_step) == list(range(total))
+    lost = next(r for r in recoveries(a) if r["formed"] > frozen)
+    alone_after = lost["healed"] - frozen
+    gap, _ = _longest_gap([event for event in steps(a) if event["t"] <= lost["healed"] + 1.0], frozen)
+    alone = [event for event in steps(a) if event["world"] == 1]
+    back = next(event for event in steps(a) if event["t"] > alone[-1]["t"])
+    print(f"\nlive freeze: survivor's step gap {gap:.2f}s at the freeze (re-formed alone {alone_after:.2f}s after "
+          f"SIGSTOP; lease TTL {LEASE_TTL:g}s), {back['t'] - alone[-1]['t']:.2f}s when the thawed node rejoined, "
+          f"0 steps redone; the thawed worker kept its process and received "
+          f"{behind['nbytes']} bytes at step {behind['step']} ({len(stale)} step committed in the abandoned group "
+          f"before the heal)")
+    assert alone_after <= LEASE_TTL + 0.5, f"the survivor re-formed alone {alone_after:.2f}s after the freeze"
