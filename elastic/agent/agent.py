@@ -7,7 +7,8 @@ membership signal comes from the rendezvous watch, so survivors blocked in a col
 stopped within the lease TTL of a peer's death, not after a collective timeout. A worker
 failure restarts the group at once; this node's next join reports it, and the round's closer
 counts it against ``--max-restarts`` only if the next round still has every member of the last
-one (:mod:`elastic.agent.restarts`).
+one (:mod:`elastic.agent.restarts`). With ``--live-recovery`` those restarts keep the running
+workers and publish the next round to them (:mod:`elastic.agent.live`).
 
 Every wait is on one :class:`~elastic.agent.waking.Waker`: worker exits and membership changes
 wake it, and a handled signal is only recorded there and acted on at the next wait point (the
