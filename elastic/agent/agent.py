@@ -32,6 +32,7 @@ from elastic.agent.observe.metrics import AgentMetrics
 from elastic.agent.observe.report import AgentReport
 from elastic.agent.prewarm.pool import TemplatePool
 from elastic.agent.processes.failures import first_failure
+from elastic.agent.processes.logs_specs import LogsSpecsHost
 from elastic.agent.processes.store_host import StoreHost
 from elastic.agent.processes.workers import GroupState, GroupStatus
 from elastic.agent.restarts import PendingCause, PendingRestart, settle
@@ -86,6 +87,8 @@ class ElasticAgent:
         lifeline: keeps the PID file of live workers its watchdog and a restarted agent read
             (see :mod:`elastic.agent.lifeline.keeper`); None: no PID file.
         templates: pre-warmed worker templates (``--prewarm``); None: workers start normally.
+        logs_specs: the helper of the ``--logs-specs`` plugin (None: none named); the caller
+            starts and closes it.
         groups: makes each attempt's worker group (default: real :class:`WorkerGroup` s).
         waker: what the agent waits on; signals it catches (:meth:`Waker.catching`) stop the agent.
     """
@@ -105,6 +108,7 @@ class ElasticAgent:
         exclusion: ExclusionPolicy | None = None,
         lifeline: Lifeline | None = None,
         templates: TemplatePool | None = None,
+        logs_specs: LogsSpecsHost | None = None,
         groups: GroupFactory | None = None,
         waker: Waker | None = None,
     ) -> None:
@@ -119,7 +123,8 @@ class ElasticAgent:
         self._exclusion = exclusion
         self._templates = templates
         self._waker = waker or Waker()
-        self._attempts = Attempts(groups or worker_groups(config, self.node_id, templates), self._waker, self._report,
+        groups = groups or worker_groups(config, self.node_id, templates, logs_specs)
+        self._attempts = Attempts(groups, self._waker, self._report,
                                   run_id=rendezvous.run_id, host=host, shutdown_timeout=config.shutdown_timeout, store_host=store_host,
                                   lifeline=lifeline, templates=templates)
         self.restarts_used = 0

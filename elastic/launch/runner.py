@@ -25,7 +25,7 @@ from elastic.agent.observe.events import EventLog
 from elastic.agent.lifeline.keeper import Lifeline, state_dir
 from elastic.agent.errors import AgentError
 from elastic.agent.observe.metrics import AgentMetrics, MetricsServer
-from elastic.agent.processes.logs_specs import LogsSpecsHost, shared_host
+from elastic.agent.processes.logs_specs import LogsSpecsHost, logs_specs_host
 from elastic.agent.processes.store_host import StoreHost
 from elastic.agent.prewarm.pool import TemplatePool
 from elastic.agent.waking import Waker
@@ -72,7 +72,7 @@ def run(config: LaunchConfig) -> int:
             cleanup.callback(waker.close)
             agent = ElasticAgent(config, handler, host=socket.gethostname(), events=events, metrics=metrics,
                                  lease_ttl=settings.lease_ttl, store_host=store_host, lifeline=lifeline,
-                                 exclusion=exclusion, templates=templates, waker=waker)
+                                 exclusion=exclusion, templates=templates, logs_specs=logs_specs, waker=waker)
             if config.metrics_port is not None:
                 server = MetricsServer(config.metrics_port, config.metrics_addr, registry=metrics.registry,
                                        health=lambda: health(agent.healthy, handler.progress(), agent.spares(),
@@ -110,7 +110,7 @@ def _start_logs_specs(config: LaunchConfig, cleanup: ExitStack) -> LogsSpecsHost
     """For ``--logs-specs``: start the plugin's helper, which every attempt's workers then use."""
     if not config.logs_specs:
         return None
-    host = shared_host(config, os.environ, python_executable(os.environ))
+    host = logs_specs_host(config, os.environ, python_executable(os.environ))
     cleanup.callback(host.close)
     host.start()
     return host
