@@ -13,6 +13,7 @@ import dataclasses
 import logging
 import os
 import secrets
+import signal
 import socket
 import sys
 import uuid
@@ -84,6 +85,9 @@ def run(config: LaunchConfig) -> int:
         except (RendezvousError, AgentError, ValueError) as error:
             print(f"elasticrun: {error}", file=sys.stderr)
             return 1
+        except KeyboardInterrupt:  # e.g. while it waits for a store that is not up yet
+            print("elasticrun: interrupted before the workers started", file=sys.stderr)
+            return 128 + signal.SIGINT
         with waker.catching(config.signals_to_handle):
             result = agent.run()
     if result.exit_code != 0:
