@@ -131,6 +131,8 @@ class ElasticAgent:
         self._failures_in_a_row = 0  # failure restarts this node's own workers caused, in a row
         self._outage_seen: float | None = None  # when the store was last seen not answering
         self.attempt = 0
+        self.round: RendezvousInfo | None = None
+        """The round this node joined last (None before the first)."""
         self.healthy = True
         rendezvous.on_change(self._waker.wake)
         self._actions: dict[AgentAction, Callable[[Verdict], Step]] = {
@@ -196,6 +198,7 @@ class ElasticAgent:
     def _rendezvous(self) -> RendezvousInfo:
         started = self._clock()
         info = self._blocking(self.rendezvous.next_rendezvous, "rendezvous")
+        self.round = info
         self._report.round_joined(info, self._clock() - started)
         return info
 
@@ -210,10 +213,6 @@ class ElasticAgent:
         if settled.counted:
             self._report.failure_notice(pending.state, self.restarts_used, self.config.max_restarts)
         self._report.restart(settled.recorded, self.restarts_used, self.config.max_restarts, pending.reason)
-
-    def spares(self) -> int:
-        """Nodes waiting as spares beyond this node's full round (0 for rendezvous without spares)."""
-        return self.rendezvous.membership().spares
 
     def _watch(self, group: Workers) -> Verdict:
         """Wait on the waker (worker exits, membership changes, signals) until something must be done."""

@@ -18,6 +18,7 @@ import socket
 import sys
 import uuid
 from contextlib import ExitStack
+from typing import Callable
 
 from backends.endpoints import Endpoint
 from elastic.agent.agent import ElasticAgent
@@ -26,14 +27,15 @@ from elastic.agent.observe.events import EventLog
 from elastic.agent.lifeline.keeper import Lifeline, state_dir
 from elastic.agent.errors import AgentError
 from elastic.agent.observe.metrics import AgentMetrics, MetricsServer
+from elastic.agent.observe.standing import Standing, health
 from elastic.agent.processes.logs_specs import LogsSpecsHost, logs_specs_host
 from elastic.agent.processes.store_host import StoreHost
 from elastic.agent.prewarm.pool import TemplatePool
 from elastic.agent.waking import Waker
 from elastic.agent.processes.worker_env import omp_threads_notice, python_executable
 from elastic.config import LaunchConfig
+from elastic.rendezvous.api import Rendezvous
 from elastic.rendezvous.errors import RendezvousError
-from elastic.rendezvous.progress import WaitSnapshot
 from elastic.rendezvous.backend_spec import StandaloneSpec, StaticSpec
 from elastic.rendezvous.registry import create_handler
 
@@ -58,7 +60,6 @@ def run(config: LaunchConfig) -> int:
             events = cleanup.enter_context(EventLog(config.event_log, run_id=config.run_id, node=socket.gethostname()))
             # The node id, not the host name: two agents on one host are two nodes.
             metrics = AgentMetrics(run_id=config.run_id, node=handler.node_id)
-            handler.on_progress(lambda progress: metrics.set_rendezvous_joined(progress and progress.joined))
             metrics.watch_store_outage(lambda: handler.membership().store_outage)
             store_host = (StoreHost(python_executable(os.environ), os.environ)
                           if not isinstance(config.backend, StaticSpec) else None)
@@ -74,10 +75,11 @@ def run(config: LaunchConfig) -> int:
             agent = ElasticAgent(config, handler, host=socket.gethostname(), events=events, metrics=metrics,
                                  lease_ttl=settings.lease_ttl, store_host=store_host, lifeline=lifeline,
                                  exclusion=exclusion, templates=templates, logs_specs=logs_specs, waker=waker)
+            look = _looker(agent, handler)
+            metrics.follow(look)  # the membership gauges say what /healthz says, at every moment
             if config.metrics_port is not None:
                 server = MetricsServer(config.metrics_port, config.metrics_addr, registry=metrics.registry,
-                                       health=lambda: health(agent.healthy, handler.progress(), agent.spares(),
-                                                             handler.membership().store_outage))
+                                       health=lambda: health(look()))
                 cleanup.callback(server.stop)
                 server.start()  # it logs where it serves
             if logs_specs is not None:
@@ -143,19 +145,13 @@ def _open_lifeline(config: LaunchConfig, cleanup: ExitStack) -> Lifeline | None:
     return lifeline
 
 
-def health(healthy: bool, progress: WaitSnapshot | None, spares: int = 0, store_outage: float = 0.0) -> tuple[bool, str]:
-    """``/healthz``'s answer: stopped, waiting for a rendezvous (with its counts), or running
-    (with the spares waiting beyond a full round, if any).
-
-    A store outage is said but stays healthy (200): the workers train on without the store, and
-    a liveness probe that restarted the pod would turn a control-plane outage into lost work.
-    """
-    if not healthy:
-        return False, "stopped"
-    outage = f"; store unreachable for {store_outage:.0f}s" if store_outage > 0 else ""
-    if progress is not None:
-        return True, f"waiting for rendezvous ({progress.counts_text()}){outage}"
-    return True, (f"running; spares: {spares}" if spares else "running") + outage
+def _looker(agent: ElasticAgent, handler: Rendezvous) -> Callable[[], Standing]:
+    """One look at where this node stands, without I/O: what /healthz and the gauges say."""
+    def look() -> Standing:
+        joined = agent.round
+        return Standing(agent.healthy, handler.progress(), joined.group_world_size if joined else 0,
+                        handler.membership())
+    return look
 
 
 def _configure_logging() -> None:

@@ -10,12 +10,16 @@ Helpers are ``e2e.py``; every process a test starts is stopped by PID at the end
 
 from __future__ import annotations
 
+import json
+import re
 import time
+import urllib.request
 import uuid
 
 import pytest
 
-from e2e import FAST_CONF, RUN_TIMEOUT, assert_correct_allreduces, run_id, script
+from e2e import (FAST_CONF, RUN_TIMEOUT, allreduces_at, assert_correct_allreduces, etcd_flags, loop_args, run_id,
+                 script)
 from elastic.testing.ports import free_port
 
 pytestmark = pytest.mark.slow
@@ -76,3 +80,83 @@ def test_a_node_whose_store_never_comes_fails_after_the_join_timeout_with_one_li
         "address is 127.0.0.1, or with --rdzv-conf is_host=1) or fix --rdzv-endpoint; to wait longer, raise "
         "--rdzv-conf join_timeout."), agent.stderr
     assert "Traceback" not in agent.stderr
+
+
+# -- a node that is lost -----------------------------------------------------------------------
+
+
+def scrape(port: int) -> tuple[str, dict[str, float]]:
+    """``/healthz``'s reason and the membership gauges of ``/metrics``, read back to back."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as health:
+        reason = json.loads(health.read())["reason"]
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as metrics:
+        text = metrics.read().decode()
+    names = ("elastic_members", "elastic_nodes_waiting", "elastic_spares", "elastic_rendezvous_joined_nodes")
+    return reason, {name: float(re.search(rf"^{name} (\S+)$", text, re.M)[1]) for name in names}
+
+
+def node_id_of(agent) -> str:
+    """The node id an agent's log gives itself (``node <id> is rank``)."""
+    return re.search(r"node (\S+) is rank \d+ of", agent.stderr)[1]
+
+
+@pytest.mark.etcd
+@pytest.mark.needs_torch
+def test_a_killed_node_is_named_once_as_lost_and_the_gauges_agree_with_healthz_while_waiting(
+        procs, reports, tmp_path, etcd_server):
+    port = free_port()
+    flags = etcd_flags(etcd_server)
+    conf = flags.index("--rdzv-conf") + 1
+    flags[conf] += ",join_timeout=120"
+    worker = loop_args(reports, tmp_path / "stop")
+    survivor = procs.elasticrun("--nnodes=2:4", "--nproc-per-node=1", "--max-restarts=3", f"--metrics-port={port}",
+                                *flags, *worker, name="A")
+    lost = procs.elasticrun("--nnodes=2:4", "--nproc-per-node=1", "--max-restarts=3", *flags, *worker, name="B")
+    reports.wait_for("a world of 2", allreduces_at(2), [survivor, lost])
+    assert scrape(port) == ("running", {"elastic_members": 2.0, "elastic_nodes_waiting": 0.0, "elastic_spares": 0.0,
+                                        "elastic_rendezvous_joined_nodes": 0.0})
+    lost_id = node_id_of(lost)
+    lost.kill_tree()
+
+    procs.wait_for("A to name B as lost", lambda: f"lost: {lost_id} (" in survivor.stderr, names=["A"])
+    # While A waits, every gauge agrees with /healthz, at every look.
+    for _ in range(5):
+        assert scrape(port) == ("waiting for rendezvous (1 of 2)", {
+            "elastic_members": 0.0, "elastic_nodes_waiting": 0.0, "elastic_spares": 0.0,
+            "elastic_rendezvous_joined_nodes": 1.0})
+        time.sleep(0.2)
+    procs.wait_for("a later waiting line", lambda: len(waiting_lines(survivor)) >= 2 + first_lost(survivor),
+                   names=["A"], timeout=30)
+    lines = waiting_lines(survivor)
+    named = [line for line in lines if lost_id in line]
+    assert len([line for line in named if f"lost: {lost_id} (its lease expired: its agent was killed, hung or cut "
+                                          "off from the store)" in line]) == 1, lines
+    assert not any(lost_id in line for line in lines[first_lost(survivor) + 1:]), lines  # named once, then never
+    assert not any(f"still expected: {lost_id}" in line for line in lines[first_lost(survivor):]), lines
+    survivor.terminate()
+    assert survivor.wait() == 143, survivor.stderr
+
+
+def waiting_lines(agent) -> list[str]:
+    return [line for line in agent.stderr.splitlines() if "): waiting for nodes:" in line]
+
+
+def first_lost(agent) -> int:
+    return next(i for i, line in enumerate(waiting_lines(agent)) if "; lost: " in line)
+
+
+@pytest.mark.etcd
+@pytest.mark.needs_torch
+def test_an_uncounted_failure_names_the_member_that_is_absent(procs, reports, tmp_path, etcd_server):
+    flags = etcd_flags(etcd_server)
+    worker = loop_args(reports, tmp_path / "stop")
+    survivor = procs.elasticrun("--nnodes=1:2", "--nproc-per-node=1", "--max-restarts=3", *flags, *worker, name="A")
+    lost = procs.elasticrun("--nnodes=1:2", "--nproc-per-node=1", "--max-restarts=3", *flags, *worker, name="B")
+    reports.wait_for("a world of 2", allreduces_at(2), [survivor, lost])
+    lost_id = node_id_of(lost)
+    killed_at = lost.kill_tree().at
+    reports.wait_for("A alone, training again", allreduces_at(1, after=killed_at), [survivor])
+    (tmp_path / "stop").touch()
+    assert survivor.wait() == 0, survivor.stderr
+    assert f"worker failure not counted: {lost_id}, a member of the previous round, is absent from round 1" \
+        in survivor.stderr, survivor.stderr
