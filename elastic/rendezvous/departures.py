@@ -147,6 +147,12 @@ class LostNodes:
         """Forget what was found (a new join)."""
         self._known = {}
 
+    def split(self, previous: RoundRecord, forming: int, joined: Iterable[str],
+              alive: Iterable[str] | None) -> tuple[tuple[str, ...] | None, tuple[LostNode, ...]]:
+        """``(expected, lost)`` of :func:`absent_members`, the lost ones with why."""
+        expected, gone = absent_members(previous, forming, joined, alive)
+        return expected, self.lost(gone, previous.round, forming)
+
     def lost(self, candidates: Iterable[str], previous_round: int, forming: int) -> tuple[LostNode, ...]:
         """The ``candidates`` (absent from ``forming``, their key of ``previous_round`` gone) that
         are lost, with why; a candidate whose key of ``forming`` exists after all (it rejoined

@@ -25,7 +25,7 @@ from elastic.rendezvous import records
 from elastic.rendezvous.attempt import Claim, ClosedRound, FailureReport, Included, JoinAttempt, StateView
 from elastic.rendezvous.closing import Closer, JoinKeyLost
 from elastic.rendezvous.decisions import Joiner, is_spare, join_fills_round
-from elastic.rendezvous.departures import Departure, DepartureRecord, LostNodes, absent_members, say_departure
+from elastic.rendezvous.departures import Departure, DepartureRecord, LostNodes, say_departure
 from elastic.rendezvous.errors import RendezvousClosedError, RendezvousError, RendezvousTimeoutError
 from elastic.rendezvous.membership import Membership
 from elastic.rendezvous.progress import ProgressReporter, WaitSnapshot
@@ -141,10 +141,7 @@ class JoinLoop:
         count = joined if joined is None or isinstance(joined, int) else len(joined)
         expected, lost = None, ()
         if self.last is not None and isinstance(joined, dict):
-            expected, gone = absent_members(self.last.record, forming, joined, alive)
-            lost = self._lost.lost(gone, forming - 1, forming)
-            if expected is None:  # not the round before: who is expected is not known
-                expected = tuple(m.node_id for m in self.last.record.members if m.node_id not in joined)
+            expected, lost = self._lost.split(self.last.record, forming, joined, alive)
         snapshot = WaitSnapshot(self._settings.run_id, self._node.node_id, forming, count, self._settings.min_nodes,
                                 self._settings.max_nodes, expected, deadline - self._clock(), lost)
         self._set_progress(snapshot)
@@ -371,8 +368,8 @@ class JoinLoop:
             if now >= deadline:
                 raise self.timeout(forming)
             if self._reporter.due():  # only the closer watches the joins: read them when a line is due
-                # The previous round's keys first: a member that rejoins in between is then in the joiners.
-                alive = read_alive(self._backend, self._keys, self.last.record) if self.last is not None else None
+                # The last round's keys first: a member that rejoins in between is then among the joiners.
+                alive = read_alive(self._backend, self._keys, self.last.record) if self.last else None
                 self.note_wait(forming, read_joiners(self._backend, self._keys, forming)[0], deadline, alive)
             wake = min(deadline, self._reporter.next_due())
             batch = watch.get(timeout=max(min(wake - now, self._settings.lease_ttl), 0.0))
