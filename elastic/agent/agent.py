@@ -20,7 +20,7 @@ import logging
 import signal
 import time
 from dataclasses import dataclass
-from typing import IO, Callable, TypeVar
+from typing import TYPE_CHECKING, IO, Callable, TypeVar
 
 from elastic.agent.attempts import Attempts
 from elastic.agent.decisions import AgentAction, AgentView, decide, should_exclude
@@ -28,7 +28,6 @@ from elastic.agent.exclusion import ExclusionPolicy, exclusion_reason
 from elastic.agent.groups import GroupFactory, Workers, worker_groups
 from elastic.agent.lifeline.keeper import Lifeline
 from elastic.agent.observe.events import Event, EventLog
-from elastic.agent.observe.metrics import AgentMetrics
 from elastic.agent.observe.report import AgentReport
 from elastic.agent.prewarm.pool import TemplatePool
 from elastic.agent.processes.failures import first_failure
@@ -40,6 +39,9 @@ from elastic.agent.waking import Interrupted, Waker
 from elastic.config import LaunchConfig
 from elastic.rendezvous.api import MembershipChange, MembershipStatus, Rendezvous, RendezvousInfo
 from elastic.rendezvous.errors import RendezvousClosedError, RendezvousError
+
+if TYPE_CHECKING:
+    from elastic.agent.observe.metrics import AgentMetrics
 
 log = logging.getLogger(__name__)
 

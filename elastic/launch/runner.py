@@ -18,7 +18,7 @@ import socket
 import sys
 import uuid
 from contextlib import ExitStack
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from backends.endpoints import Endpoint
 from elastic.agent.agent import ElasticAgent
@@ -26,7 +26,6 @@ from elastic.agent.exclusion import ExclusionPolicy
 from elastic.agent.observe.events import EventLog
 from elastic.agent.lifeline.keeper import Lifeline, state_dir
 from elastic.agent.errors import AgentError
-from elastic.agent.observe.metrics import AgentMetrics, MetricsServer
 from elastic.agent.observe.standing import Standing, health
 from elastic.agent.processes.logs_specs import LogsSpecsHost, logs_specs_host
 from elastic.agent.processes.store_host import StoreHost
@@ -38,6 +37,9 @@ from elastic.rendezvous.api import Rendezvous
 from elastic.rendezvous.errors import RendezvousError
 from elastic.rendezvous.backend_spec import StandaloneSpec, StaticSpec
 from elastic.rendezvous.registry import create_handler
+
+if TYPE_CHECKING:
+    from elastic.agent.observe.metrics import AgentMetrics
 
 log = logging.getLogger(__name__)
 
@@ -58,14 +60,11 @@ def run(config: LaunchConfig) -> int:
             handler = create_handler(config.backend, settings, node_addr, local_world_size=config.nproc_per_node,
                                      role=config.role)
             events = cleanup.enter_context(EventLog(config.event_log, run_id=config.run_id, node=socket.gethostname()))
-            # The node id, not the host name: two agents on one host are two nodes.
-            metrics = AgentMetrics(run_id=config.run_id, node=handler.node_id)
-            metrics.watch_store_outage(lambda: handler.membership().store_outage)
+            metrics = _new_metrics(config, handler)
             store_host = (StoreHost(python_executable(os.environ), os.environ)
                           if not isinstance(config.backend, StaticSpec) else None)
             if store_host is not None:
-                cleanup.callback(store_host.close)
-                store_host.warm()  # imports torch while the rendezvous runs: warm if this node becomes master
+                cleanup.callback(store_host.close)  # started when first needed (elastic.agent.attempts)
             templates = _start_templates(config, cleanup)
             lifeline = _open_lifeline(config, cleanup)
             exclusion = (ExclusionPolicy(settings.max_node_failures, settings.exclusion_cooldown, settings.min_nodes)
@@ -75,13 +74,8 @@ def run(config: LaunchConfig) -> int:
             agent = ElasticAgent(config, handler, host=socket.gethostname(), events=events, metrics=metrics,
                                  lease_ttl=settings.lease_ttl, store_host=store_host, lifeline=lifeline,
                                  exclusion=exclusion, templates=templates, logs_specs=logs_specs, waker=waker)
-            look = _looker(agent, handler)
-            metrics.follow(look)  # the membership gauges say what /healthz says, at every moment
-            if config.metrics_port is not None:
-                server = MetricsServer(config.metrics_port, config.metrics_addr, registry=metrics.registry,
-                                       health=lambda: health(look()))
-                cleanup.callback(server.stop)
-                server.start()  # it logs where it serves
+            if metrics is not None:
+                _serve_metrics(config, metrics, _looker(agent, handler), cleanup)
             if logs_specs is not None:
                 logs_specs.wait_ready()  # a plugin that cannot load stops us before we join, as in torchrun
         except (RendezvousError, AgentError, ValueError) as error:
@@ -143,6 +137,35 @@ def _open_lifeline(config: LaunchConfig, cleanup: ExitStack) -> Lifeline | None:
         return None
     cleanup.callback(lifeline.close)
     return lifeline
+
+
+def _new_metrics(config: LaunchConfig, handler: Rendezvous) -> AgentMetrics | None:
+    """The agent's metrics with ``--metrics-port`` (None without: prometheus_client and the HTTP
+    server are then not even imported, a few tens of milliseconds of every start)."""
+    if config.metrics_port is None:
+        return None
+    from elastic.agent.observe.metrics import AgentMetrics
+
+    # The node id, not the host name: two agents on one host are two nodes.
+    metrics = AgentMetrics(run_id=config.run_id, node=handler.node_id)
+    metrics.watch_store_outage(lambda: handler.membership().store_outage)
+    return metrics
+
+
+def _serve_metrics(config: LaunchConfig, metrics: AgentMetrics, look: Callable[[], Standing],
+                   cleanup: ExitStack) -> None:
+    """Serve /metrics and /healthz; the membership gauges say what /healthz says, at every moment.
+
+    Raises:
+        MetricsServerError: the port cannot be bound.
+    """
+    from elastic.agent.observe.metrics import MetricsServer
+
+    metrics.follow(look)
+    server = MetricsServer(config.metrics_port, config.metrics_addr, registry=metrics.registry,
+                           health=lambda: health(look()))
+    cleanup.callback(server.stop)
+    server.start()  # it logs where it serves
 
 
 def _looker(agent: ElasticAgent, handler: Rendezvous) -> Callable[[], Standing]:
