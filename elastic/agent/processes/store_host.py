@@ -10,6 +10,7 @@ clients (``TORCHELASTIC_USE_AGENT_STORE=True``, as under torchrun), so no worker
 refused connection, and a restart does not wait for a store to bind. The helper dies with the
 agent: it exits when its end of the pair reads EOF. The agent's exit never waits for the
 helper's torch import: a helper that has not imported torch yet serves nothing, and is killed.
+When the helper starts is the agent's choice (:mod:`elastic.agent.attempts`).
 """
 
 from __future__ import annotations
@@ -87,9 +88,20 @@ class StoreHost:
         self.serving: int | None = None
         """The port whose store the helper last confirmed serving (for tests and logs)."""
 
+    @property
+    def pid(self) -> int | None:
+        """The helper's pid (None before it started or after it was closed)."""
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def ready(self) -> bool:
+        """Whether the helper said it imported torch (as of the last :meth:`poll`)."""
+        return self._ready
+
     def warm(self) -> None:
-        """Start the helper now, in the background, so it has imported torch by the time this
-        node first hosts a store (the master moves to a survivor after a node loss).
+        """Start the helper now (if it is not running), in the background, so it has imported
+        torch by the time this node first hosts a store (the master moves to a survivor after a
+        node loss).
 
         Raises nothing: a helper that cannot start is retried by :meth:`serve`.
         """
