@@ -256,8 +256,10 @@ class RendezvousHandler(Rendezvous):
         self._membership.interrupt()
         with self._lock:
             self._stop_monitor()
-            why = None if self._closed_it else Departure.FINISHED if self._finished else Departure.LEFT
-            self._joining.leave(why)
+            # No note when nobody waits for this node, or the store does not answer (it would
+            # only add a request timeout to the exit).
+            quiet = self._closed_it or self._membership.outage > 0
+            self._joining.leave(None if quiet else Departure.FINISHED if self._finished else Departure.LEFT)
             self._membership.close()
             if self._owns_backend:
                 self._backend.close()
