@@ -57,6 +57,16 @@ Static ranks, torchrun's default backend: no elasticity, each node names its ran
     elasticrun --nnodes=2 --node-rank=0 --master-addr=node0 --master-port=29500 \\
         --nproc-per-node=8 train.py
 
+Draw the event logs of a run's nodes as one HTML page (a lane per node, rounds, restarts and
+worker exits with their cause, the world size; see :mod:`elastic.timeline`)::
+
+    elasticrun timeline node-a.jsonl node-b.jsonl -o timeline.html
+
+``timeline`` is a subcommand only as the first word, and only when torchrun would fail on that
+command line: with a file ``timeline`` in the working directory (or ``PET_NO_PYTHON``/
+``PET_MODULE`` set) it is the training command, as in torchrun, and a line says so.
+``elastic-timeline`` and ``python -m elastic.timeline`` are the same command without the rule.
+
 Check what a command line resolves to, without starting anything::
 
     elasticrun --dry-run --nnodes=2:8 --nproc-per-node=auto --rdzv-backend=etcd \\
@@ -151,19 +161,29 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from elastic.launch.cli import PROG, parse_or_exit
+from elastic.launch.values import ConfigError, truth
 from elastic.launch.describe import describe
 
 
 def main(argv: Sequence[str] | None = None) -> int | None:
-    """Parse the command line, then print the configuration (``--dry-run``) or run the agent.
+    """Parse the command line, then print the configuration (``--dry-run``) or run the agent;
+    or, for ``timeline ...`` with no file ``timeline`` here, draw event logs (:mod:`elastic.timeline.cli`).
 
     Returns the agent's exit status (None counts as 0). Raises SystemExit(2) after one error
     line for a bad command line, SystemExit(0) after ``--help``.
     """
-    config = parse_or_exit(sys.argv[1:] if argv is None else list(argv), os.environ)
+    args = sys.argv[1:] if argv is None else list(argv)
+    if args[:1] == ["timeline"]:
+        if timeline_is_the_subcommand(os.environ):
+            from elastic.timeline.cli import main as timeline
+
+            return timeline(args[1:], prog=f"{PROG} timeline")
+        print(f"{PROG}: running timeline as the training command, as torchrun would; to draw event logs, use "
+              "elastic-timeline", file=sys.stderr)
+    config = parse_or_exit(args, os.environ)
     if config.dry_run:
         sys.stdout.write(describe(config))
         return 0
@@ -175,6 +195,19 @@ def main(argv: Sequence[str] | None = None) -> int | None:
         print(f"{PROG}: error: the agent (elastic.launch.runner) is not installed in this build", file=sys.stderr)
         return 1
     return run(config)
+
+
+def timeline_is_the_subcommand(environ: Mapping[str, str]) -> bool:
+    """Whether a command line starting with ``timeline`` draws event logs: not when torchrun
+    would run something of that name (a file ``timeline``, or a directory with ``__main__.py``,
+    in the working directory; a program or module with ``PET_NO_PYTHON``/``PET_MODULE`` set)."""
+    for variable in ("PET_NO_PYTHON", "PET_MODULE"):
+        try:
+            if environ.get(variable, "").strip() and truth(environ[variable], variable):
+                return False
+        except ConfigError:
+            return False  # the launcher's parser says what is wrong with it
+    return not (os.path.isfile("timeline") or os.path.isfile(os.path.join("timeline", "__main__.py")))
 
 
 if __name__ == "__main__":

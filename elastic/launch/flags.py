@@ -222,7 +222,8 @@ def format_help() -> str:
         usage=f"{PROG} [flags] SCRIPT [ARGS...]  |  {PROG} [flags] -m MODULE [ARGS...]",
         description="Elastic launcher for PyTorch training: torchrun's flags, rendezvous on etcd v3 or a "
                     "built-in store. Everything after SCRIPT (or after --) goes to the workers untouched.",
-        epilog="The manual with examples: python -m pydoc elastic.run",
+        epilog="Draw the --event-log files of a run as one HTML page: elasticrun timeline EVENTS.jsonl... "
+               "-o timeline.html (see elastic-timeline --help). The manual with examples: python -m pydoc elastic.run",
     )
     parser.add_argument("-h", "--help", action="store_true", help="Show this help and exit.")
     parser.add_argument("--version", action="store_true", help="Show the version and exit.")

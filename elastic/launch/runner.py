@@ -28,6 +28,7 @@ from elastic.agent.lifeline.keeper import Lifeline, state_dir
 from elastic.agent.errors import AgentError
 from elastic.agent.observe.standing import Standing, health
 from elastic.agent.processes.logs_specs import LogsSpecsHost, logs_specs_host
+from elastic.agent.processes.log_dir import create_log_dir
 from elastic.agent.processes.store_host import StoreHost
 from elastic.agent.prewarm.pool import TemplatePool
 from elastic.agent.waking import Waker
@@ -37,6 +38,7 @@ from elastic.rendezvous.api import Rendezvous
 from elastic.rendezvous.errors import RendezvousError
 from elastic.rendezvous.backend_spec import StandaloneSpec, StaticSpec
 from elastic.rendezvous.registry import create_handler
+from elastic.rendezvous.secret_sources import hide_inline_secrets
 
 if TYPE_CHECKING:
     from elastic.agent.observe.metrics import AgentMetrics
@@ -47,19 +49,24 @@ log = logging.getLogger(__name__)
 def run(config: LaunchConfig) -> int:
     """Run the agent for ``config`` on this node; returns the process exit code."""
     _configure_logging()
+    hide_inline_secrets(os.environ)  # read into config.backend: no helper or worker inherits it
     notice = omp_threads_notice(os.environ, config.nproc_per_node)
     if notice:
         print(notice, file=sys.stderr)
     with ExitStack() as cleanup:
         try:
             logs_specs = _start_logs_specs(config, cleanup)  # imports torch while the rest is set up
+            if config.log_dir:
+                create_log_dir(config.log_dir)  # what the CLI could not tell before creating it
             # torchrun's --standalone gives workers MASTER_ADDR=localhost; match it.
             node_addr = config.local_addr or ("localhost" if config.standalone else socket.getfqdn())
             config = _with_standalone_store(config, cleanup)
             settings = config.rendezvous
             handler = create_handler(config.backend, settings, node_addr, local_world_size=config.nproc_per_node,
                                      role=config.role)
-            events = cleanup.enter_context(EventLog(config.event_log, run_id=config.run_id, node=socket.gethostname()))
+            # The node id, not the host name: two agents on one host are two nodes.
+            events = cleanup.enter_context(EventLog(config.event_log, run_id=config.run_id, node=handler.node_id,
+                                                    host=socket.gethostname()))
             metrics = _new_metrics(config, handler)
             store_host = (StoreHost(python_executable(os.environ), os.environ)
                           if not isinstance(config.backend, StaticSpec) else None)

@@ -35,6 +35,7 @@ pytestmark = pytest.mark.timeout(30)  # a loop that does not end fails fast
 SIG = signal.SIGUSR2
 LEASE_TTL = 10.0
 AB = ("a", "b")
+METRIC_IDS = {"run_id": "job", "node": "a"}  # the identity labels of the loop's metrics
 
 
 class FakeTime:
@@ -90,7 +91,7 @@ class Loop:
         self.waker = SteppingWaker(self.time)
         self.path = tmp_path / "events.jsonl"
         self.console = io.StringIO()
-        self.metrics = AgentMetrics(run_id="job", node="a")
+        self.metrics = AgentMetrics(**METRIC_IDS)
         self.started_at = 0.0
 
     def run(self, rendezvous, groups: FakeGroups, *, max_restarts: int = 3, exclusion: ExclusionPolicy | None = None,
@@ -99,7 +100,7 @@ class Loop:
                               max_restarts=max_restarts, monitor_interval=monitor_interval, shutdown_timeout=1.0,
                               exit_barrier_timeout=5.0)
         waker = waker or self.waker
-        with EventLog(self.path, run_id="job", node="host-a") as events:
+        with EventLog(self.path, run_id="job", node="a", host="host-a") as events:
             agent = ElasticAgent(config, rendezvous, host="host-a", events=events, metrics=self.metrics,
                                  lease_ttl=LEASE_TTL, console=self.console, clock=self.time.clock, exclusion=exclusion,
                                  groups=groups, waker=waker)
@@ -119,7 +120,7 @@ class Loop:
         return record["status"]
 
     def restarts_metric(self, cause: str) -> float:
-        return self.metrics.registry.get_sample_value(RESTARTS_TOTAL, {"cause": cause})
+        return self.metrics.registry.get_sample_value(RESTARTS_TOTAL, {"cause": cause, **METRIC_IDS})
 
 
 @pytest.fixture
@@ -136,7 +137,7 @@ def test_a_failure_restarts_at_once_and_counts_when_the_next_round_charges_it(lo
     result = loop.run(rendezvous, groups)
 
     assert result == AgentResult(0, "workers finished")
-    assert rendezvous.calls == ["next_rendezvous", "report_failure", "next_rendezvous", "finish", "set_closed",
+    assert rendezvous.calls == ["next_rendezvous", "report_failure", "next_rendezvous", "declare_finished", "finish",
                                 "shutdown"]
     assert loop.restarts() == [("worker_failure", 1)]
     assert [(g.attempt, g.restart_count) for g in groups.made] == [(0, 0), (1, 1)]
@@ -270,17 +271,17 @@ def test_a_failure_within_the_grace_after_an_outage_is_still_the_outages(loop):
 
 # -- outcomes ------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("everyone_finished, calls", [
-    (True, ["next_rendezvous", "finish", "set_closed", "shutdown"]),
-    (False, ["next_rendezvous", "finish", "shutdown"]),  # the barrier timed out: nobody closes
-])
-def test_workers_that_succeed_pass_the_exit_barrier_and_close_the_rendezvous(loop, everyone_finished, calls):
+@pytest.mark.parametrize("everyone_finished", [True, False])  # False: the barrier timed out
+def test_workers_that_succeed_declare_the_job_finished_before_the_exit_barrier_and_close_nothing_after(
+        loop, everyone_finished):
     rendezvous = FakeRendezvous([Round(AB)], finish=everyone_finished)
 
     assert loop.run(rendezvous, FakeGroups([Fate.SUCCEED])) == AgentResult(0, "workers finished")
 
-    assert rendezvous.calls == calls
-    assert rendezvous.closed_reasons == ([RendezvousClosedError.JOB_FINISHED] if everyone_finished else [])
+    # The finished record already stops every join: closing after the barrier would only retry a
+    # store that may be gone (a c10d host that finished first).
+    assert rendezvous.calls == ["next_rendezvous", "declare_finished", "finish", "shutdown"]
+    assert rendezvous.closed_reasons == []
     assert loop.finished() == "succeeded" and loop.restarts() == []
 
 
@@ -363,7 +364,7 @@ def test_a_node_whose_own_workers_keep_failing_sits_out_the_cooldown_then_rejoin
     assert loop.time.now - loop.started_at == pytest.approx(LEASE_TTL + 1.0 + 30.0)
     assert rendezvous.calls.count("is_closed") >= 1 and rendezvous.failures == []
     assert [g.attempt for g in groups.made] == [0, 1] and loop.restarts() == []
-    assert loop.metrics.registry.get_sample_value("elastic_node_excluded") == 0
+    assert loop.metrics.registry.get_sample_value("elastic_node_excluded", METRIC_IDS) == 0
 
 
 def test_a_job_that_ends_while_the_node_is_excluded_ends_the_node_too(loop):
@@ -445,7 +446,7 @@ def test_a_signal_during_the_exit_barrier_shuts_it_down_and_ends_the_agent(loop)
     result = loop.run(rendezvous, groups)
 
     assert_signalled(loop, result, rendezvous)
-    assert rendezvous.calls[:3] == ["next_rendezvous", "finish", "shutdown"]
+    assert rendezvous.calls[:4] == ["next_rendezvous", "declare_finished", "finish", "shutdown"]
     assert groups.made[0].signals == []  # already stopped: nothing to forward
 
 

@@ -271,6 +271,9 @@ def test_metrics_and_event_log_during_a_run(procs, reports, tmp_path):
     joined = events[names.index("round_joined")]
     assert joined["group_world_size"] == 1 and joined["round"] == 0
     assert events[-1]["status"] == "succeeded"
+    # Events and every metric name the node by its id (the metrics' node label), and the host apart.
+    assert {(event["node"], event["host"]) for event in events} == {(joined["members"][0], socket.gethostname())}
+    assert rounds[1] == f'{{node="{joined["node"]}",run_id="{joined["run_id"]}"}}', rounds[0]
 
 
 def test_one_of_two_nodes_says_what_it_waits_for_until_its_join_timeout(procs, reports, etcd_server):
@@ -288,7 +291,7 @@ def test_one_of_two_nodes_says_what_it_waits_for_until_its_join_timeout(procs, r
         assert json.loads(health.read()) == {"status": "ok", "reason": "waiting for rendezvous (1 of 2)"}
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as metrics:
         text = metrics.read().decode()
-    assert re.search(r"^elastic_rendezvous_joined_nodes 1\.0$", text, re.M), text
+    assert re.search(r"^elastic_rendezvous_joined_nodes\{[^}]*\} 1\.0$", text, re.M), text
 
     assert agent.wait() == 1, agent.stderr
     lines = [line for line in agent.stderr.splitlines() if "waiting for nodes" in line]
@@ -385,7 +388,8 @@ def grandchildren_started(procs: Processes, reports: Reports, launched: Launched
 
 
 def lifeline_watchdog(launched: Launched) -> psutil.Process:
-    [watchdog] = [p for p in launched.tree() if "elastic.agent.lifeline.watchdog" in p.cmdline()]
+    # python -c <isolated program importing elastic.agent.lifeline.watchdog> <pid file>
+    [watchdog] = [p for p in launched.tree() if any("lifeline.watchdog" in part for part in p.cmdline())]
     return watchdog
 
 
@@ -479,7 +483,7 @@ def test_an_etcd_outage_keeps_the_workers_training_and_shows_in_healthz_and_metr
                 time.sleep(0.2)
             assert re.fullmatch(r"running; store unreachable for [1-9][0-9]*s", reason), reason
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as metrics:
-                gauge = re.search(r"^elastic_store_outage_seconds ([0-9.e+]+)$", metrics.read().decode(), re.M)
+                gauge = re.search(r"^elastic_store_outage_seconds\{[^}]*\} ([0-9.e+]+)$", metrics.read().decode(), re.M)
             assert gauge is not None and float(gauge[1]) >= LEASE_TTL, gauge
             reports.wait_for("all-reduces during the outage", allreduces_at(2, after=stopped_at + 2 * LEASE_TTL), [agent])
         finally:

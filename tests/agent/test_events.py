@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import threading
 from pathlib import Path
 
@@ -20,14 +21,15 @@ def read_records(path: Path) -> list[dict]:
 
 
 def make_log(path: Path | None, **kwargs) -> EventLog:
-    return EventLog(path, run_id="job1", node="host-a", wall_clock=lambda: FIXED_TIME, **kwargs)
+    return EventLog(path, run_id="job1", node="host-a-77-c0ffee", host="host-a", wall_clock=lambda: FIXED_TIME,
+                    **kwargs)
 
 
-ROUND_JOINED = dict(round=3, group_rank=0, group_world_size=2, members=["host-a", "host-b"],
+ROUND_JOINED = dict(round=3, group_rank=0, group_world_size=2, members=["host-a-77-c0ffee", "host-b-78-bada55"],
                     duration_s=0.25)
 
 
-def test_each_event_is_one_json_line_with_timestamp_run_and_node(tmp_path):
+def test_each_event_is_one_json_line_with_timestamp_run_node_id_and_host(tmp_path):
     path = tmp_path / "events.jsonl"
     with make_log(path) as log:
         log.emit(Event.ROUND_JOINED, **ROUND_JOINED)
@@ -35,10 +37,28 @@ def test_each_event_is_one_json_line_with_timestamp_run_and_node(tmp_path):
 
     assert read_records(path) == [
         {"ts": "2025-01-02T03:04:05.678+00:00", "event": "round_joined", "run_id": "job1",
-         "node": "host-a", **ROUND_JOINED},
+         "node": "host-a-77-c0ffee", "host": "host-a", **ROUND_JOINED},
         {"ts": "2025-01-02T03:04:05.678+00:00", "event": "job_finished", "run_id": "job1",
-         "node": "host-a", "status": "succeeded"},
+         "node": "host-a-77-c0ffee", "host": "host-a", "status": "succeeded"},
     ]
+
+
+def test_two_agents_on_one_host_write_their_own_node_ids_and_the_same_host(tmp_path):
+    path = tmp_path / "events.jsonl"
+    with EventLog(path, run_id="job1", node="n1", host="box") as first, \
+            EventLog(path, run_id="job1", node="n2", host="box") as second:
+        first.emit(Event.NODES_WAITING, count=1)
+        second.emit(Event.NODES_WAITING, count=1)
+
+    assert [(r["node"], r["host"]) for r in read_records(path)] == [("n1", "box"), ("n2", "box")]
+
+
+def test_the_host_defaults_to_this_machines_name(tmp_path):
+    path = tmp_path / "events.jsonl"
+    with EventLog(path, run_id="job1", node="n1") as log:
+        log.emit(Event.ROUND_CLOSED)
+
+    assert read_records(path)[0]["host"] == socket.gethostname()
 
 
 def test_every_event_reaches_the_file_before_emit_returns(tmp_path):
@@ -156,7 +176,7 @@ def test_no_path_writes_nothing_but_still_logs_each_event(tmp_path, caplog, monk
     [record] = [r for r in caplog.records if r.name == "elastic.agent.observe.events"]
     assert record.levelno == logging.INFO
     message = record.getMessage()
-    assert "job1" in message and "host-a" in message and "job_finished" in message
+    assert "job1" in message and "host-a-77-c0ffee" in message and "job_finished" in message
     assert record.args  # lazy %-formatting, not a pre-built string
 
 
@@ -166,6 +186,7 @@ def test_no_path_writes_nothing_but_still_logs_each_event(tmp_path, caplog, monk
         ("round_joind", {}, "Unknown event 'round_joind'"),
         (Event.ROUND_JOINED, {"round": 1}, "missing required field"),
         (Event.JOB_FINISHED, {"status": "ok", "node": "other"}, "reserved field"),
+        (Event.JOB_FINISHED, {"status": "ok", "host": "other"}, "reserved field"),
         (Event.RESTART, {"cause": "oom", "restart_count": 1, "remaining": 2}, "restart cause"),
     ],
 )
@@ -197,7 +218,7 @@ def test_events_after_close_are_only_logged_and_close_is_idempotent(tmp_path):
     assert path.read_text() == ""
 
 
-@pytest.mark.parametrize(("run_id", "node"), [("", "host-a"), ("job1", "")])
-def test_an_empty_run_id_or_node_is_rejected(tmp_path, run_id, node):
+@pytest.mark.parametrize(("run_id", "node", "host"), [("", "n1", "host-a"), ("job1", "", "host-a"), ("job1", "n1", "")])
+def test_an_empty_run_id_node_or_host_is_rejected(tmp_path, run_id, node, host):
     with pytest.raises(ValueError, match="non-empty"):
-        EventLog(tmp_path / "events.jsonl", run_id=run_id, node=node)
+        EventLog(tmp_path / "events.jsonl", run_id=run_id, node=node, host=host)

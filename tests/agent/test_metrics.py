@@ -84,8 +84,11 @@ def _parse_labels(text: str) -> tuple[tuple[str, str], ...]:
     return tuple(sorted(pairs))
 
 
-def sample(families, name, family=None, **labels) -> float:
-    return families[family or name]["samples"][(name, tuple(sorted(labels.items())))]
+ID = {"run_id": "job1", "node": "host-a"}  # the agent_metrics fixture's identity labels
+
+
+def sample(families, name, family=None, ids=ID, **labels) -> float:
+    return families[family or name]["samples"][(name, tuple(sorted({**ids, **labels}.items())))]
 
 
 # -- HTTP helpers -------------------------------------------------------------------------------
@@ -127,7 +130,7 @@ def test_two_agents_in_one_process_keep_separate_metrics():
     first.round_joined(duration_s=0.1, members=2)
 
     assert sample(parse_exposition(render(first.registry).decode()), ROUNDS_TOTAL) == 1
-    assert sample(parse_exposition(render(second.registry).decode()), ROUNDS_TOTAL) == 0
+    assert sample(parse_exposition(render(second.registry).decode()), ROUNDS_TOTAL, ids={**ID, "node": "host-b"}) == 0
     assert first.registry is not REGISTRY and second.registry is not REGISTRY
     assert REGISTRY.get_sample_value(ROUNDS_TOTAL) is None
 
@@ -157,6 +160,18 @@ def test_only_the_documented_series_are_exported_without_created_timestamps(agen
                   STORE_OUTAGE_SECONDS}
     assert set(families) == documented
     assert not [name for f in families.values() for (name, _) in f["samples"] if name.endswith("_created")]
+
+
+def test_every_series_carries_the_run_id_and_the_node_id(agent_metrics):
+    agent_metrics.round_joined(duration_s=0.3, members=2)
+    agent_metrics.worker_exit(exitcode=-9)
+    agent_metrics.restart("worker_failure")
+
+    families = parse_exposition(render(agent_metrics.registry).decode())
+
+    series = [labels for family in families.values() for (_, labels) in family["samples"]]
+    assert len(series) > len(families)
+    assert [labels for labels in series if not {("run_id", "job1"), ("node", "host-a")} <= set(labels)] == []
 
 
 def test_exclusion_sets_and_clears_its_gauge(agent_metrics):

@@ -426,18 +426,17 @@ def test_without_metrics_there_is_no_port_flag_or_service_monitor(rendered):
     assert "ports" not in container(rendered[None].workers, "elasticrun")
 
 
-def test_dashboard_charts_only_metrics_the_agent_exports(rendered):
+def test_dashboard_charts_only_metrics_and_labels_the_agent_exports(rendered):
     from elastic.agent.observe import metrics
+    from elastic.testing.dashboards import KUBERNETES_TARGET_LABELS, agent_series, dashboard_problems, parse_query
 
     [config_map] = [c for c in rendered["metrics"].of_kind("ConfigMap") if c["metadata"]["name"].endswith("-dashboard")]
     assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
     dashboard = json.loads(config_map["data"]["etcd-elastic.json"])
-    constants = [getattr(metrics, name) for name in metrics.__all__ if name.isupper()]
-    exported = {value for value in constants if isinstance(value, str) and value.startswith("elastic_")}
+    # Metric and label names (run_id, node on every series; namespace, pod from the ServiceMonitor).
+    assert dashboard_problems(dashboard, agent_series(), KUBERNETES_TARGET_LABELS) == []
     expressions = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
-    names = {name for expr in expressions for name in re.findall(r"\belastic_\w+", expr)}
-    used = {re.sub(r"_(bucket|sum|count)$", "", name) for name in names}
-    assert used <= exported, f"the dashboard uses metrics the agent does not export: {used - exported}"
+    used = {selector.metric for expr in expressions for selector in parse_query(expr).selectors}
     for required in (metrics.ROUNDS_TOTAL, metrics.MEMBERS, metrics.RESTARTS_TOTAL):
         assert required in used
     restarts = next(p for p in dashboard["panels"] if metrics.RESTARTS_TOTAL in p["targets"][0]["expr"])

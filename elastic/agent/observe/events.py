@@ -3,9 +3,11 @@
 Each record looks like::
 
     {"ts": "2025-01-02T03:04:05.678+00:00", "event": "round_joined", "run_id": "job1",
-     "node": "host-a", "round": 3, "group_rank": 0, "group_world_size": 2, ...}
+     "node": "host-a-4242-1f2e3d", "host": "host-a", "round": 3, "group_rank": 0, ...}
 
 ``ts`` is wall-clock time (for people and log pipelines; nothing compares it across machines).
+``node`` is the rendezvous node id (unique per agent, also with two agents on one host, and
+the ``node`` label of the metrics); ``host`` is the machine's name.
 Records are written with one ``write`` to a file opened with ``O_APPEND``, so several agents
 may share one file without interleaving lines. The file is created owner-only and never
 through a symbolic link (see :mod:`elastic.agent.private_files`). Every event is also logged at INFO through
@@ -24,6 +26,7 @@ import json
 import logging
 import math
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -77,7 +80,7 @@ REQUIRED_FIELDS: Mapping[Event, frozenset[str]] = {
     Event.NODE_EXCLUDED: frozenset({"reason", "cooldown_s", "failures_in_a_row"}),
 }
 
-_RESERVED_FIELDS = frozenset({"ts", "event", "run_id", "node"})
+_RESERVED_FIELDS = frozenset({"ts", "event", "run_id", "node", "host"})
 
 
 class EventLog:
@@ -85,9 +88,18 @@ class EventLog:
 
     Thread-safe. Each record reaches the OS before `emit` returns (no user-space buffer).
 
+    Args:
+        path: the file (None: log only).
+        run_id: the run.
+        node: the node id (the rendezvous' ``node_id``), not the host name: two agents on one
+            host are two nodes.
+        host: the machine's name (default: ``socket.gethostname()``).
+        wall_clock: the time stamps' source.
+
     Raises:
-        ValueError: at construction, if ``run_id`` or ``node`` is empty, or ``path`` cannot be
-            opened for appending (the message names the path and the OS reason).
+        ValueError: at construction, if ``run_id``, ``node`` or ``host`` is empty.
+        EventLogError: ``path`` cannot be opened for appending (the message names the path and
+            the OS reason).
     """
 
     def __init__(
@@ -96,14 +108,19 @@ class EventLog:
         *,
         run_id: str,
         node: str,
+        host: str | None = None,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
         if not run_id:
             raise ValueError("The event log's run id must be a non-empty string.")
         if not node:
-            raise ValueError("The event log's node name must be a non-empty string.")
+            raise ValueError("The event log's node id must be a non-empty string.")
+        host = socket.gethostname() if host is None else host
+        if not host:
+            raise ValueError("The event log's host name must be a non-empty string.")
         self.run_id = run_id
         self.node = node
+        self.host = host
         self.path = None if path is None else os.fspath(path)
         self._wall_clock = wall_clock
         self._lock = threading.Lock()
@@ -113,14 +130,14 @@ class EventLog:
             self._fd = _open_for_append(self.path)
 
     def emit(self, name: Event | str, **fields: Any) -> None:
-        """Record event ``name`` with ``fields`` (plus ts, event, run_id and node).
+        """Record event ``name`` with ``fields`` (plus ts, event, run_id, node and host).
 
         Writing errors (a full disk, say) are logged once and otherwise ignored: observability
         never stops the agent.
 
         Raises:
             ValueError: ``name`` is not an `Event`, a required field is missing, a field uses a
-                reserved name (ts, event, run_id, node), or a restart has an unknown cause.
+                reserved name (ts, event, run_id, node, host), or a restart has an unknown cause.
         """
         event = _validate(name, fields)
         record: dict[str, Any] = {
@@ -128,6 +145,7 @@ class EventLog:
             "event": event.value,
             "run_id": self.run_id,
             "node": self.node,
+            "host": self.host,
             **fields,
         }
         line = _to_json(record)
@@ -163,7 +181,7 @@ class EventLog:
         self.close()
 
     def __repr__(self) -> str:
-        return f"EventLog(path={self.path!r}, run_id={self.run_id!r}, node={self.node!r})"
+        return f"EventLog(path={self.path!r}, run_id={self.run_id!r}, node={self.node!r}, host={self.host!r})"
 
 
 def _open_for_append(path: str) -> int:
@@ -186,7 +204,7 @@ def _validate(name: Event | str, fields: Mapping[str, Any]) -> Event:
     if reserved:
         raise ValueError(
             f"Event {event.value!r} uses reserved field(s) {sorted(reserved)}; "
-            "ts, event, run_id and node are set by the event log."
+            "ts, event, run_id, node and host are set by the event log."
         )
     missing = REQUIRED_FIELDS[event].difference(fields)
     if missing:

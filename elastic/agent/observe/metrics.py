@@ -48,6 +48,7 @@ __all__ = [
     "AGENT_INFO",
     "AgentMetrics",
     "EXCLUDED",
+    "IDENTITY_LABELS",
     "MEMBERS",
     "MetricsServer",
     "MetricsServerError",
@@ -87,11 +88,20 @@ ROUND_DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 
 
 # -- the agent's metrics -----------------------------------------------------------------------
+IDENTITY_LABELS = ("run_id", "node")
+"""The labels every agent metric carries: the run and the node id (``--rdzv-id`` and the rendezvous
+node id). Each agent exports only its own values, so they add no series to a scrape; a restarted
+agent's new node id starts new series, as a restarted pod's name does under Kubernetes."""
+
+
 class AgentMetrics:
     """Every metric the agent exports, updated through one method per event.
 
+    Every series carries ``run_id`` and ``node`` (`IDENTITY_LABELS`), so a dashboard filters and
+    groups by them without a join.
+
     Args:
-        run_id, node: the labels of ``elastic_agent_info``.
+        run_id, node: the run and this node's id.
         registry: where the metrics are registered (default: a new one for this agent).
 
     Raises:
@@ -101,42 +111,47 @@ class AgentMetrics:
     def __init__(self, *, run_id: str, node: str, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
-        self.info = Gauge(AGENT_INFO, "Always 1; labels name the run and this node.",
-                          ("run_id", "node"), registry=r)
-        self.rounds = Counter(ROUNDS_TOTAL, "Rendezvous rounds this node has joined.", registry=r)
+        ids = {"run_id": run_id, "node": node}
+
+        def counter(name: str, text: str, *labels: str) -> Counter:
+            return Counter(name, text, IDENTITY_LABELS + labels, registry=r)
+
+        def gauge(name: str, text: str, *labels: str) -> Gauge:
+            return Gauge(name, text, IDENTITY_LABELS + labels, registry=r)
+
+        self.info = gauge(AGENT_INFO, "Always 1; labels name the run and this node.").labels(**ids)
+        self.rounds = counter(ROUNDS_TOTAL, "Rendezvous rounds this node has joined.").labels(**ids)
         self.round_duration = Histogram(
             ROUND_DURATION_SECONDS,
             "Seconds from starting a rendezvous to being part of a closed round.",
-            buckets=ROUND_DURATION_BUCKETS, registry=r,
-        )
-        self.members = Gauge(MEMBERS, "Nodes in the round this node runs in (0 before the first and while it "
-                             "waits in a rendezvous).", registry=r)
-        self.nodes_waiting = Gauge(NODES_WAITING, "Nodes waiting to join the next round.", registry=r)
-        self.spares = Gauge(SPARES, "Nodes waiting as spares beyond a full round (no restart for them).",
-                            registry=r)
-        self.excluded = Gauge(EXCLUDED, "1 while this node is excluded after failures in a row "
-                              "(max_node_failures).", registry=r)
-        self.rendezvous_joined = Gauge(
+            IDENTITY_LABELS, buckets=ROUND_DURATION_BUCKETS, registry=r,
+        ).labels(**ids)
+        self.members = gauge(MEMBERS, "Nodes in the round this node runs in (0 before the first and while it "
+                             "waits in a rendezvous).").labels(**ids)
+        self.nodes_waiting = gauge(NODES_WAITING, "Nodes waiting to join the next round.").labels(**ids)
+        self.spares = gauge(SPARES, "Nodes waiting as spares beyond a full round (no restart for them).").labels(**ids)
+        self.excluded = gauge(EXCLUDED, "1 while this node is excluded after failures in a row "
+                              "(max_node_failures).").labels(**ids)
+        self.rendezvous_joined = gauge(
             RENDEZVOUS_JOINED_NODES,
             "While this node waits in a rendezvous: nodes joined to the round so far (0 when not waiting).",
-            registry=r,
-        )
-        self.restarts = Counter(RESTARTS_TOTAL, "Restarts of the worker group, by cause.", ("cause",),
-                                registry=r)
-        self.workers = Gauge(WORKERS, "Local worker processes by state.", ("state",), registry=r)
-        self.worker_exits = Counter(
+        ).labels(**ids)
+        self._restarts = counter(RESTARTS_TOTAL, "Restarts of the worker group, by cause.", "cause")
+        self._workers = gauge(WORKERS, "Local worker processes by state.", "state")
+        self._worker_exits = counter(
             WORKER_EXITS_TOTAL,
             "Local worker exits: exitcode set for a normal exit, signal (name) when killed.",
-            ("exitcode", "signal"), registry=r,
+            "exitcode", "signal",
         )
-        self.store_outage = Gauge(
+        self.store_outage = gauge(
             STORE_OUTAGE_SECONDS,
             "Seconds the store has not answered this node's keepalives (0 while it answers); the workers "
-            "train on until store_outage_timeout.", registry=r,
-        )
-        self.info.labels(run_id=run_id, node=node).set(1)
+            "train on until store_outage_timeout.",
+        ).labels(**ids)
+        self._ids = ids
+        self.info.set(1)
         for cause in RestartCause:
-            self.restarts.labels(cause=cause.value)  # exported as 0 from the start
+            self._restarts.labels(cause=cause.value, **ids)  # exported as 0 from the start
         self.set_workers(running=0, succeeded=0, failed=0)
 
     def round_joined(self, *, duration_s: float, members: int) -> None:
@@ -172,19 +187,19 @@ class AgentMetrics:
 
     def restart(self, cause: RestartCause | str) -> None:
         """The worker group is being restarted. Raises ValueError for an unknown cause."""
-        self.restarts.labels(cause=RestartCause(cause).value).inc()
+        self._restarts.labels(cause=RestartCause(cause).value, **self._ids).inc()
 
     def set_workers(self, *, running: int, succeeded: int, failed: int) -> None:
         for state, count in zip(WORKER_STATES, (running, succeeded, failed)):
-            self.workers.labels(state=state).set(count)
+            self._workers.labels(state=state, **self._ids).set(count)
 
     def worker_exit(self, *, exitcode: int | None, signal: int | str | None = None) -> None:
         """A local worker exited with ``exitcode``, or was killed by ``signal`` (a number or a
         name). A negative exitcode (as `subprocess` reports a signal) counts as that signal."""
         if signal is None and exitcode is not None and exitcode < 0:
             signal, exitcode = -exitcode, None
-        self.worker_exits.labels(
-            exitcode="" if exitcode is None else str(exitcode), signal=_signal_name(signal)
+        self._worker_exits.labels(
+            exitcode="" if exitcode is None else str(exitcode), signal=_signal_name(signal), **self._ids
         ).inc()
 
 

@@ -40,9 +40,11 @@ class AgentReport:
         self._host = host
 
     def round_joined(self, info: RendezvousInfo, duration: float) -> None:
+        # world_size (workers) only where the round record fixes it (not the static rendezvous).
+        workers = {"world_size": info.layout.world_size} if info.layout is not None else {}
         self.events.emit(Event.ROUND_JOINED, round=info.round, group_rank=info.group_rank,
                          group_world_size=info.group_world_size, members=[m.node_id for m in info.members],
-                         duration_s=round(duration, 4), master=f"{info.master_addr}:{info.master_port}")
+                         duration_s=round(duration, 4), master=f"{info.master_addr}:{info.master_port}", **workers)
         if self.metrics:
             self.metrics.round_joined(duration_s=duration, members=info.group_world_size)
 

@@ -1,0 +1,19 @@
+"""The timeline of a run: the event logs of every node drawn as one self-contained HTML page.
+
+``elastic-timeline node-a.jsonl node-b.jsonl -o timeline.html`` (or ``python -m
+elastic.timeline``, or ``elasticrun timeline``) gives a lane per node id, the rendezvous waits
+and attempts as bars, restarts, worker exits, lost members and endings as marks with their
+cause, the world size per round as a step line, a legend and a summary. Inline SVG and CSS:
+no script and no network are needed to see it.
+
+One job per module, each usable alone:
+
+* :mod:`~elastic.timeline.records`: lines to `Record` s, skipping what it cannot read, in
+  bounded memory;
+* :mod:`~elastic.timeline.layout`: records to a `Timeline` (pure; what is drawn where in time);
+* :mod:`~elastic.timeline.svg` and :mod:`~elastic.timeline.page`: a `Timeline` to SVG and HTML;
+* :mod:`~elastic.timeline.cli`: the command.
+
+It reads the event log's format (:mod:`elastic.agent.observe.events`) and imports nothing
+else of the agent, and never torch.
+"""
