@@ -41,6 +41,8 @@ C10D = "torchrun-c10d"
 LAUNCHERS = (ELASTICRUN, PREWARMED, PLUGIN, C10D)
 ELASTICRUN_C10D = "elasticrun-c10d"
 """elasticrun with ``--rdzv-backend=c10d``, for the scenarios about the c10d store itself."""
+C10D_LAUNCHERS = (ELASTICRUN_C10D, C10D)
+"""The launchers that need no etcd."""
 
 LEASE_TTL = 2
 LAST_CALL = 1
@@ -138,6 +140,7 @@ class Job:
 
     def __init__(self, launcher: str, workdir: Path, etcd_server, *, nnodes: str, max_restarts: int,
                  probe_args: Iterable[str] = ()) -> None:
+        """``etcd_server``: the session's etcd, or None for a job of c10d launchers only."""
         self.launcher = launcher
         self.workdir = workdir
         workdir.mkdir(parents=True, exist_ok=True)
@@ -146,9 +149,11 @@ class Job:
         self.nnodes = nnodes
         self.max_restarts = max_restarts
         self.probe_args = list(probe_args)
-        config = etcd_server.client_config()
-        self.rdzv = Rendezvous(f"mn-{uuid.uuid4().hex[:10]}", etcd_server.endpoints, config.user, config.password,
-                               free_port())
+        if etcd_server is None and launcher not in C10D_LAUNCHERS:
+            raise ValueError(f"The launcher {launcher!r} needs an etcd server.")
+        config = etcd_server.client_config() if etcd_server is not None else None
+        self.rdzv = Rendezvous(f"mn-{uuid.uuid4().hex[:10]}", etcd_server.endpoints if etcd_server else "",
+                               config.user if config else "", config.password if config else "", free_port())
         self.started = time.monotonic()
         self.phase_timeout = REFERENCE_TIMEOUT if launcher == C10D else JOB_TIMEOUT
         self.exit_timeout = REFERENCE_RUN_TIMEOUT if launcher == C10D else JOB_TIMEOUT

@@ -26,7 +26,7 @@ from typing import Callable
 import pytest
 
 import harness
-from harness import C10D, ELASTICRUN, ELASTICRUN_C10D, LAUNCHERS, PLUGIN, PREWARMED, Attempt, Job
+from harness import C10D, ELASTICRUN, LAUNCHERS, PLUGIN, PREWARMED, Attempt, Job
 
 pytestmark = [pytest.mark.slow, pytest.mark.etcd, pytest.mark.needs_torch]
 
@@ -162,34 +162,6 @@ def test_nproc_per_node_auto_counts_the_cpus(tmp_path, etcd_server):
     runs = run_all(tmp_path, etcd_server, fixed_nodes({"A": "auto", "B": "1"}), nnodes="2", max_restarts=0,
                    probe_args=["--steps", "3"], nproc_of={"A": cpus, "B": 1})
     judge(runs)
-
-
-# -- nodes in any order ------------------------------------------------------------------------
-
-EARLY = 5.0
-"""How long node B runs before the node that hosts the c10d store starts."""
-
-
-def host_last_drive(job: Job) -> tuple[dict, dict]:
-    """B (``is_host=0``) starts ``EARLY`` s before A, whose address is the endpoint (it hosts
-    the c10d store); they must form one world of 2 and finish."""
-    job.start("B", 1, conf="is_host=0")
-    time.sleep(EARLY)
-    job.start("A", 1)
-    outcome = job.wait_exit()
-    return {"both nodes": find(job.rows(), 2, nodes={"A", "B"})}, outcome.codes
-
-
-def test_a_c10d_node_started_before_the_host_forms_the_world_once_the_host_starts(tmp_path, etcd_server):
-    """Nodes never start in order on a cluster: torchrun's c10d client keeps trying to connect
-    (until its read_timeout) and the job runs; elasticrun's waits too (until the join timeout)."""
-    runs = {launcher: run_scenario(launcher, tmp_path, etcd_server, host_last_drive, nnodes="2", max_restarts=0,
-                                   probe_args=["--steps", "3"], nproc_of={"A": 1, "B": 1})
-            for launcher in (ELASTICRUN_C10D, C10D)}
-    judge(runs)
-    early = (tmp_path / ELASTICRUN_C10D / "B.stderr").read_text()
-    waiting = [line for line in early.splitlines() if "waiting for the c10d store host" in line]
-    assert waiting and all("(is_host=0): connection refused;" in line for line in waiting), early
 
 
 # -- a worker crash ----------------------------------------------------------------------------
