@@ -92,7 +92,8 @@ def scrape(port: int) -> tuple[str, dict[str, float]]:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as metrics:
         text = metrics.read().decode()
     names = ("elastic_members", "elastic_nodes_waiting", "elastic_spares", "elastic_rendezvous_joined_nodes")
-    return reason, {name: float(re.search(rf"^{name} (\S+)$", text, re.M)[1]) for name in names}
+    # Each gauge is one series, labelled with the run and the node.
+    return reason, {name: float(re.search(rf"^{name}{{[^}}]*}} (\S+)$", text, re.M)[1]) for name in names}
 
 
 def node_id_of(agent) -> str:
