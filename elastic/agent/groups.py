@@ -12,6 +12,7 @@ from typing import Callable, Protocol
 
 from elastic.agent.live.workers import LiveWorkers
 from elastic.agent.prewarm.pool import TemplatePool
+from elastic.agent.processes.logs_specs import LogsSpecsHost
 from elastic.agent.processes.workers import GroupState, WorkerGroup
 from elastic.config import LaunchConfig
 from elastic.rendezvous.api import RendezvousInfo
@@ -63,15 +64,19 @@ class GroupFactory(Protocol):
         """``restart_count``: ``TORCHELASTIC_RESTART_COUNT``; ``use_agent_store``: ``TORCHELASTIC_USE_AGENT_STORE``."""
 
 
-def worker_groups(config: LaunchConfig, node_id: str, templates: TemplatePool | None) -> GroupFactory:
-    """The factory of real :class:`WorkerGroup` s for this node (:class:`LiveWorkers` with ``--live-recovery``)."""
+def worker_groups(config: LaunchConfig, node_id: str, templates: TemplatePool | None,
+                  logs_specs: LogsSpecsHost | None = None) -> GroupFactory:
+    """The factory of real :class:`WorkerGroup` s for this node (:class:`LiveWorkers` with
+    ``--live-recovery``; ``logs_specs``: the helper of ``config.logs_specs``' plugin, which every
+    attempt's group reifies through)."""
 
     def make(info: RendezvousInfo, *, attempt: int, restart_count: int, use_agent_store: bool) -> Workers:
         if config.live_recovery:
             return LiveWorkers(config, info, attempt=attempt, restart_count=restart_count,
                                use_agent_store=use_agent_store, node_id=node_id,
-                               make_group=functools.partial(WorkerGroup, templates=templates))
+                               make_group=functools.partial(WorkerGroup, templates=templates, logs_specs=logs_specs))
         return WorkerGroup(config, info, attempt=attempt, restart_count=restart_count,
-                           use_agent_store=use_agent_store, node_id=node_id, templates=templates)
+                           use_agent_store=use_agent_store, node_id=node_id, templates=templates,
+                           logs_specs=logs_specs)
 
     return make
