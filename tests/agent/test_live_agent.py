@@ -31,7 +31,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.etcd, pytest.mark.needs_torch]
 
 FAULT_STEP = 25
 STEP_SLEEP = 0.1
-PREWARM = ["--prewarm", "--prewarm-modules", "torch,torch.distributed,torch.nn.functional,elastic.worker.live"]
+PREWARM = ["--prewarm", "--prewarm-modules", "torch,torch.distributed,torch._dynamo,elastic.worker.live"]
 """What the worker imports before its LiveTraining starts: a forked replacement only builds its state."""
 
 
@@ -109,20 +109,25 @@ def test_a_crashed_worker_restarts_alone_and_heals_while_the_survivor_keeps_its_
           f"{first_after['t'] - replacement['t']:.2f}s after its process start; the first step on the new group "
           f"took {gap - ready - recovered:.2f}s")
     assert recovered <= 0.5, f"the survivor re-formed {recovered:.2f}s after the replacement was ready to form"
+    if start == "prewarm":  # the replacement is a fork with torch imported: the issue's bound for the whole gap
+        assert gap <= 0.5, f"the survivor's longest step gap was {gap:.2f}s"
 
 
-def test_a_lost_node_leaves_the_survivor_training_alone_and_heals_when_it_comes_back(procs, etcd_server, tmp_path):
+@pytest.mark.parametrize("start", ["spawned", "prewarm"])
+def test_a_lost_node_leaves_the_survivor_training_alone_and_heals_when_it_comes_back(procs, etcd_server, tmp_path,
+                                                                                   start):
     total = 110
+    extra = PREWARM if start == "prewarm" else []
     rid = run_id()
     logs = {name: tmp_path / f"{name}.jsonl" for name in ("a", "b", "b2")}
     try:
         for name in ("a", "b"):
-            _agent(procs, etcd_server, rid, name, logs[name], total)
+            _agent(procs, etcd_server, rid, name, logs[name], total, *extra)
         procs.wait_for("both workers past the fault step", lambda: all(_at_step(logs[n], FAULT_STEP, 2) for n in "ab"))
         killed = time.monotonic()
         procs["b"].kill_tree()
         procs.wait_for("the survivor to train alone", lambda: _at_step(logs["a"], FAULT_STEP + 5, 1), names=["a"])
-        _agent(procs, etcd_server, rid, "b2", logs["b2"], total)
+        _agent(procs, etcd_server, rid, "b2", logs["b2"], total, *extra)
         procs.wait_for("the node to come back and train", lambda: _at_step(logs["b2"], 0, 2), names=["a", "b2"])
         assert [procs[name].wait(90) for name in ("a", "b2")] == [0, 0], procs.logs()
     finally:
@@ -144,12 +149,14 @@ def test_a_lost_node_leaves_the_survivor_training_alone_and_heals_when_it_comes_
     lost, joined = (next(r for r in recoveries(a) if r["formed"] > moment) for moment in (killed, healed["began"]))
     alone_after = lost["healed"] - killed  # lease expiry, the round without the node, the group of one
     beyond = joined["healed"] - healed["began"]  # the survivor's wait once the joiner was ready to form
-    print(f"\nlive node loss: survivor's step gap {loss_gap:.2f}s at the loss (re-formed alone {alone_after:.2f}s "
+    print(f"\nlive node loss ({start}): survivor's step gap {loss_gap:.2f}s at the loss (re-formed alone {alone_after:.2f}s "
           f"after the kill; lease TTL {LEASE_TTL:g}s), {join_gap:.2f}s when the node came back (re-formed and healed "
           f"{beyond:.3f}s after the joiner was ready to form), 0 steps redone; the returning node received "
           f"{healed['nbytes']} bytes in {healed['healed'] - healed['formed']:.3f}s")
     assert alone_after <= LEASE_TTL + 0.5, f"the survivor re-formed alone {alone_after:.2f}s after the loss"
     assert beyond <= 0.5, f"the survivor re-formed {beyond:.2f}s after the joiner was ready to form"
+    if start == "prewarm":  # the joiner's agent joins once its templates imported: no import in the gap
+        assert join_gap <= 0.5, f"the survivor's step gap was {join_gap:.2f}s when the node came back"
 
 
 def test_a_frozen_node_is_left_behind_after_its_lease_and_heals_when_thawed(procs, etcd_server, tmp_path):
