@@ -282,7 +282,8 @@ class ElasticAgent:
     def _act(self, verdict: Verdict) -> Step:
         """Stop the workers (unless live recovery keeps them for the next round), then apply the
         verdict; returns the result, a restart, or None (rejoin)."""
-        if not keeps_workers(self.config.live_recovery, verdict.action, self._attempts.unanswered()):
+        if not keeps_workers(self.config.live_recovery, verdict.action, self._attempts.unanswered(),
+                             self._attempts.silent()):
             self._attempts.stop()
         return self._actions[verdict.action](verdict)
 

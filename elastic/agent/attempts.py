@@ -135,6 +135,10 @@ class Attempts:
         """Whether a live worker left the round published last unanswered past the deadline."""
         return isinstance(self.running, LiveWorkers) and self.running.answer() is RoundAnswer.OVERDUE
 
+    def silent(self) -> bool:
+        """Whether a running worker never spoke the live protocol (or the group is not live)."""
+        return not isinstance(self.running, LiveWorkers) or self.running.silent()
+
     def _advance(self, group: LiveWorkers, info: RendezvousInfo, attempt: int, restart_count: int) -> Workers | None:
         """Move the kept live workers to round ``info`` (its store handed to the helper after, as at a start)."""
         before = set(group.pids().values())

@@ -30,23 +30,25 @@ WAIT, LOST = MembershipChange.NODES_WAITING, MembershipChange.MEMBER_LOST
 
 
 # -- decisions -----------------------------------------------------------------------------------
-@pytest.mark.parametrize("live, action, unanswered, keeps", [
-    (True, A.RESTART_FOR_MEMBERSHIP, False, True),   # a peer failed, a node was lost or joined
-    (True, A.RESTART_AFTER_FAILURE, False, True),    # our own worker died: the others keep training
-    (False, A.RESTART_FOR_MEMBERSHIP, False, False),  # not opted in: today's group restart
-    (False, A.RESTART_AFTER_FAILURE, False, False),
-    (True, A.RESTART_FOR_MEMBERSHIP, True, False),   # a worker ignored the last round: group restart
-    (True, A.RESTART_AFTER_FAILURE, True, False),
-    (True, A.RESTART_UNANSWERED, True, False),
-    (True, A.RESTART_FOR_OUTAGE, False, False),      # the store is away: nothing to publish
-    (True, A.FINISH, False, False),
-    (True, A.GIVE_UP, False, False),
-    (True, A.STOP_CLOSED, False, False),
-    (True, A.EXCLUDE, False, False),
-    (True, A.STOP_FINISHED, False, False),
+@pytest.mark.parametrize("live, action, unanswered, silent, keeps", [
+    (True, A.RESTART_FOR_MEMBERSHIP, False, False, True),   # a peer failed, a node was lost or joined
+    (True, A.RESTART_AFTER_FAILURE, False, False, True),    # our own worker died: the others keep training
+    (False, A.RESTART_FOR_MEMBERSHIP, False, False, False),  # not opted in: today's group restart
+    (False, A.RESTART_AFTER_FAILURE, False, False, False),
+    (True, A.RESTART_FOR_MEMBERSHIP, True, False, False),   # a worker ignored the last round: group restart
+    (True, A.RESTART_AFTER_FAILURE, True, False, False),
+    (True, A.RESTART_FOR_MEMBERSHIP, False, True, False),   # a worker never spoke the protocol: group restart
+    (True, A.RESTART_AFTER_FAILURE, False, True, False),
+    (True, A.RESTART_UNANSWERED, True, False, False),
+    (True, A.RESTART_FOR_OUTAGE, False, False, False),      # the store is away: nothing to publish
+    (True, A.FINISH, False, False, False),
+    (True, A.GIVE_UP, False, False, False),
+    (True, A.STOP_CLOSED, False, False, False),
+    (True, A.EXCLUDE, False, False, False),
+    (True, A.STOP_FINISHED, False, False, False),
 ])
-def test_keeps_workers(live, action, unanswered, keeps):
-    assert keeps_workers(live, action, unanswered) is keeps
+def test_keeps_workers(live, action, unanswered, silent, keeps):
+    assert keeps_workers(live, action, unanswered, silent) is keeps
 
 
 @pytest.mark.parametrize("published, formed, over, expected", [
@@ -205,6 +207,7 @@ def test_a_new_round_is_published_to_running_workers_with_their_new_ranks(live):
     assert workers.pids() == pids  # nobody restarted
     _until(lambda: workers.answer() is RoundAnswer.ANSWERED, "both formed round 1")
     assert workers.answer() is RoundAnswer.NONE_DUE and workers.poll().status is RUN
+    assert not workers.silent()
     assert workers.global_ranks() == [2, 3]
 
 
@@ -227,6 +230,8 @@ def test_only_the_dead_worker_restarts_and_it_starts_in_the_new_round(live):
 def test_a_worker_that_does_not_answer_is_overdue_after_the_deadline(live):
     workers, clock = live(mute="1", timeout=5.0)
     _until(lambda: len(live.events()) == 2, "both workers started")
+    _until(lambda: workers.silent() and 0 in workers._spoke, "rank 0's first answer")
+    assert 1 not in workers._spoke  # the mute one never spoke: a restart would not keep it
     assert workers.answer() is RoundAnswer.NONE_DUE  # the first round needs no answer
     workers.advance(_info(1), attempt=1, restart_count=0, use_agent_store=True)
     _until(lambda: len(live.events()) == 4, "both workers read round 1")

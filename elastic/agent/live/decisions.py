@@ -15,14 +15,17 @@ KEPT_ACTIONS = frozenset({AgentAction.RESTART_AFTER_FAILURE, AgentAction.RESTART
 or a new node, this node's own dead workers (the others keep training, the dead restart)."""
 
 
-def keeps_workers(live: bool, action: AgentAction, unanswered: bool) -> bool:
+def keeps_workers(live: bool, action: AgentAction, unanswered: bool, silent: bool) -> bool:
     """Whether the agent rejoins without stopping its workers.
 
     Only for a job that opted in, only for a failure or membership restart, and never when a
-    worker left the last published round unanswered: that is today's whole-group restart (a
-    worker stuck outside the live protocol cannot be trusted to follow the next round either).
+    worker left the last published round unanswered (a worker stuck outside the live protocol
+    cannot be trusted to follow the next round either) or has never written a line on its ready
+    pipe (``silent``: a script without LiveTraining, or one still importing): those get today's
+    whole-group restart. Publishing to a worker that never answers would only wait out the
+    deadline, and its restart would make the peers publish to theirs, round after round.
     """
-    return live and action in KEPT_ACTIONS and not unanswered
+    return live and action in KEPT_ACTIONS and not unanswered and not silent
 
 
 class RoundAnswer(enum.Enum):

@@ -70,6 +70,7 @@ class LiveWorkers:
         self._current: dict[int, WorkerGroup] = {}
         self._pipes: dict[int, RoundPipes] = {}
         self._formed: dict[int, int] = {}
+        self._spoke: set[int] = set()  # local ranks whose current worker wrote a ready line
         self._callbacks: list[Callable[[], None]] = []
         self._published: int | None = None
         self._deadline = 0.0
@@ -158,13 +159,17 @@ class LiveWorkers:
         log.info("Run %s node %s: round %d published to local ranks %s, restarted %s", info.run_id, self._node_id,
                  info.round, sorted(running) or "none", list(dead) or "none")
 
+    def silent(self) -> bool:
+        """Whether a running worker has never written a line on its ready pipe (it does not
+        speak the live protocol, or has not started it yet)."""
+        running = self.poll().running
+        self._read_answers(running)
+        return not running <= self._spoke
+
     def answer(self) -> RoundAnswer:
         """Whether every running worker formed the round published last (see :class:`RoundAnswer`)."""
         running = self.poll().running
-        for rank in running:
-            for answer in self._pipes[rank].answers():
-                if answer.event == "formed":
-                    self._formed[rank] = max(self._formed[rank], answer.round)
+        self._read_answers(running)
         view = AnswerView(self._published, {rank: self._formed[rank] for rank in running},
                           self._clock() >= self._deadline)
         result = decide_answer(view)
@@ -173,6 +178,13 @@ class LiveWorkers:
                      self._published)
             self._published = None
         return result
+
+    def _read_answers(self, running: frozenset[int]) -> None:
+        for rank in running:
+            for answer in self._pipes[rank].answers():
+                self._spoke.add(rank)
+                if answer.event == "formed":
+                    self._formed[rank] = max(self._formed[rank], answer.round)
 
     def _spawn(self, info: RendezvousInfo, ranks: tuple[int, ...], attempt: int, restart_count: int,
                use_agent_store: bool) -> None:
@@ -196,6 +208,7 @@ class LiveWorkers:
             if old is not None:
                 old.close()
             self._pipes[rank], self._current[rank], self._formed[rank] = end, group, -1
+            self._spoke.discard(rank)
         self._groups.append(group)
 
     def _forget_replaced(self) -> None:
