@@ -267,10 +267,7 @@ def test_an_unresponsive_server_gives_a_timeout_within_the_request_timeout(harne
 def test_a_request_pending_when_the_server_stops_fails_promptly(harness, prefix):
     with harness.connect(request_timeout=30) as client:
         client.put(prefix + "k", b"v")
-        # The stop must come while the server is frozen: 0.5 s was too short on a loaded machine
-        # (the test's 0.1 s sleep took longer, the server thawed and answered the get).
-        frozen = 2.0
-        harness._handle.freeze(frozen)
+        harness._handle.freeze(0.5)
         outcome = {}
 
         def pending_get():
@@ -287,7 +284,7 @@ def test_a_request_pending_when_the_server_stops_fails_promptly(harness, prefix)
         harness.stop_server()
         thread.join(10)
         assert isinstance(outcome.get("error"), BackendConnectionError)
-        assert outcome["elapsed"] < frozen + 2.5  # at the stop, not after the 30 s request timeout
+        assert outcome["elapsed"] < 3
 
 
 def test_a_dropped_connection_resumes_watches_without_losing_or_repeating_events(harness, prefix):
