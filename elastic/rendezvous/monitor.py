@@ -169,7 +169,10 @@ class MembershipMonitor:
         self.signal(MembershipChange.MEMBER_LOST, f"cannot watch {prefix} ({error}); restarting to be safe")
 
     def _classify(self, events: Sequence[WatchEvent]) -> None:
+        """Classify ``events``; publish the counts, then signal: the agent the signal wakes reads
+        them with the change (a rejoin seen with no count yet would look like a newcomer's)."""
         waiting = self._state.waiting
+        changes: list[tuple[MembershipChange, str]] = []
         for event in events:
             try:
                 change, self._state = classify(self._view, event, self._state)
@@ -177,9 +180,11 @@ class MembershipMonitor:
                 self._report_problem(error)
                 continue
             if change is not None:
-                self.signal(change, _describe(change, event.kv.key, self._state))
+                changes.append((change, _describe(change, event.kv.key, self._state)))
         if self._state.waiting != waiting:
             self._publish_counts()
+        for change, reason in changes:
+            self.signal(change, reason)
 
     def _publish_counts(self) -> None:
         view, waiting = self._view, self._state.waiting

@@ -67,6 +67,25 @@ def test_changes_arrive_through_listeners_without_a_thread_of_the_monitors_own(b
     monitor.stop()
 
 
+@pytest.mark.parametrize("waiter, rejoining", [("b", 1), ("c", 0)])  # a member that restarted; a newcomer
+def test_the_change_wakes_the_agent_with_its_counts_already_published(backend, waiter, rejoining):
+    # The agent reads the status the moment it is woken: a member's rejoin seen there without
+    # its count looked like a newcomer's and restarted workers that were finishing the job.
+    view, state_watch = _closed_round(backend)
+    seen = []
+    woken = threading.Event()
+
+    def on_change():
+        seen.append(monitor.status)
+        woken.set()
+
+    monitor = MembershipMonitor.open(backend, view, state_watch, on_change=lambda: on_change())
+    backend.put(KEYS.node(1, waiter), b"{}")
+    assert _wait(woken)
+    assert (seen[0].change, seen[0].waiting, seen[0].rejoining) == (MembershipChange.NODES_WAITING, 1, rejoining)
+    monitor.stop()
+
+
 def test_a_member_that_leaves_is_lost_even_when_the_monitor_starts_after_it_left(backend):
     view, state_watch = _closed_round(backend)
     monitor = MembershipMonitor.open(backend, view, state_watch)
