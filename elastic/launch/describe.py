@@ -45,6 +45,7 @@ def describe(config: LaunchConfig) -> str:
         ("event_log", config.event_log or "off"),
         ("prewarm", _yes_no(config.prewarm)),
         ("prewarm_modules", ",".join(config.prewarm_modules)),
+        ("verbose", _yes_no(config.verbose)),
         ("dry_run", _yes_no(config.dry_run)),
     ]
     width = max(len(key) for key, _ in rows) + 1

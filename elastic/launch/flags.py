@@ -159,6 +159,9 @@ OPTIONS: tuple[Option, ...] = (
             "or started threads is refused and its workers start normally."),
     _option("--prewarm-modules", ADDITIONS, "Comma-separated modules the --prewarm templates import.",
             metavar="MODULE,...", default="torch"),
+    _option("--verbose", ADDITIONS, "Show every INFO line of the agent, time-stamped (default: one line per "
+            "world formed, node lost, restart, and a summary at exit; LOGLEVEL=INFO does the same, "
+            "LOGLEVEL=DEBUG adds the JSON events, LOGLEVEL=WARNING shows warnings only).", short="-v"),
     _option("--dry-run", ADDITIONS, "Print the resolved configuration and exit without starting anything "
             "(no PET_ twin: a dry run is asked for each time).", env=False),
     _option("--event-log-handler", COMPAT, f"{_NO_EFFECT}: torch's event handlers need torch; use "

@@ -19,6 +19,7 @@ import uuid
 from contextlib import ExitStack
 
 from backends.endpoints import Endpoint
+from elastic import console
 from elastic.agent.agent import ElasticAgent
 from elastic.agent.exclusion import ExclusionPolicy
 from elastic.agent.observe.events import EventLog
@@ -43,7 +44,7 @@ log = logging.getLogger(__name__)
 
 def run(config: LaunchConfig) -> int:
     """Run the agent for ``config`` on this node; returns the process exit code."""
-    _configure_logging()
+    console.configure(console.console_setup(os.environ, config.verbose))
     hide_inline_secrets(os.environ)  # read into config.backend: no helper or worker inherits it
     notice = omp_threads_notice(os.environ, config.nproc_per_node)
     if notice:
@@ -158,9 +159,3 @@ def health(healthy: bool, progress: WaitSnapshot | None, spares: int = 0, store_
     if progress is not None:
         return True, f"waiting for rendezvous ({progress.counts_text()}){outage}"
     return True, (f"running; spares: {spares}" if spares else "running") + outage
-
-
-def _configure_logging() -> None:
-    level = os.environ.get("LOGLEVEL", "INFO").upper()
-    logging.basicConfig(level=getattr(logging, level, logging.INFO),
-                        format="[%(asctime)s] elasticrun %(levelname)s: %(message)s", stream=sys.stderr)
