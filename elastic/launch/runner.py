@@ -15,6 +15,7 @@ import os
 import secrets
 import socket
 import sys
+import time
 import uuid
 from contextlib import ExitStack
 
@@ -26,6 +27,7 @@ from elastic.agent.observe.events import EventLog
 from elastic.agent.lifeline.keeper import Lifeline, state_dir
 from elastic.agent.errors import AgentError
 from elastic.agent.observe.metrics import AgentMetrics, MetricsServer
+from elastic.agent.observe.summary import RunTally, summary_lines
 from elastic.agent.processes.logs_specs import LogsSpecsHost, shared_host
 from elastic.agent.processes.log_dir import create_log_dir
 from elastic.agent.processes.store_host import StoreHost
@@ -44,6 +46,7 @@ log = logging.getLogger(__name__)
 
 def run(config: LaunchConfig) -> int:
     """Run the agent for ``config`` on this node; returns the process exit code."""
+    started = time.monotonic()
     console.configure(console.console_setup(os.environ, config.verbose))
     hide_inline_secrets(os.environ)  # read into config.backend: no helper or worker inherits it
     notice = omp_threads_notice(os.environ, config.nproc_per_node)
@@ -63,6 +66,8 @@ def run(config: LaunchConfig) -> int:
             # The node id, not the host name: two agents on one host are two nodes.
             events = cleanup.enter_context(EventLog(config.event_log, run_id=config.run_id, node=handler.node_id,
                                                     host=socket.gethostname()))
+            tally = RunTally()
+            events.listen(tally)
             metrics = AgentMetrics(run_id=config.run_id, node=handler.node_id)
             handler.on_progress(lambda progress: metrics.set_rendezvous_joined(progress and progress.joined))
             metrics.watch_store_outage(lambda: handler.membership().store_outage)
@@ -95,6 +100,9 @@ def run(config: LaunchConfig) -> int:
             result = agent.run()
     if result.exit_code != 0:
         print(f"elasticrun: {result.reason}", file=sys.stderr)
+    for line in summary_lines(tally.facts(), run_id=config.run_id, node=handler.node_id,
+                              wall_s=time.monotonic() - started, exit_code=result.exit_code):
+        log.info("%s", line, extra=console.CONSOLE)
     return result.exit_code
 
 
