@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from backends.endpoints import Endpoint
 from backends.errors import (
+    BackendAuthError,
     BackendClosedError,
     BackendConnectionError,
     BackendError,
@@ -31,6 +32,7 @@ from backends.errors import (
     ProtocolError,
     ValueTooLargeError,
 )
+from backends.tcp.advice import dial_advice
 from backends.tcp.protocol import (
     MAGIC,
     PROTOCOL_VERSION,
@@ -123,7 +125,9 @@ class Connection:
         try:
             sock = socket.create_connection((endpoint.host, endpoint.port), timeout=connect_timeout)
         except OSError as error:
-            raise BackendConnectionError(f"Cannot connect to the elastic-store at {endpoint}: {error}.") from error
+            raise BackendConnectionError(
+                f"Cannot connect to the elastic-store at {endpoint}: {dial_advice(error, connect_timeout)}."
+            ) from error
         try:
             tune_socket(sock)
             hello, decoder = _handshake(sock, endpoint, token, max_frame_bytes, deadline)
@@ -399,8 +403,14 @@ def _handshake(sock: socket.socket, endpoint: Endpoint, token: str | None, max_f
         frames = decoder.feed(_recv_before(sock, endpoint, deadline, got_any=True))
     header = frames[0].header
     if "err" in header:
-        raise error_from_wire(header)
+        refused = error_from_wire(header)
+        if isinstance(refused, BackendAuthError):  # the store's words, with where and which setting
+            raise BackendAuthError(f"The elastic-store at {endpoint} rejected this node's token (wrong or missing); "
+                                   "pass the store's token with --rdzv-conf token_file=FILE (the same file on every "
+                                   "node)") from refused
+        raise refused
     return Hello.from_header(header), decoder
+
 
 
 def _recv_before(sock: socket.socket, endpoint: Endpoint, deadline: float, *, got_any: bool) -> bytes:
@@ -416,7 +426,10 @@ def _recv_before(sock: socket.socket, endpoint: Endpoint, deadline: float, *, go
             "is it an elastic-store, and is it overloaded?"
         ) from error
     except OSError as error:
-        raise BackendConnectionError(f"The handshake with {endpoint} failed: {error}.") from error
+        raise BackendConnectionError(
+            f"The handshake with {endpoint} failed ({error.strerror or error}): it dropped the connection, so it "
+            "is most likely not an elastic-store (an etcd port? then use --rdzv-backend=etcd), or it is shutting down."
+        ) from error
     if not data:
         what = "in the middle of" if got_any else "before answering"
         raise BackendConnectionError(
