@@ -16,13 +16,16 @@ to their first 8 characters. Worker output never passes through here.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import re
 import sys
 from dataclasses import dataclass
-from typing import IO, Mapping
+from typing import IO, Iterator, Mapping, MutableMapping
 
-__all__ = ["CONSOLE", "ConsoleFilter", "ConsoleSetup", "QuietFormatter", "configure", "console_setup", "short_ids"]
+__all__ = ["CONSOLE", "ConsoleFilter", "ConsoleSetup", "QuietFormatter", "configure", "console_setup", "quiet_grpc",
+           "short_ids"]
 
 CONSOLE: Mapping[str, object] = {"console": True}
 """``extra=`` of a log record meant for the default console."""
@@ -103,3 +106,23 @@ def configure(setup: ConsoleSetup, stream: IO[str] | None = None) -> logging.Han
     root.addHandler(handler)
     root.setLevel(setup.level)
     return handler
+
+
+@contextlib.contextmanager
+def quiet_grpc(setup: ConsoleSetup, environ: MutableMapping[str, str] | None = None) -> Iterator[None]:
+    """On the default console, ``GRPC_VERBOSITY=ERROR`` while gRPC starts (within the block).
+
+    gRPC's core logs every failed TLS handshake at INFO straight to stderr (``I1126 ...
+    ssl_transport_security.cc ...``), beside the one line that says what to do. It reads the
+    variable once, when it starts, so it is set only meanwhile: the workers inherit the
+    environment as the user gave it. A ``GRPC_VERBOSITY`` the user set is left alone.
+    """
+    environ = os.environ if environ is None else environ
+    if not setup.quiet or "GRPC_VERBOSITY" in environ:
+        yield
+        return
+    environ["GRPC_VERBOSITY"] = "ERROR"
+    try:
+        yield
+    finally:
+        environ.pop("GRPC_VERBOSITY", None)

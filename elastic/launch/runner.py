@@ -47,7 +47,8 @@ log = logging.getLogger(__name__)
 def run(config: LaunchConfig) -> int:
     """Run the agent for ``config`` on this node; returns the process exit code."""
     started = time.monotonic()
-    console.configure(console.console_setup(os.environ, config.verbose))
+    setup = console.console_setup(os.environ, config.verbose)
+    console.configure(setup)
     hide_inline_secrets(os.environ)  # read into config.backend: no helper or worker inherits it
     notice = omp_threads_notice(os.environ, config.nproc_per_node)
     if notice:
@@ -61,8 +62,9 @@ def run(config: LaunchConfig) -> int:
             node_addr = config.local_addr or ("localhost" if config.standalone else socket.getfqdn())
             config = _with_standalone_store(config, cleanup)
             settings = config.rendezvous
-            handler = create_handler(config.backend, settings, node_addr, local_world_size=config.nproc_per_node,
-                                     role=config.role)
+            with console.quiet_grpc(setup):  # the etcd client starts gRPC here, if at all
+                handler = create_handler(config.backend, settings, node_addr, local_world_size=config.nproc_per_node,
+                                         role=config.role)
             # The node id, not the host name: two agents on one host are two nodes.
             events = cleanup.enter_context(EventLog(config.event_log, run_id=config.run_id, node=handler.node_id,
                                                     host=socket.gethostname()))

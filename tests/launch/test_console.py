@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from elastic.console import CONSOLE, ConsoleSetup, configure, console_setup, short_ids
+from elastic.console import CONSOLE, ConsoleSetup, configure, console_setup, quiet_grpc, short_ids
 
 RUN = "44d0b54c-e7d8-4638-9fd9-81d1062f187a"
 
@@ -101,3 +101,15 @@ def test_a_traceback_logged_with_exc_info_is_kept():
     finally:
         logging.getLogger().removeHandler(handler)
     assert stream.getvalue().startswith("elasticrun: error: unexpected\nTraceback")
+
+
+@pytest.mark.parametrize(("setup", "given", "inside"), [
+    (ConsoleSetup(logging.INFO, quiet=True), None, "ERROR"),  # quiet: gRPC's core INFO lines off while it starts
+    (ConsoleSetup(logging.INFO, quiet=True), "DEBUG", "DEBUG"),  # the user's own setting stays
+    (ConsoleSetup(logging.INFO, quiet=False), None, None),  # -v / LOGLEVEL: gRPC as it is
+])
+def test_grpc_is_quiet_only_while_it_starts_and_only_on_the_default_console(setup, given, inside):
+    environ = {} if given is None else {"GRPC_VERBOSITY": given}
+    with quiet_grpc(setup, environ):
+        assert environ.get("GRPC_VERBOSITY") == inside
+    assert environ.get("GRPC_VERBOSITY") == given  # the workers inherit the environment as given
