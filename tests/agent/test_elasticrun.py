@@ -135,7 +135,10 @@ def test_exhausted_restarts_exit_non_zero_with_the_root_cause(procs, reports):
     assert "exit       : exit code 1" in summary
     assert "Traceback (most recent call last)" in summary and "deliberately_failing_step" in summary
     assert "ValueError" in summary
-    assert re.search(r"^elasticrun: default FAILED on \S+: [12] worker\(s\) failed$", err.splitlines()[-1]), err
+    *_, reason, run_summary = err.splitlines()
+    assert re.search(r"^elasticrun: default FAILED on \S+: [12] worker\(s\) failed$", reason), err
+    assert re.fullmatch(r"elasticrun: run [0-9a-f]{8} node \S+: failed after [\d.]+s; 2 attempts, "
+                        r"1 restart \(1 worker failure\)", run_summary), err
 
 
 # -- 5, 6: membership changes ------------------------------------------------------------------
@@ -303,8 +306,9 @@ def test_one_of_two_nodes_says_what_it_waits_for_until_its_join_timeout(procs, r
     assert len(lines) == 2, agent.stderr  # after the 2 s grace, then 10 s later
     assert re.search(r"round 0 \(node \S+\): waiting for nodes: 1 of 2 nodes joined; 1[01] s left before the join timeout$",
                      lines[0]), lines
-    assert (f"within the join timeout ({join_timeout}s); need at least 2 nodes (last seen: 1 of 2 joined)"
-            in agent.stderr.splitlines()[-1])
+    *_, error_line, run_summary = agent.stderr.splitlines()
+    assert f"within the join timeout ({join_timeout}s); need at least 2 nodes (last seen: 1 of 2 joined)" in error_line
+    assert re.search(r"failed in the rendezvous after [\d.]+s; 0 attempts, no restarts$", run_summary), run_summary
     assert reports.all() == []
 
 
