@@ -261,12 +261,23 @@ def _describe(change: MembershipChange, key: str, state: MonitorState) -> str:
     finished = state.finished
     if change in (MembershipChange.JOB_FINISHED, MembershipChange.JOB_FINISHED_ELSEWHERE) and finished is not None:
         return f"the job finished on node {finished.node_id} in round {finished.round}"
+    node = _node_key(key)
     return {
-        MembershipChange.MEMBER_LOST: f"member lost ({key} vanished)",
-        MembershipChange.NODES_WAITING: f"a node is waiting to join ({key})",
+        MembershipChange.MEMBER_LOST: (f"member lost: {node[1]} (its key in round {node[0]} vanished: its lease "
+                                       "expired, or it left)") if node else f"member lost ({key} vanished)",
+        MembershipChange.NODES_WAITING: (f"a node is waiting to join: {node[1]} (round {node[0]})" if node
+                                         else f"a node is waiting to join ({key})"),
         MembershipChange.ROUND_SUPERSEDED: "a newer round was closed",
         MembershipChange.CLOSED: "the rendezvous was closed",
         MembershipChange.STORE_UNREACHABLE: "the store does not answer",
         MembershipChange.JOB_FINISHED: "the job finished",
         MembershipChange.JOB_FINISHED_ELSEWHERE: "the job finished on another node",
     }[change]
+
+
+def _node_key(key: str) -> tuple[str, str] | None:
+    """``(round, node id)`` of a ``.../rounds/<round>/nodes/<node id>`` key (None for another key)."""
+    parts = key.rstrip("/").split("/")
+    if len(parts) >= 4 and parts[-2] == "nodes" and parts[-4] == "rounds":
+        return parts[-3], parts[-1]
+    return None

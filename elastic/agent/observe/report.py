@@ -78,12 +78,12 @@ class AgentReport:
         elif membership.change is MembershipChange.MEMBER_LOST:
             self.events.emit(Event.MEMBER_LOST, reason=membership.reason)
         log.info("run %s node %s: %s; restarting the workers (does not count as a failure)",
-                 self._run_id, self._host, membership.reason, extra=CONSOLE)
+                 self._run_id, self.events.node, membership.reason, extra=CONSOLE)
 
     def not_counted(self, reason: str) -> None:
         """This node's worker failure turned out a lost member's consequence."""
         self.events.emit(Event.MEMBER_LOST, reason=reason)
-        log.info("run %s node %s: %s", self._run_id, self._host, reason, extra=CONSOLE)
+        log.info("run %s node %s: %s", self._run_id, self.events.node, reason, extra=CONSOLE)
 
     def restart(self, cause: RestartCause, restarts_used: int, max_restarts: int, reason: str = "") -> None:
         extra = {"reason": reason} if reason else {}
@@ -117,7 +117,8 @@ class AgentReport:
     def readmitted(self) -> None:
         if self.metrics:
             self.metrics.set_excluded(False)
-        log.info("run %s node %s: the exclusion cooldown ended; rejoining", self._run_id, self._host, extra=CONSOLE)
+        log.info("run %s node %s: the exclusion cooldown ended; rejoining", self._run_id, self.events.node,
+                 extra=CONSOLE)
 
     def print(self, line: str) -> None:
         print(line, file=self._console)
