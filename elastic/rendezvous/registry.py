@@ -4,8 +4,9 @@
 ``tcp``: a running built-in store (``elastic-store``, or another node's embedded one).
 ``c10d``: the built-in store, hosted by the node whose address matches the endpoint (or
          ``is_host=1``), as torchrun users expect; the others connect to it. The host binds
-         the endpoint's address; off loopback it needs ``token_file=`` (every node the same)
-         or the explicit ``insecure_open_store=1``.
+         the endpoint's address when that is one of this machine's, else (``is_host=1`` with
+         another address, e.g. behind NAT) every interface, ``0.0.0.0``; off loopback it needs
+         ``token_file=`` (every node the same) or the explicit ``insecure_open_store=1``.
 ``static``: fixed ranks from ``--node-rank``, no elasticity, no backend.
 
 Nothing here parses a string: the spec carries typed values. Optional dependencies (the etcd
