@@ -177,7 +177,8 @@ class MembershipMonitor:
                 self._report_problem(error)
                 continue
             if change is not None:
-                self.signal(change, _describe(change, event.kv.key, self._state))
+                self.signal(change, _describe(change, event.kv.key, self._state,
+                                              self._view.keys.parse_node_key(event.kv.key)))
         if self._state.waiting != waiting:
             self._publish_counts()
 
@@ -257,11 +258,12 @@ class MembershipMonitor:
             raise
 
 
-def _describe(change: MembershipChange, key: str, state: MonitorState) -> str:
+def _describe(change: MembershipChange, key: str, state: MonitorState,
+              node: tuple[int, str] | None = None) -> str:
+    """The reason for ``change`` seen at ``key`` (``node``: the round and node id of a node key)."""
     finished = state.finished
     if change in (MembershipChange.JOB_FINISHED, MembershipChange.JOB_FINISHED_ELSEWHERE) and finished is not None:
         return f"the job finished on node {finished.node_id} in round {finished.round}"
-    node = _node_key(key)
     return {
         MembershipChange.MEMBER_LOST: (f"member lost: {node[1]} (its key in round {node[0]} vanished: its lease "
                                        "expired, or it left)") if node else f"member lost ({key} vanished)",
@@ -273,11 +275,3 @@ def _describe(change: MembershipChange, key: str, state: MonitorState) -> str:
         MembershipChange.JOB_FINISHED: "the job finished",
         MembershipChange.JOB_FINISHED_ELSEWHERE: "the job finished on another node",
     }[change]
-
-
-def _node_key(key: str) -> tuple[str, str] | None:
-    """``(round, node id)`` of a ``.../rounds/<round>/nodes/<node id>`` key (None for another key)."""
-    parts = key.rstrip("/").split("/")
-    if len(parts) >= 4 and parts[-2] == "nodes" and parts[-4] == "rounds":
-        return parts[-3], parts[-1]
-    return None

@@ -202,4 +202,5 @@ def test_a_change_seen_on_a_node_key_names_the_node_and_the_round(change, key, r
     from elastic.rendezvous.decisions import MonitorState
     from elastic.rendezvous.monitor import _describe
 
-    assert _describe(change, key, MonitorState()) == reason
+    node = records.RendezvousKeys("/elastic", "job").parse_node_key(key)
+    assert _describe(change, key, MonitorState(), node) == reason
