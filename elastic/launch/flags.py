@@ -159,6 +159,13 @@ OPTIONS: tuple[Option, ...] = (
             "or started threads is refused and its workers start normally."),
     _option("--prewarm-modules", ADDITIONS, "Comma-separated modules the --prewarm templates import.",
             metavar="MODULE,...", default="torch"),
+    _option("--live-recovery", ADDITIONS, "Keep healthy workers running through a peer's failure or a "
+            "membership change: the agent publishes each new round to its workers (ELASTIC_ROUND_FD) and "
+            "restarts only those that died; for scripts that use elastic.worker.LiveTraining "
+            "(docs/live-recovery.md). Not with the static rendezvous."),
+    _option("--live-recovery-timeout", ADDITIONS, "Seconds a live worker has to form a new round before "
+            "the agent restarts the node's whole group as without --live-recovery.", metavar="SECONDS",
+            default="60"),
     _option("--verbose", ADDITIONS, "Show every INFO line of the agent, time-stamped (default: one line per "
             "world formed, node lost, restart, and a summary at exit; LOGLEVEL=INFO does the same, "
             "LOGLEVEL=DEBUG adds the JSON events, LOGLEVEL=WARNING shows warnings only).", short="-v"),
