@@ -180,7 +180,8 @@ class MembershipMonitor:
                 self._report_problem(error)
                 continue
             if change is not None:
-                changes.append((change, _describe(change, event.kv.key, self._state)))
+                changes.append((change, _describe(change, event.kv.key, self._state,
+                                                    self._view.keys.parse_node_key(event.kv.key))))
         if self._state.waiting != waiting:
             self._publish_counts()
         for change, reason in changes:
@@ -262,13 +263,17 @@ class MembershipMonitor:
             raise
 
 
-def _describe(change: MembershipChange, key: str, state: MonitorState) -> str:
+def _describe(change: MembershipChange, key: str, state: MonitorState,
+              node: tuple[int, str] | None = None) -> str:
+    """The reason for ``change`` seen at ``key`` (``node``: the round and node id of a node key)."""
     finished = state.finished
     if change in (MembershipChange.JOB_FINISHED, MembershipChange.JOB_FINISHED_ELSEWHERE) and finished is not None:
         return f"the job finished on node {finished.node_id} in round {finished.round}"
     return {
-        MembershipChange.MEMBER_LOST: f"member lost ({key} vanished)",
-        MembershipChange.NODES_WAITING: f"a node is waiting to join ({key})",
+        MembershipChange.MEMBER_LOST: (f"member lost: {node[1]} (its key in round {node[0]} vanished: its lease "
+                                       "expired, or it left)") if node else f"member lost ({key} vanished)",
+        MembershipChange.NODES_WAITING: (f"a node is waiting to join: {node[1]} (round {node[0]})" if node
+                                         else f"a node is waiting to join ({key})"),
         MembershipChange.ROUND_SUPERSEDED: "a newer round was closed",
         MembershipChange.CLOSED: "the rendezvous was closed",
         MembershipChange.STORE_UNREACHABLE: "the store does not answer",

@@ -73,6 +73,8 @@ def open_backend(spec: StoreBackedSpec, wait: StoreWait | None = None) -> Opened
 def _open_etcd(spec: EtcdSpec) -> OpenedBackend:
     try:
         from backends.etcd import EtcdBackend, EtcdConfig
+        from backends.etcd.diagnose import second_look
+        from backends.etcd.translate import RequestNotSent
     except ImportError as error:
         raise RendezvousConfigError(
             f"The etcd backend's client is missing ({error}); reinstall etcd-elastic: it depends on "
@@ -91,7 +93,14 @@ def _open_etcd(spec: EtcdSpec) -> OpenedBackend:
         max_response_bytes=spec.max_response_bytes,
     )
     backend = EtcdBackend(config)
-    backend.get("/")  # fail fast on a wrong endpoint or credentials, before any node state is written
+    try:
+        backend.get("/")  # fail fast on a wrong endpoint or credentials, before any node state is written
+    except RequestNotSent as error:
+        backend.close()
+        raise second_look(error, config) or error
+    except BackendError:
+        backend.close()
+        raise
     return OpenedBackend(backend, backend.close)
 
 
