@@ -19,7 +19,16 @@ to pending creates first-in, first-out.
 Resuming: when the stream breaks (an RPC error, the stream ending, etcd restarting) the reader
 opens a new one, on any endpoint, and re-creates every live watch from its own resume point,
 ``max(delivered revision, last progress notification) + 1``, so every consumer sees every
-event once. It keeps trying for as long as no endpoint answers, as etcd's Go client does, and
+event once. Progress keeps that point fresh while a prefix is quiet: etcd's own notifications
+(``progress_notify``) come only every 10 minutes, and resuming from the last event + 1 after a
+quiet hour asks for history that any compaction since has removed (then the consumer must
+re-read). So the stream's request side sends a ``WatchProgressRequest`` after every
+``watch_progress_interval`` seconds without a request (no thread of its own, see
+:class:`~backends.etcd.request_queue.RequestQueue`), and etcd answers with its revision for
+every watch of the stream (watch id -1). Etcd 3.4 and 3.5 before 3.5.8 send that answer on a
+channel that can overtake events still queued for a watch, and also while a watch is still
+catching up; so a watch adopts a report's revision only when the next report arrives, an
+interval later (:meth:`WatchRegistration.note_stream_progress`). It keeps trying for as long as no endpoint answers, as etcd's Go client does, and
 warns every ``watch_reconnect_timeout`` seconds meanwhile: an outage is never the end of a
 watch (the contract, :mod:`backends.api`; the rendezvous relies on it for static stability).
 A watch whose history from there has been compacted fails alone with
@@ -62,6 +71,11 @@ log = logging.getLogger(__name__)
 
 _TRANSIENT = (BackendConnectionError, BackendTimeoutError)
 
+_PROGRESS_REQUEST = etcdrpc.WatchRequest(progress_request=etcdrpc.WatchProgressRequest())
+
+STREAM_WIDE = -1
+"""The watch id of etcd's answer to a progress request: it concerns every watch of the stream."""
+
 
 class WatchRegistration:
     """One consumer's prefix watch: its queue, its resume point, and its state on the stream.
@@ -81,6 +95,7 @@ class WatchRegistration:
         self.from_now = start_revision is None
         self.requested_revision = start_revision or 0
         self.progress_revision = 0
+        self.progress_candidate = 0  # the last stream-wide report, adopted when the next one comes
         self.cancelled = False
         self.reauthenticated = False  # refused once for auth and re-sent with a fresh token
         self.started = threading.Event()
@@ -116,6 +131,7 @@ class WatchRegistration:
     def create_request(self) -> Any:
         """The create message for this watch, starting at its resume point."""
         self.requested_revision = self.resume_revision
+        self.progress_candidate = 0  # a report from another stream proves nothing about this one
         create = etcdrpc.WatchCreateRequest(
             key=self.key, range_end=self.range_end, start_revision=self.requested_revision, progress_notify=True
         )
@@ -124,6 +140,15 @@ class WatchRegistration:
     def note_progress(self, revision: int) -> None:
         """A progress notification: every event up to ``revision`` has been sent."""
         self.progress_revision = max(self.progress_revision, revision)
+
+    def note_stream_progress(self, revision: int) -> None:
+        """A stream-wide report (the answer to a progress request) at store revision ``revision``.
+
+        Adopts the previous report instead (see the module docstring): by the time this one
+        arrived, every event at or below the previous one's revision has been sent.
+        """
+        self.progress_revision = max(self.progress_revision, self.progress_candidate)
+        self.progress_candidate = max(self.progress_candidate, revision)
 
 
 class WatchStream:
@@ -327,7 +352,8 @@ class WatchHub:
         Returns None when no watch is left to carry. The first answer (up to the request
         timeout) proves the endpoint serves watches; without it the call fails over.
         """
-        requests = RequestQueue()
+        requests = RequestQueue(idle=lambda: _PROGRESS_REQUEST,
+                                idle_after=self._connection.config.watch_progress_interval)
         call = channel.watch.Watch(requests, metadata=options.metadata, wait_for_ready=False)
         token = next((value for name, value in options.metadata if name == "token"), None)
         stream = WatchStream(call, requests, channel, token)
@@ -421,10 +447,14 @@ class WatchHub:
                     registration.reauthenticated = False
                     stream.confirm(registration, response.watch_id)
                     registration.mark_started(response.header.revision)
+            elif response.watch_id == STREAM_WIDE and not response.events and not response.canceled:
+                for registration in stream.by_id.values():
+                    registration.note_stream_progress(response.header.revision)
+                return
             else:
                 registration = stream.by_id.get(response.watch_id)
                 if registration is None:
-                    return  # cancelled by its consumer, or a stream-wide notification
+                    return  # cancelled by its consumer
                 if response.canceled or response.compact_revision:
                     stream.forget(registration)
                     failed = registration, self._refusal(registration, response, stream)

@@ -167,6 +167,42 @@ def test_a_watch_resuming_into_compacted_history_fails_with_compacted(client, pr
     assert raised.value.compact_revision == last
 
 
+def test_a_quiet_watch_resumes_past_history_others_wrote_and_compacted(etcd_server, prefix):
+    # Issue 27 item 1: a job's prefixes stay quiet for minutes while other tenants write and
+    # compact; resuming from the last event + 1 then always met compacted history.
+    with etcd_server.connect(watch_progress_interval=0.2) as client:
+        quiet = client.watch_prefix(prefix + "quiet/")
+        delivered = client.put(prefix + "quiet/k", b"1")
+        assert [event.revision for event in collect(quiet, 1, timeout=5)] == [delivered]
+        for _ in range(3):
+            last = client.put(prefix + "other/" + uuid.uuid4().hex, b"x")
+        client.compact(last)
+        deadline = time.monotonic() + 10
+        while not any(r.resume_revision > last for r in client._watch_hub._live) and time.monotonic() < deadline:
+            time.sleep(0.05)  # two progress reports: the watch adopts the first one's revision
+        client._watch_hub.interrupt()
+        revision = client.put(prefix + "quiet/k", b"2")
+        assert [event.revision for event in collect(quiet, 1, timeout=10)] == [revision]
+        quiet.cancel()
+
+
+def test_a_stream_wide_progress_report_is_adopted_one_report_later():
+    from backends.etcd.watch import WatchHub, WatchRegistration
+
+    connection = EtcdConnection(EtcdConfig(f"127.0.0.1:{dead_port()}"))
+    try:
+        registration = WatchRegistration(WatchHub(connection), "/p/", start_revision=10)
+        registration.note_stream_progress(40)  # may have overtaken events at or below 40
+        assert registration.resume_revision == 10
+        registration.note_stream_progress(55)
+        assert registration.resume_revision == 41
+        registration.create_request()  # a new stream: the last report came on the old one
+        registration.note_stream_progress(60)
+        assert registration.resume_revision == 41
+    finally:
+        connection.close()
+
+
 def test_a_progress_notification_moves_the_resume_point_past_quiet_history():
     from backends.etcd.watch import WatchHub, WatchRegistration
 
