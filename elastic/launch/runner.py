@@ -60,6 +60,7 @@ def run(config: LaunchConfig) -> int:
             metrics = AgentMetrics(run_id=config.run_id, node=handler.node_id)
             handler.on_progress(lambda progress: metrics.set_rendezvous_joined(progress and progress.joined))
             metrics.watch_store_outage(lambda: handler.membership().store_outage)
+            metrics.watch_store_full(lambda: handler.membership().store_full)
             store_host = (StoreHost(python_executable(os.environ), os.environ)
                           if not isinstance(config.backend, StaticSpec) else None)
             if store_host is not None:
@@ -77,7 +78,8 @@ def run(config: LaunchConfig) -> int:
             if config.metrics_port is not None:
                 server = MetricsServer(config.metrics_port, config.metrics_addr, registry=metrics.registry,
                                        health=lambda: health(agent.healthy, handler.progress(), agent.spares(),
-                                                             handler.membership().store_outage))
+                                                             handler.membership().store_outage,
+                                                             handler.membership().store_full))
                 cleanup.callback(server.stop)
                 server.start()  # it logs where it serves
             if logs_specs is not None:
@@ -140,16 +142,20 @@ def _open_lifeline(config: LaunchConfig, cleanup: ExitStack) -> Lifeline | None:
     return lifeline
 
 
-def health(healthy: bool, progress: WaitSnapshot | None, spares: int = 0, store_outage: float = 0.0) -> tuple[bool, str]:
+def health(healthy: bool, progress: WaitSnapshot | None, spares: int = 0, store_outage: float = 0.0,
+           store_full: bool = False) -> tuple[bool, str]:
     """``/healthz``'s answer: stopped, waiting for a rendezvous (with its counts), or running
     (with the spares waiting beyond a full round, if any).
 
-    A store outage is said but stays healthy (200): the workers train on without the store, and
-    a liveness probe that restarted the pod would turn a control-plane outage into lost work.
+    A store outage, or a store out of space (etcd's NOSPACE alarm), is said but stays healthy
+    (200): the workers train on without the store, and a liveness probe that restarted the pod
+    would turn a control-plane outage into lost work.
     """
     if not healthy:
         return False, "stopped"
     outage = f"; store unreachable for {store_outage:.0f}s" if store_outage > 0 else ""
+    if store_full:
+        outage += "; store out of space"
     if progress is not None:
         return True, f"waiting for rendezvous ({progress.counts_text()}){outage}"
     return True, (f"running; spares: {spares}" if spares else "running") + outage

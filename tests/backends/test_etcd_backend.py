@@ -32,6 +32,7 @@ from backends.errors import (
     EndpointError,
     LeaseNotFoundError,
     ProtocolError,
+    StoreFullError,
     ValueTooLargeError,
 )
 from backends.etcd import EtcdBackend, EtcdConfig
@@ -781,6 +782,7 @@ def test_requests_never_sent_are_retried_even_when_not_resend_safe(etcd_server):
             "Stream removed (received metadata size exceeds hard limit (24205 vs. 20480); x-pad-0:8039B)",
             ProtocolError,
         ),
+        (grpc.StatusCode.RESOURCE_EXHAUSTED, "etcdserver: mvcc: database space exceeded", StoreFullError),
         (grpc.StatusCode.OUT_OF_RANGE, "etcdserver: mvcc: required revision has been compacted", CompactedError),
         (grpc.StatusCode.UNIMPLEMENTED, "unknown service etcdserverpb.KV", ProtocolError),
         (grpc.StatusCode.CANCELLED, "Cancelled", BackendConnectionError),
@@ -791,6 +793,14 @@ def test_rpc_errors_are_translated_into_the_error_tree(code, details, expected):
     error = translate_rpc_error(FakeRpcError(code, details), operation="put '/k'", endpoint="10.0.0.1:2379", timeout=5)
     assert type(error) is expected
     assert "10.0.0.1:2379" in str(error)
+
+
+def test_a_full_etcd_is_an_outage_for_writes_whose_message_names_the_fix():
+    error = translate_rpc_error(FakeRpcError(grpc.StatusCode.RESOURCE_EXHAUSTED, "etcdserver: mvcc: database space "
+                                             "exceeded"), operation="txn", endpoint="10.0.0.1:2379", timeout=5)
+    assert isinstance(error, BackendConnectionError)  # retried like an outage
+    for command in ("compact", "defrag", "alarm disarm"):
+        assert f"etcdctl --endpoints=10.0.0.1:2379 {command}" in str(error)
 
 
 def test_a_cancelled_rpc_after_close_is_translated_to_closed():
