@@ -40,6 +40,7 @@ from elastic.rendezvous.decisions import (
     MonitorState,
     RoundView,
     classify,
+    deleted_by_hand,
     reconcile,
     rejoining_count,
     spare_count,
@@ -170,6 +171,9 @@ class MembershipMonitor:
 
     def _classify(self, events: Sequence[WatchEvent]) -> None:
         waiting = self._state.waiting
+        deleted = deleted_by_hand(self._view, events)
+        if deleted is not None:  # before the per-key "member lost" it would otherwise read as
+            self.signal(MembershipChange.MEMBER_LOST, deleted)
         for event in events:
             try:
                 change, self._state = classify(self._view, event, self._state)
