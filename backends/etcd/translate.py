@@ -108,8 +108,9 @@ def diagnose_dial_failure(details: str, tls: bool) -> Diagnosis:
     if "settings frame" in text:
         return Diagnosis(
             DialFailure.UNREACHABLE,
-            "it accepted the connection but sent no HTTP/2 greeting; etcd may still be starting, or this is not "
-            "an etcd client URL, or TLS settings do not match the server's (https:// and ca_cert)",
+            "it accepted the connection but sent no HTTP/2 greeting within the connect timeout; etcd may still be "
+            "starting, or answer more slowly than dial_timeout allows (a slow link: raise --rdzv-conf dial_timeout), "
+            "or this is not an etcd client URL, or TLS settings do not match the server's (https:// and ca_cert)",
         )
     if "handshake read failed" in text:
         return Diagnosis(
