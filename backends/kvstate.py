@@ -7,7 +7,11 @@ The TCP store server and the in-memory fake backend both keep their data in a
 * time comes from an injected monotonic ``clock``; leases expire only when the host calls
   :meth:`KVState.expire_due` (schedule it at :meth:`KVState.next_expiry`);
 * every mutating method returns an :class:`Outcome`: its result plus the watch events it
-  produced, which the host fans out to the watchers whose prefix matches.
+  produced, which the host fans out to the watchers whose prefix matches;
+* what a peer holding the store's token can make it keep is bounded: keys and values
+  (``max_live_bytes``, each key counting :data:`KEY_OVERHEAD_BYTES` too), leases and their
+  expiry heap (:class:`~backends.leases.LeaseTable`), and the history; a write past a bound
+  raises :class:`~backends.errors.LimitExceededError` and changes nothing.
 
 Revisions follow etcd: an empty store is at revision 1; each write transaction that changes
 something (a put, a delete of an existing key, a prefix delete, a lease revocation or expiry
@@ -19,13 +23,11 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-import heapq
-import math
 import random
 import time
 import uuid
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Generic, Iterable, TypeVar
 
 from backends.api import (
@@ -38,7 +40,8 @@ from backends.api import (
     WatchEvent,
     WriteResult,
 )
-from backends.errors import CompactedError, LeaseNotFoundError, ValueTooLargeError
+from backends.errors import CompactedError, LeaseNotFoundError, LimitExceededError, ValueTooLargeError
+from backends.leases import DEFAULT_MAX_LEASES, LeaseRecord, LeaseTable
 from backends.txn import Delete, DeleteResult, Put, PutResult, Range, Txn, TxnResult, check_txn
 from backends.untrusted import quote
 
@@ -46,7 +49,10 @@ __all__ = [
     "DEFAULT_HISTORY_BYTES",
     "DEFAULT_HISTORY_LIMIT",
     "DEFAULT_MAX_KEY_BYTES",
+    "DEFAULT_MAX_LEASES",
+    "DEFAULT_MAX_LIVE_BYTES",
     "DEFAULT_MAX_VALUE_BYTES",
+    "KEY_OVERHEAD_BYTES",
     "KVState",
     "Outcome",
 ]
@@ -69,6 +75,15 @@ DEFAULT_MAX_KEY_BYTES = 8 * 1024
 EVENT_OVERHEAD_BYTES = 200
 """What one kept event costs beyond its key and value (objects and references), for the history bound."""
 
+DEFAULT_MAX_LIVE_BYTES = 64 * 1024 * 1024
+"""Bytes of live keys and values (each key also counts :data:`KEY_OVERHEAD_BYTES`) a store holds at
+most; a rendezvous of a thousand nodes holds well under a megabyte."""
+
+KEY_OVERHEAD_BYTES = 200
+"""What one live key costs beyond its key and value, for the live-bytes bound (so a flood of
+empty keys is bounded too)."""
+
+
 
 @dataclass(frozen=True)
 class Outcome(Generic[T]):
@@ -76,16 +91,6 @@ class Outcome(Generic[T]):
 
     result: T
     events: tuple[WatchEvent, ...] = ()
-
-
-@dataclass
-class _LeaseRecord:
-    """A live lease: its TTL, its monotonic deadline, and the keys bound to it."""
-
-    id: int
-    ttl: float
-    deadline: float
-    keys: set[str] = field(default_factory=set)
 
 
 class KVState:
@@ -98,6 +103,9 @@ class KVState:
         history_bytes: bytes of keys and values kept for replay; the oldest revisions (but
             never the newest) are compacted beyond it.
         max_key_bytes: writes of longer keys (in UTF-8) raise :class:`ValueTooLargeError`.
+        max_live_bytes: writes that would make the live keys and values (plus
+            :data:`KEY_OVERHEAD_BYTES` per key) exceed it raise :class:`LimitExceededError`.
+        max_leases: a grant beyond this many live leases raises :class:`LimitExceededError`.
         store_id: identifies this state; a host reports it so clients can tell a restarted
             store with fresh state from a reconnect to the same one. Random by default.
         rng: source of lease ids (injectable for tests).
@@ -114,27 +122,30 @@ class KVState:
         history_limit: int = DEFAULT_HISTORY_LIMIT,
         history_bytes: int = DEFAULT_HISTORY_BYTES,
         max_key_bytes: int = DEFAULT_MAX_KEY_BYTES,
+        max_live_bytes: int = DEFAULT_MAX_LIVE_BYTES,
+        max_leases: int = DEFAULT_MAX_LEASES,
         store_id: str | None = None,
         rng: random.Random | None = None,
     ) -> None:
         for name, value in (("value size limit", max_value_bytes), ("history limit", history_limit),
-                            ("history size limit", history_bytes), ("key size limit", max_key_bytes)):
+                            ("history size limit", history_bytes), ("key size limit", max_key_bytes),
+                            ("live size limit", max_live_bytes), ("lease limit", max_leases)):
             if value < 1:
                 raise ValueError(f"The {name} ({value}) must be positive.")
         self.max_value_bytes = max_value_bytes
         self.max_key_bytes = max_key_bytes
+        self.max_live_bytes = max_live_bytes
+        self._live_bytes = 0
         self._history_bytes_limit = history_bytes
         self._history_bytes = 0
         self.store_id = store_id or uuid.uuid4().hex
         self.clock = clock
         self._history_limit = history_limit
-        self._rng = rng or random.Random()
         self._revision = 1
         self._compact_revision = 1
         self._kvs: dict[str, KeyValue] = {}
         self._sorted_keys: list[str] = []
-        self._leases: dict[int, _LeaseRecord] = {}
-        self._expiry_heap: list[tuple[float, int]] = []
+        self._leases = LeaseTable(clock, max_leases, rng or random.Random())
         self._history: deque[WatchEvent] = deque()
 
     # -- state --------------------------------------------------------------------------------
@@ -167,6 +178,7 @@ class KVState:
         """
         self._check_value(key, value)
         self._check_lease(lease)
+        self._check_live_bytes({key: len(value)})
         event = self._store(key, value, lease, self._revision + 1)
         return Outcome(WriteResult(True, event.revision, event.kv), self._commit([event]))
 
@@ -179,6 +191,9 @@ class KVState:
                 (checked on the whole request before anything runs).
             LeaseNotFoundError: a put on the branch path names a lease that is not live
                 (checked before anything runs, so nothing is written).
+            LimitExceededError: the puts on the branch path would pass :attr:`max_live_bytes`
+                (judged without the path's deletes, so a transaction near the bound that
+                deletes as much as it writes may be refused).
         """
         check_txn(txn, self.max_value_bytes)
         for op in _puts(txn):
@@ -203,16 +218,20 @@ class KVState:
         return path
 
     def _check_path_leases(self, txn: Txn, path: list[bool]) -> None:
+        """Check the leases of the puts on the branch path, then the live bytes they would add."""
         steps = iter(path)
+        sizes: dict[str, int] = {}
 
         def walk(current: Txn) -> None:
             for op in current.on_success if next(steps) else current.on_failure:
                 if isinstance(op, Put):
                     self._check_lease(op.lease)
+                    sizes[op.key] = len(op.value)
                 elif isinstance(op, Txn):
                     walk(op)
 
         walk(txn)
+        self._check_live_bytes(sizes)
 
     def _run(self, txn: Txn, steps, revision: int, events: list[WatchEvent]) -> TxnResult:
         succeeded = next(steps)
@@ -252,22 +271,16 @@ class KVState:
         keys = list(self._keys_under(prefix))
         return Outcome(len(keys), self._delete_keys(keys))
 
-    # -- leases -------------------------------------------------------------------------------
+    # -- leases (kept by a bounded LeaseTable) ----------------------------------------------------
     def grant(self, ttl: float) -> Lease:
         """Create a lease expiring ``ttl`` seconds from now; ids are unique, random and non-zero.
 
         Raises:
             ValueError: ``ttl`` is not a positive finite number.
+            LimitExceededError: :attr:`max_leases` leases are live already.
         """
-        if not (ttl > 0 and math.isfinite(ttl)):
-            raise ValueError(f"The lease TTL ({ttl}) must be a positive number of seconds.")
-        lease_id = NO_LEASE
-        while lease_id == NO_LEASE or lease_id in self._leases:
-            lease_id = self._rng.getrandbits(63)
-        record = _LeaseRecord(lease_id, float(ttl), self.clock() + ttl)
-        self._leases[lease_id] = record
-        heapq.heappush(self._expiry_heap, (record.deadline, lease_id))
-        return Lease(lease_id, record.ttl)
+        record = self._leases.grant(ttl)
+        return Lease(record.id, record.ttl)
 
     def keepalive(self, lease_id: int) -> float:
         """Renew the lease to its full TTL from now and return the TTL.
@@ -275,19 +288,13 @@ class KVState:
         Raises:
             LeaseNotFoundError: the lease is unknown, revoked, or past its deadline.
         """
-        record = self._check_lease(lease_id)
-        if record is None:
+        if lease_id == NO_LEASE:
             raise LeaseNotFoundError("Lease 0 means no lease; there is nothing to keep alive.")
-        record.deadline = self.clock() + record.ttl
-        heapq.heappush(self._expiry_heap, (record.deadline, lease_id))
-        return record.ttl
+        return self._leases.renew(lease_id)
 
     def renew_all_leases(self) -> None:
         """Give every live lease its full TTL from now (what a new etcd leader does on election)."""
-        now = self.clock()
-        for record in self._leases.values():
-            record.deadline = now + record.ttl
-            heapq.heappush(self._expiry_heap, (record.deadline, record.id))
+        self._leases.renew_all()
 
     def revoke(self, lease_id: int) -> Outcome[bool]:
         """Drop the lease and delete its keys in one revision.
@@ -295,7 +302,7 @@ class KVState:
         The result is False when the lease was unknown or already past its deadline (its keys,
         if the expiry had not been swept yet, are deleted all the same).
         """
-        record = self._leases.pop(lease_id, None)
+        record = self._leases.pop(lease_id)
         if record is None:
             return Outcome(False)
         return Outcome(record.deadline > self.clock(), self._delete_keys(sorted(record.keys)))
@@ -304,21 +311,13 @@ class KVState:
         """Revoke every lease whose deadline has passed; returns the DELETE events (one revision per lease)."""
         now = self.clock()
         events: list[WatchEvent] = []
-        while (deadline := self.next_expiry()) is not None and deadline <= now:
-            _, lease_id = heapq.heappop(self._expiry_heap)
+        while (lease_id := self._leases.pop_due(now)) is not None:
             events.extend(self.revoke(lease_id).events)
         return tuple(events)
 
     def next_expiry(self) -> float | None:
         """Clock time at which the next lease expires, or None when there are no leases."""
-        heap = self._expiry_heap
-        while heap:
-            deadline, lease_id = heap[0]
-            record = self._leases.get(lease_id)
-            if record is not None and record.deadline == deadline:
-                return deadline
-            heapq.heappop(heap)  # superseded by a keepalive, or the lease is gone
-        return None
+        return self._leases.next_expiry()
 
     # -- history ------------------------------------------------------------------------------
     def events_since(self, prefix: str, start_revision: int) -> list[WatchEvent]:
@@ -385,13 +384,33 @@ class KVState:
                 f"The value for {quote(key)} is {len(value)} bytes; the store accepts at most {self.max_value_bytes}."
             )
 
-    def _check_lease(self, lease_id: int) -> _LeaseRecord | None:
-        if lease_id == NO_LEASE:
-            return None
-        record = self._leases.get(lease_id)
-        if record is None or record.deadline <= self.clock():
-            raise LeaseNotFoundError(f"Lease {lease_id:x} does not exist: it expired or was revoked.")
-        return record
+    @property
+    def max_leases(self) -> int:
+        """Live leases this state holds at most."""
+        return self._leases.max_leases
+
+    @property
+    def live_bytes(self) -> int:
+        """Bytes of live keys and values, plus :data:`KEY_OVERHEAD_BYTES` per key."""
+        return self._live_bytes
+
+    def _check_live_bytes(self, sizes: dict[str, int]) -> None:
+        """Refuse writes of ``{key: value length}`` that would pass :attr:`max_live_bytes`.
+
+        Raises:
+            LimitExceededError: naming the bound and what the writes would bring it to.
+        """
+        added = sum(_live_size(key, size) - (_live_size(key, len(old.value)) if (old := self._kvs.get(key)) else 0)
+                    for key, size in sizes.items())
+        if added > 0 and self._live_bytes + added > self.max_live_bytes:
+            raise LimitExceededError(
+                f"The store holds {self._live_bytes} bytes of keys and values; this write would bring it to "
+                f"{self._live_bytes + added}, over its limit of {self.max_live_bytes} (--max-live-bytes). Delete "
+                "keys no longer used, or raise the limit."
+            )
+
+    def _check_lease(self, lease_id: int) -> LeaseRecord | None:
+        return None if lease_id == NO_LEASE else self._leases.live(lease_id)
 
     def _store(self, key: str, value: bytes, lease: int, revision: int) -> WatchEvent:
         old = self._kvs.get(key)
@@ -400,9 +419,11 @@ class KVState:
             kv = KeyValue(key, bytes(value), revision, revision, 1, lease)
         else:
             self._unbind(old)
+            self._live_bytes -= _live_size(key, len(old.value))
             kv = KeyValue(key, bytes(value), old.create_revision, revision, old.version + 1, lease)
+        self._live_bytes += _live_size(key, len(kv.value))
         if lease != NO_LEASE:
-            self._leases[lease].keys.add(key)
+            self._leases.get(lease).keys.add(key)  # type: ignore[union-attr]  # checked live before the write
         self._kvs[key] = kv
         return WatchEvent(EventType.PUT, kv)
 
@@ -410,6 +431,7 @@ class KVState:
         old = self._kvs.pop(key)
         del self._sorted_keys[bisect.bisect_left(self._sorted_keys, key)]
         self._unbind(old)
+        self._live_bytes -= _live_size(key, len(old.value))
         return WatchEvent(EventType.DELETE, KeyValue(key, b"", 0, revision, 0, NO_LEASE))
 
     def _unbind(self, kv: KeyValue) -> None:
@@ -461,6 +483,11 @@ def _at_revision(result: TxnResult, revision: int) -> TxnResult:
         for item in result.responses
     )
     return TxnResult(result.succeeded, revision, responses)
+
+
+def _live_size(key: str, value_bytes: int) -> int:
+    """What one live key counts against the live-bytes bound (keys are counted in characters)."""
+    return len(key) + value_bytes + KEY_OVERHEAD_BYTES
 
 
 def _event_bytes(event: WatchEvent) -> int:

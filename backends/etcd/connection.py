@@ -45,6 +45,7 @@ from backends.etcd.channel_options import ChannelLimits, channel_options, reques
 from backends.etcd.config import EtcdConfig
 from backends.etcd.translate import DialFailure, RequestNotSent, translate_rpc_error
 from backends.retry import RetryPolicy
+from backends.untrusted import read_small_file
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,10 @@ _SHUTDOWN = grpc.ChannelConnectivity.SHUTDOWN
 
 _POLLER_PERIOD = 0.2
 """How often gRPC's Python connectivity poller wakes (grpc/_channel.py)."""
+
+MAX_TLS_FILE_BYTES = 4 * 1024 * 1024
+"""Largest CA bundle, certificate or key file read (a system CA bundle is ~200 KiB)."""
+
 
 @dataclass(frozen=True)
 class CallOptions:
@@ -407,9 +412,9 @@ def _channel_credentials(config: EtcdConfig) -> grpc.ChannelCredentials:
         if path is None:
             return None
         try:
-            return Path(path).read_bytes()
-        except OSError as error:
-            raise EndpointError(f"Cannot read the etcd TLS file {str(path)!r}: {error.strerror}.") from error
+            return read_small_file(path, max_bytes=MAX_TLS_FILE_BYTES)
+        except ValueError as error:
+            raise EndpointError(f"Cannot read the etcd TLS file {str(path)[:200]!r}: {error}.") from None
 
     return grpc.ssl_channel_credentials(
         root_certificates=read(config.ca_cert),

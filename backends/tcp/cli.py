@@ -24,16 +24,23 @@ from pathlib import Path
 from typing import NoReturn, Sequence
 
 from backends.endpoints import is_loopback_only
-from backends.kvstate import DEFAULT_HISTORY_BYTES, DEFAULT_MAX_KEY_BYTES, DEFAULT_MAX_VALUE_BYTES
+from backends.kvstate import (
+    DEFAULT_HISTORY_BYTES, DEFAULT_MAX_KEY_BYTES, DEFAULT_MAX_LEASES, DEFAULT_MAX_LIVE_BYTES, DEFAULT_MAX_VALUE_BYTES,
+    KEY_OVERHEAD_BYTES,
+)
 from backends.tcp.limits import StoreLimits
 from backends.tcp.protocol import DEFAULT_PORT
 from backends.tcp.server import start_server
+from backends.untrusted import read_small_file
 
 log = logging.getLogger(__name__)
 
 __all__ = ["main"]
 
 PROG = "elastic-store"
+
+MAX_TOKEN_FILE_BYTES = 64 * 1024
+"""Largest token file read (a token is a line; this refuses ``/dev/zero``)."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -64,6 +71,9 @@ _STATE_LIMITS = (
     ("max_key_bytes", DEFAULT_MAX_KEY_BYTES, "longest key in bytes"),
     ("max_value_bytes", DEFAULT_MAX_VALUE_BYTES, "largest value in bytes"),
     ("max_history_bytes", DEFAULT_HISTORY_BYTES, "bytes of keys and values kept for watches that start in the past"),
+    ("max_live_bytes", DEFAULT_MAX_LIVE_BYTES,
+     f"bytes of live keys and values (each key also counts {KEY_OVERHEAD_BYTES})"),
+    ("max_leases", DEFAULT_MAX_LEASES, "live leases"),
 )
 _SERVER_LIMITS = (
     ("max_header_bytes", _DEFAULTS.max_header_bytes, "largest request header in bytes"),
@@ -100,9 +110,10 @@ def read_token(path: Path | None) -> str | None:
     if path is None:
         return None
     try:
-        token = path.read_text(encoding="utf-8").strip()
-    except (OSError, UnicodeDecodeError) as error:
-        raise _UsageError(f"cannot read the token file {str(path)!r}: {error}") from error
+        token = read_small_file(path, max_bytes=MAX_TOKEN_FILE_BYTES).decode("utf-8").strip()
+    except ValueError as error:  # UnicodeDecodeError included
+        reason = "it is not UTF-8 text" if isinstance(error, UnicodeDecodeError) else str(error)
+        raise _UsageError(f"cannot read the token file {str(path)[:200]!r}: {reason}") from None
     if not token:
         raise _UsageError(f"the token file {str(path)!r} is empty")
     return token
@@ -133,7 +144,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         handle = start_server(args.host, args.port, token, max_key_bytes=args.max_key_bytes,
                               max_value_bytes=args.max_value_bytes, history_bytes=args.max_history_bytes,
-                              limits=limits)
+                              max_live_bytes=args.max_live_bytes, max_leases=args.max_leases, limits=limits)
     except OSError as error:
         print(f"{PROG}: error: cannot listen on {args.host}:{args.port}: {error}", file=sys.stderr)
         return 1

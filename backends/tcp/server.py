@@ -10,8 +10,10 @@ background thread and returns a :class:`StoreServerHandle` (what the agent embed
   the past (a compacted start gets an error reply);
 * expires leases on a timer set from :meth:`KVState.next_expiry`, so DELETEs go out on time;
 * never falls over on a bad peer: garbage, oversized or half frames and abrupt disconnects
-  cost only that connection, which is logged (one line) and dropped; an authenticated client
-  is told why first;
+  cost only that connection, which is dropped; an authenticated client is told why first. The
+  lines peers cause are rate-limited and written off the event loop
+  (:class:`~backends.tcp.peerlog.PeerLog`), so a flood neither floods the log nor stalls
+  clients on a full stderr pipe;
 * bounds what peers can make it hold (:class:`~backends.tcp.limits.StoreLimits`): request
   frames and headers, connections and handshakes in progress, watches per connection, and
   what it queues for slow readers.
@@ -34,11 +36,14 @@ from backends.kvstate import (
     DEFAULT_HISTORY_BYTES,
     DEFAULT_HISTORY_LIMIT,
     DEFAULT_MAX_KEY_BYTES,
+    DEFAULT_MAX_LEASES,
+    DEFAULT_MAX_LIVE_BYTES,
     DEFAULT_MAX_VALUE_BYTES,
     KVState,
 )
 from backends.tcp.limits import PRE_AUTH_FRAME_BYTES, StoreLimits
 from backends.tcp.ops import LEASE_OPS, apply_request, field
+from backends.tcp.peerlog import PeerLog
 from backends.tcp.protocol import (
     DEFAULT_MAX_FRAME_BYTES,
     MAGIC,
@@ -61,7 +66,6 @@ HELLO_MAX_FRAME_BYTES = 64 * 1024
 
 _READ_BUFFER_BYTES = 64 * 1024
 _PRE_AUTH_READ_BUFFER_BYTES = 4 * 1024
-_REFUSAL_LOG_INTERVAL = 10.0
 
 
 class StoreServer:
@@ -97,8 +101,7 @@ class StoreServer:
         self._server: asyncio.AbstractServer | None = None
         self._connections: set[_StoreConnection] = set()
         self._pending: dict[_StoreConnection, None] = {}  # in the handshake, oldest first
-        self._refusals = 0
-        self._refusal_logged_at = -_REFUSAL_LOG_INTERVAL
+        self.peer_log = PeerLog(log)
         self._watches: dict[tuple[_StoreConnection, int], str] = {}
         self._expiry_timer: asyncio.TimerHandle | None = None
         self._expiry_deadline = 0.0
@@ -126,6 +129,7 @@ class StoreServer:
         if self._expiry_timer is not None:
             self._expiry_timer.cancel()
             self._expiry_timer = None
+        self.peer_log.close()
 
     def drop_connections(self) -> None:
         """Abort every client connection; clients see the connection drop and reconnect."""
@@ -188,14 +192,8 @@ class StoreServer:
                 del self._watches[key]
 
     def _note_refusal(self, what: str) -> None:
-        """Log refusals and evictions, at most one line per interval (a flood must not flood the log)."""
-        self._refusals += 1
-        now = time.monotonic()
-        if now - self._refusal_logged_at >= _REFUSAL_LOG_INTERVAL:
-            log.warning("elastic-store %s: %s (%d such in the last %.0f s at most)",
-                        self.address, what, self._refusals, _REFUSAL_LOG_INTERVAL)
-            self._refusal_logged_at = now
-            self._refusals = 0
+        """Log refusals and evictions, rate-limited (a flood must not flood the log)."""
+        self.peer_log.note("refusal", logging.WARNING, "elastic-store %s: %s", self.address, what)
 
     def handle(self, connection: "_StoreConnection", frame: Frame) -> None:
         """Answer one authenticated request, then fan out the events it produced.
@@ -321,7 +319,8 @@ class _StoreConnection(asyncio.BufferedProtocol):
         try:
             self._receive(self._buffer[:nbytes])
         except ProtocolError as error:
-            log.warning("elastic-store %s: dropping %s: %s", self._server.address, self.peer, error)
+            self._server.peer_log.note("protocol" if self._authenticated else "handshake", logging.WARNING,
+                                       "elastic-store %s: dropping %s: %s", self._server.address, self.peer, error)
             if self._authenticated:  # a client of ours: say why before hanging up
                 self.refuse(None, error)
             else:
@@ -336,8 +335,10 @@ class _StoreConnection(asyncio.BufferedProtocol):
             self._handshake_timer.cancel()
         self._server.unregister(self)
         if self._decoder.pending_bytes:
-            log.info("elastic-store %s: %s left mid-frame", self._server.address, self.peer)
-        log.debug("elastic-store %s: %s disconnected (%s)", self._server.address, self.peer, exc)
+            self._server.peer_log.note("mid-frame", logging.INFO, "elastic-store %s: %s left mid-frame",
+                                       self._server.address, self.peer)
+        self._server.peer_log.note("disconnected", logging.DEBUG, "elastic-store %s: %s disconnected (%s)",
+                                   self._server.address, self.peer, exc)
 
     # -- sending -----------------------------------------------------------------------------
     def send(self, header: dict[str, Any], parts: Sequence[bytes] = (), *, magic: bool = False) -> None:
@@ -352,8 +353,9 @@ class _StoreConnection(asyncio.BufferedProtocol):
         self._transport.write(MAGIC + data if magic else data)
         queued = self._transport.get_write_buffer_size()
         if queued > max(self._server.limits.max_write_buffer_bytes, len(data)):
-            log.warning("elastic-store %s: dropping %s: it reads too slowly (%d bytes queued for it, "
-                        "over the max_write_buffer_bytes limit)", self._server.address, self.peer, queued)
+            self._server.peer_log.note("slow-reader", logging.WARNING, "elastic-store %s: dropping %s: it reads too "
+                                       "slowly (%d bytes queued for it, over the max_write_buffer_bytes limit)",
+                                       self._server.address, self.peer, queued)
             self.abort()
 
     def push_events(self, watch_id: int, events: Sequence[WatchEvent]) -> None:
@@ -393,7 +395,8 @@ class _StoreConnection(asyncio.BufferedProtocol):
                          f"{header.get('v')!r}; use matching etcd-elastic versions.")
             return
         if not self._server.token_accepted(header.get("token")):
-            log.warning("elastic-store %s: %s presented a wrong or missing token", self._server.address, self.peer)
+            self._server.peer_log.note("auth", logging.WARNING, "elastic-store %s: %s presented a wrong or missing "
+                                       "token", self._server.address, self.peer)
             self.refuse("auth", "The store rejected the token (wrong or missing); "
                                  "pass the token the store was started with.")
             return
@@ -423,7 +426,8 @@ class _StoreConnection(asyncio.BufferedProtocol):
 
     def _handshake_expired(self) -> None:
         if not self._authenticated and not self._closing:
-            log.warning("elastic-store %s: %s did not complete the handshake in time", self._server.address, self.peer)
+            self._server.peer_log.note("handshake-timeout", logging.WARNING, "elastic-store %s: %s did not complete "
+                                       "the handshake in time", self._server.address, self.peer)
             self.abort()
 
 
@@ -498,6 +502,8 @@ def start_server(
     history_limit: int = DEFAULT_HISTORY_LIMIT,
     history_bytes: int = DEFAULT_HISTORY_BYTES,
     max_key_bytes: int = DEFAULT_MAX_KEY_BYTES,
+    max_live_bytes: int = DEFAULT_MAX_LIVE_BYTES,
+    max_leases: int = DEFAULT_MAX_LEASES,
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
     handshake_timeout: float = 10.0,
     limits: StoreLimits | None = None,
@@ -506,7 +512,7 @@ def start_server(
 
     Pass ``state`` to serve existing data (e.g. to restart a server without losing it);
     otherwise a fresh :class:`KVState` with ``max_value_bytes``, ``max_key_bytes``,
-    ``history_limit`` and ``history_bytes``. ``limits`` bounds what peers can make it hold.
+    ``max_live_bytes``, ``max_leases``, ``history_limit`` and ``history_bytes``. ``limits`` bounds what peers can make it hold.
 
     Raises:
         OSError: the address cannot be bound (e.g. the port is taken).
@@ -514,7 +520,7 @@ def start_server(
     """
     if state is None:
         state = KVState(max_value_bytes=max_value_bytes, history_limit=history_limit, history_bytes=history_bytes,
-                        max_key_bytes=max_key_bytes)
+                        max_key_bytes=max_key_bytes, max_live_bytes=max_live_bytes, max_leases=max_leases)
     server = StoreServer(state, token=token, max_frame_bytes=max_frame_bytes, handshake_timeout=handshake_timeout,
                          limits=limits)
     loop = asyncio.new_event_loop()

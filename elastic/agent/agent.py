@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import IO, Callable, TypeVar
 
 from elastic.agent.attempts import Attempts
-from elastic.agent.decisions import AgentAction, AgentView, decide, should_exclude
+from elastic.agent.decisions import REJOIN_GRACE_S, AgentAction, AgentView, decide, should_exclude
 from elastic.agent.exclusion import ExclusionPolicy, exclusion_reason
 from elastic.agent.groups import GroupFactory, Workers, worker_groups
 from elastic.agent.lifeline.keeper import Lifeline
@@ -38,7 +38,7 @@ from elastic.agent.restarts import PendingCause, PendingRestart, settle
 from elastic.agent.waking import Interrupted, Waker
 from elastic.config import LaunchConfig
 from elastic.rendezvous.api import MembershipChange, MembershipStatus, Rendezvous, RendezvousInfo
-from elastic.rendezvous.errors import RendezvousClosedError, RendezvousError
+from elastic.rendezvous.errors import JobFinishedError, RendezvousClosedError, RendezvousError
 
 log = logging.getLogger(__name__)
 
@@ -139,6 +139,7 @@ class ElasticAgent:
                                                          "another node (the job failed there or was stopped)"),
             AgentAction.STOP_BLIND: lambda verdict: self._end(1, "store_unreachable", verdict.membership.reason
                                                               or "the store does not answer"),
+            AgentAction.STOP_FINISHED: self._stop_finished,
         }
 
     # -- the loop -------------------------------------------------------------------------------
@@ -158,7 +159,10 @@ class ElasticAgent:
         self._warm_before_joining_a_running_job()
         pending: PendingRestart | None = None
         while True:
-            info = self._rendezvous()
+            try:
+                info = self._rendezvous()
+            except JobFinishedError as finished:
+                return self._finished_before_joining(finished, pending)
             self._settle(pending, info)
             # TORCHELASTIC_RESTART_COUNT: the round record's count, or (static) the node's own.
             group = self._attempts.start(info, self.attempt, self.restarts_used)
@@ -213,6 +217,7 @@ class ElasticAgent:
     def _watch(self, group: Workers) -> Verdict:
         """Wait on the waker (worker exits, membership changes, signals) until something must be done."""
         grace_deadline: float | None = None
+        rejoin_deadline: float | None = None
         reported_exits = 0
         while True:
             self._waker.check()
@@ -220,6 +225,11 @@ class ElasticAgent:
             reported_exits = self._report.worker_exits(state, reported_exits)
             membership = self.rendezvous.membership()
             self._report.looked(state, membership)
+            rejoin_pending = False
+            if (membership.change is MembershipChange.NODES_WAITING and state.status is GroupStatus.RUNNING
+                    and 0 < membership.waiting <= membership.rejoining):
+                rejoin_deadline = rejoin_deadline or self._clock() + REJOIN_GRACE_S
+                rejoin_pending = self._clock() < rejoin_deadline
             grace_over = True
             if state.status is GroupStatus.FAILED and membership.change is None:
                 if grace_deadline is None:
@@ -228,14 +238,15 @@ class ElasticAgent:
                     group.stop()
                 grace_over = self._clock() >= grace_deadline
             view = AgentView(state.status, membership.change, self.restarts_used, self.config.max_restarts, grace_over,
-                             self._would_exclude(group), self._in_store_outage(membership))
+                             self._would_exclude(group), self._in_store_outage(membership), rejoin_pending)
             action = decide(view)
             if action is AgentAction.KEEP_RUNNING:
                 self._waker.wait(self.config.monitor_interval)
-            elif action is AgentAction.AWAIT_MEMBERSHIP:  # only while a failure's grace runs
-                self._waker.wait((grace_deadline or 0.0) - self._clock())
+            elif action is AgentAction.AWAIT_MEMBERSHIP:  # only while a failure's or a rejoin's grace runs
+                deadline = rejoin_deadline if rejoin_pending else grace_deadline
+                self._waker.wait(min((deadline or 0.0) - self._clock(), self.config.monitor_interval))
             else:
-                if membership.change is not None:
+                if membership.change is not None and action is not AgentAction.STOP_FINISHED:
                     self._report.change(membership)
                 return Verdict(action, group.poll(), membership)
 
@@ -305,18 +316,52 @@ class ElasticAgent:
         return None
 
     def _finish(self, verdict: Verdict) -> AgentResult:
-        """Exit barrier: wait for the other members' workers, then close the rendezvous.
+        """Record the job's end, then the exit barrier: wait for the other members' workers.
 
-        Best effort, as torchrun's: our workers have succeeded, so a backend that goes away now
-        (a c10d host that finished first stops its store) is logged, not turned into a failure.
+        The job is finished for everyone as soon as one node's workers all succeeded (torchrun's
+        rule), so that is recorded first: no round forms after it, and a member whose workers
+        fail now (their peers left) ends instead of training again. There is nothing to close
+        after the barrier: the record already stops every join. Best effort, as torchrun's: our
+        workers have succeeded, so a backend that goes away now (a c10d host that finished first
+        stops its store) is logged, not turned into a failure, and is not retried for long.
         """
         try:
-            if self._blocking(lambda: self.rendezvous.finish(self.config.exit_barrier_timeout), "exit-barrier"):
-                self._blocking(lambda: self.rendezvous.set_closed(RendezvousClosedError.JOB_FINISHED), "close")
+            self._blocking(self.rendezvous.declare_finished, "declare-finished")
+        except RendezvousError as error:
+            log.warning("Run %s node %s: could not record the job's end (%s); the workers had finished",
+                        self.rendezvous.run_id, self.host, error)
+        try:
+            self._blocking(lambda: self.rendezvous.finish(self.config.exit_barrier_timeout), "exit-barrier")
         except RendezvousError as error:
             log.warning("Run %s node %s: the exit barrier failed (%s); the workers had finished, so exiting 0",
                         self.rendezvous.run_id, self.host, error)
         return self._end(0, "succeeded", "workers finished")
+
+    def _stop_finished(self, verdict: Verdict) -> AgentResult:
+        """The job finished on another node while this node's workers ran: exit 0, say why, train no more."""
+        if verdict.membership.change is MembershipChange.JOB_FINISHED_ELSEWHERE:
+            after = "this node's workers ran in a round without it: stopped them, not training again"
+        else:
+            after = (f"this node's workers {'failed' if verdict.state.status is GroupStatus.FAILED else 'stopped'} "
+                     "after that, most likely because their peers left: not training again")
+        return self._end_finished(f"{verdict.membership.reason}; {after}")
+
+    def _finished_before_joining(self, finished: JobFinishedError, pending: PendingRestart | None) -> AgentResult:
+        """The job finished while this node was (re)joining: exit 0 without training again."""
+        ended = f"the job finished on node {finished.node_id} in round {finished.round}"
+        if self._attempts.last is None:
+            reason = f"{ended}; nothing to do (use a new --rdzv-id to run the job again)"
+            log.warning("Run %s node %s: %s", self.rendezvous.run_id, self.host, reason)
+            return self._end(0, "already_finished", reason)
+        if pending is not None and pending.cause is PendingCause.FAILURE:
+            after = "this node's workers failed after that, most likely because their peers left"
+        else:
+            after = f"this node's workers were stopped after that ({pending.reason if pending else 'a restart'})"
+        return self._end_finished(f"{ended}; {after}: not training again")
+
+    def _end_finished(self, reason: str) -> AgentResult:
+        log.warning("Run %s node %s: %s", self.rendezvous.run_id, self.host, reason)
+        return self._end(0, "finished_elsewhere", reason)
 
     def _give_up(self, verdict: Verdict) -> AgentResult:
         first = first_failure(verdict.state.failures)

@@ -22,7 +22,9 @@ class AgentAction(enum.Enum):
     not finished).
     AWAIT_MEMBERSHIP: workers failed, no restart is left (or this failure would exclude the
     node), but a peer may just have died (its TCP connections reset at once, its lease expires
-    only after the TTL): wait up to the grace period for the membership signal first.
+    only after the TTL): wait up to the grace period for the membership signal first. Also:
+    only members rejoined while this node's workers run: wait up to the rejoin grace for
+    their own outcome first (:data:`REJOIN_GRACE_S`).
     EXCLUDE: this node's own workers failed ``max_node_failures`` times in a row: leave the
     rendezvous for the exclusion cooldown so the others go on without it.
     STOP_BLIND: the store has not answered for ``store_outage_timeout``: stop the workers rather
@@ -30,6 +32,9 @@ class AgentAction(enum.Enum):
     RESTART_FOR_OUTAGE: workers failed while the store did not answer (or within the grace period
     after): restart without reporting the failure, so it is not charged (the rejoin waits for
     the store).
+    STOP_FINISHED: the job finished on another node (its workers all succeeded) and this node's
+    workers failed or stopped after that, or run in a round that formed without the finisher:
+    stop them and exit 0 without training again.
     """
 
     KEEP_RUNNING = "keep_running"
@@ -42,6 +47,7 @@ class AgentAction(enum.Enum):
     EXCLUDE = "exclude"
     STOP_BLIND = "stop_blind"
     RESTART_FOR_OUTAGE = "restart_for_outage"
+    STOP_FINISHED = "stop_finished"
 
 
 @dataclass(frozen=True)
@@ -57,6 +63,16 @@ class AgentView:
     """Whether a failure of this node's workers now would exclude it (see :func:`should_exclude`)."""
     store_outage: bool = False
     """Whether the store is not answering, or stopped answering within the grace period."""
+    rejoin_pending: bool = False
+    """Only members of this round wait (their workers failed, they rejoined) and the rejoin grace
+    (:data:`REJOIN_GRACE_S`) runs: this node's workers get it to show their own outcome first."""
+
+
+REJOIN_GRACE_S = 3.0
+"""How long running workers get to end on their own when only members rejoined: a peer's
+workers fail on the collectives of ours that just finished the job (then ours succeed: the job
+is finished, not restarted), or ours fail on the peer's (then ours count as failed too, as the
+plugin's grace does for torch's agent)."""
 
 
 def decide(view: AgentView) -> AgentAction:
@@ -64,12 +80,17 @@ def decide(view: AgentView) -> AgentAction:
 
     A failure that coincides with a membership change is the change's consequence (a peer's
     death breaks the collectives) and does not count against ``--max-restarts``; nor does one
-    that coincides with a store outage, whether or not restarts remain.
+    that coincides with a store outage, whether or not restarts remain. Once a peer finished the
+    job, running workers may finish too, and a failure is the job's end, never a restart.
     """
     if view.group is GroupStatus.SUCCEEDED:
         return AgentAction.FINISH
     if view.membership is MembershipChange.STORE_UNREACHABLE:
         return AgentAction.STOP_BLIND
+    if view.membership is MembershipChange.JOB_FINISHED_ELSEWHERE:
+        return AgentAction.STOP_FINISHED
+    if view.membership is MembershipChange.JOB_FINISHED:  # a peer of this round finished the job
+        return AgentAction.KEEP_RUNNING if view.group is GroupStatus.RUNNING else AgentAction.STOP_FINISHED
     if view.group in (GroupStatus.FAILED, GroupStatus.STOPPED):
         if view.membership is MembershipChange.CLOSED:
             return AgentAction.STOP_CLOSED
@@ -85,6 +106,8 @@ def decide(view: AgentView) -> AgentAction:
         return AgentAction.GIVE_UP if view.grace_over else AgentAction.AWAIT_MEMBERSHIP
     if view.membership is MembershipChange.CLOSED:
         return AgentAction.STOP_CLOSED
+    if view.membership is MembershipChange.NODES_WAITING and view.rejoin_pending:
+        return AgentAction.AWAIT_MEMBERSHIP
     if view.membership is not None:
         return AgentAction.RESTART_FOR_MEMBERSHIP
     return AgentAction.KEEP_RUNNING

@@ -21,6 +21,7 @@ Beside this module: :mod:`.scan`, :mod:`.values` (where a flag's text comes from
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 import signal
@@ -29,6 +30,7 @@ import uuid
 from dataclasses import fields
 from typing import Any, Callable, Mapping, Sequence, TextIO
 
+from elastic.agent.processes.log_dir import log_dir_problem
 from elastic.config import Entrypoint, LaunchConfig, Std, StdMask
 from elastic.launch.devices import DeviceProbe, HostDevices
 from elastic.launch.flags import (
@@ -36,9 +38,12 @@ from elastic.launch.flags import (
 )
 from elastic.launch.rendezvous_flags import rendezvous_fields
 from elastic.launch.scan import HelpRequested, split_command_line
+from elastic.rendezvous.job import job_identity
 
 __all__ = ["ConfigError", "HelpRequested", "config_from_args", "installed_logs_specs", "parse_or_exit",
            "split_command_line"]
+from elastic.rendezvous.conf import parse_rdzv_conf
+from elastic.rendezvous.secret_sources import command_line_secret_warning, inline_secret_options
 from elastic.launch.values import (
     ConfigError, Sources, as_given, choice, fail, host_address, integer, optional_port, optional_text, seconds,
 )
@@ -251,6 +256,9 @@ def config_from_args(
     if not (role_text or "").strip():
         raise fail(role_where, "the role name must not be empty")
     _warn_compat_only(sources, pending.append)
+    secrets = inline_secret_options(parse_rdzv_conf(given["rdzv_conf"])) if "rdzv_conf" in given else ()
+    if secrets:  # on the command line, every user of the machine reads it in ps
+        pending.append(command_line_secret_warning(secrets))
     if entrypoint.kind == "command" and sources.switch("prewarm"):
         pending.append(f"{as_given(sources, 'prewarm')} is ignored with --no-python: the workers are not "
                        "Python, so they start as usual")
@@ -282,9 +290,18 @@ def config_from_args(
         prewarm_modules=_modules(*sources.text("prewarm_modules")),
         **rendezvous,
     )
+    config = _with_job_identity(config)
     for message in pending:
         (warn or _log_warning)(message)
     return config
+
+
+def _with_job_identity(config: LaunchConfig) -> LaunchConfig:
+    """The config whose rendezvous settings carry this node's job identity (its fingerprint,
+    :mod:`elastic.rendezvous.job`), from the entrypoint or ``--rdzv-conf job_fingerprint``."""
+    settings, entrypoint = config.rendezvous, config.entrypoint
+    job = job_identity(entrypoint.kind, entrypoint.target, entrypoint.args, settings.job_fingerprint or None)
+    return dataclasses.replace(config, rendezvous=dataclasses.replace(settings, job=job))
 
 
 def parse_or_exit(
@@ -297,6 +314,9 @@ def parse_or_exit(
 ) -> LaunchConfig:
     """:func:`config_from_args` for the entry point: warnings go to stderr as ``elasticrun: warning: ...``.
 
+    Also refuses a ``--log-dir`` that cannot hold logs (a file, ``/dev/null``, under ``/proc``,
+    read-only), which only the filesystem can tell.
+
     Raises:
         SystemExit: status 2 after printing ``elasticrun: error: <one line>`` to stderr for bad
             input; status 0 after printing the help to stdout for ``-h``/``--help``.
@@ -304,7 +324,11 @@ def parse_or_exit(
     out, err = stdout or sys.stdout, stderr or sys.stderr
     injected.setdefault("warn", lambda message: print(f"{PROG}: warning: {message}", file=err))
     try:
-        return config_from_args(argv, environ, **injected)
+        config = config_from_args(argv, environ, **injected)
+        problem = config.log_dir and log_dir_problem(config.log_dir)  # reads the filesystem: not in the pure part
+        if problem:
+            raise fail("--log-dir", f"{config.log_dir[:200]!r}: {problem}; give a writable directory")
+        return config
     except HelpRequested as help_:
         print(help_.text, file=out, end="")
         raise SystemExit(0) from None

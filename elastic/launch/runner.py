@@ -26,6 +26,7 @@ from elastic.agent.lifeline.keeper import Lifeline, state_dir
 from elastic.agent.errors import AgentError
 from elastic.agent.observe.metrics import AgentMetrics, MetricsServer
 from elastic.agent.processes.logs_specs import LogsSpecsHost, shared_host
+from elastic.agent.processes.log_dir import create_log_dir
 from elastic.agent.processes.store_host import StoreHost
 from elastic.agent.prewarm.pool import TemplatePool
 from elastic.agent.waking import Waker
@@ -35,6 +36,7 @@ from elastic.rendezvous.errors import RendezvousError
 from elastic.rendezvous.progress import WaitSnapshot
 from elastic.rendezvous.backend_spec import StandaloneSpec, StaticSpec
 from elastic.rendezvous.registry import create_handler
+from elastic.rendezvous.secret_sources import hide_inline_secrets
 
 log = logging.getLogger(__name__)
 
@@ -42,12 +44,15 @@ log = logging.getLogger(__name__)
 def run(config: LaunchConfig) -> int:
     """Run the agent for ``config`` on this node; returns the process exit code."""
     _configure_logging()
+    hide_inline_secrets(os.environ)  # read into config.backend: no helper or worker inherits it
     notice = omp_threads_notice(os.environ, config.nproc_per_node)
     if notice:
         print(notice, file=sys.stderr)
     with ExitStack() as cleanup:
         try:
             logs_specs = _start_logs_specs(config, cleanup)  # imports torch while the rest is set up
+            if config.log_dir:
+                create_log_dir(config.log_dir)  # what the CLI could not tell before creating it
             # torchrun's --standalone gives workers MASTER_ADDR=localhost; match it.
             node_addr = config.local_addr or ("localhost" if config.standalone else socket.getfqdn())
             config = _with_standalone_store(config, cleanup)

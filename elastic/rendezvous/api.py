@@ -9,8 +9,8 @@ never probes an object for what it can do.
 
 Required: :meth:`Rendezvous.next_rendezvous` and :meth:`Rendezvous.shutdown`. Defaulted (a
 rendezvous whose membership never changes, such as the static one, keeps them): membership
-snapshots and change callbacks, failure reports, the exit barrier, closing, exclusion, the
-store outage and progress.
+snapshots and change callbacks, failure reports, the job's end, the exit barrier, closing,
+exclusion, the store outage and progress.
 
 Every method raises only :class:`~elastic.rendezvous.errors.RendezvousError` subclasses.
 """
@@ -45,6 +45,12 @@ class MembershipChange(enum.Enum):
     CLOSED: the rendezvous was closed for good.
     STORE_UNREACHABLE: the store has not answered for ``store_outage_timeout``: the node stops
         training blind (not a restart: it cannot rejoin without the store).
+    JOB_FINISHED: a member of this round finished the job (its workers all succeeded; torchrun's
+        rule: the first node to succeed ends the job). No round forms any more: workers still
+        running may finish, and a failure of theirs that follows ends the node (exit 0), it is
+        not restarted.
+    JOB_FINISHED_ELSEWHERE: the job finished on a node outside this round (this round formed
+        without it, before it finished): this round trains a job that is done; it stops (exit 0).
     """
 
     MEMBER_LOST = "member_lost"
@@ -52,6 +58,8 @@ class MembershipChange(enum.Enum):
     ROUND_SUPERSEDED = "round_superseded"
     CLOSED = "closed"
     STORE_UNREACHABLE = "store_unreachable"
+    JOB_FINISHED = "job_finished"
+    JOB_FINISHED_ELSEWHERE = "job_finished_elsewhere"
 
 
 @dataclass(frozen=True)
@@ -154,6 +162,15 @@ class Rendezvous(abc.ABC):
     def report_failure(self, at: float) -> None:
         """This node's own workers failed in the current round (first exit at wall time ``at``);
         the next join carries it. No I/O. Default: nothing to report to."""
+
+    def declare_finished(self) -> None:
+        """This node's workers all succeeded: the job is finished, for every node (the first node
+        to say so wins; no round forms after it). Call it before :meth:`finish`. Default: nobody
+        to tell.
+
+        Raises:
+            RendezvousConnectionError: the backend could not be reached within the close timeout.
+        """
 
     def finish(self, timeout: float) -> bool:
         """The exit barrier: mark this node done and wait up to ``timeout`` for every member.

@@ -16,9 +16,10 @@ from dataclasses import dataclass
 
 from backends.api import KeyValue
 from elastic.rendezvous.api import RendezvousInfo
+from elastic.rendezvous.job import FinishedRecord, JobIdentity
 from elastic.rendezvous.records import RoundRecord
 
-__all__ = ["Claim", "ClosedRound", "FailureReport", "Included", "JoinAttempt", "StateView"]
+__all__ = ["Claim", "ClosedRound", "FailureReport", "Included", "JoinAttempt", "OwnedJob", "StateView"]
 
 
 @dataclass(frozen=True)
@@ -30,13 +31,25 @@ class ClosedRound:
 
 
 @dataclass(frozen=True)
+class OwnedJob:
+    """The job that owns the run id (``state/job``) and the revision that created its record:
+    a join compares that revision, so it applies only under the identity this node checked."""
+
+    identity: JobIdentity
+    created: int
+
+
+@dataclass(frozen=True)
 class StateView:
-    """``state/`` as read at one revision: the last closed round (None before round 0) and
-    why the rendezvous was closed for good (None while it is open)."""
+    """``state/`` as read at one revision: the last closed round (None before round 0), why
+    the rendezvous was closed for good (None while it is open), the job's end (None while it
+    runs) and the job that owns the run id (None before the first join)."""
 
     revision: int
     last: ClosedRound | None
     closed_reason: str | None = None
+    finished: FinishedRecord | None = None
+    job: OwnedJob | None = None
 
     @property
     def closed(self) -> bool:

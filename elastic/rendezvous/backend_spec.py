@@ -6,9 +6,9 @@ One frozen spec per kind of backend: :class:`EtcdSpec` (``etcd``/``etcd-v3``), :
 :class:`StoreSpec` once it listens). The CLI and the torchrun plugin build them; the registry
 connects from them without reading a string again.
 
-A password or token is a :class:`Secret` (given inline; its value is never in a repr, a log or
-``--dry-run``) or a :class:`SecretFile` (its path may be shown; the file is read when the
-backend is opened, so a rotated file is picked up by the next connection).
+A password or token is a :class:`Secret` or a :class:`SecretFile`
+(:mod:`elastic.rendezvous.secret_sources`, which also keeps inline secrets out of the
+environment the agent hands down).
 
 Raises (every parser here): :class:`RendezvousConfigError`, one line naming the option and the
 accepted forms. Imports neither torch nor a backend client.
@@ -17,14 +17,16 @@ accepted forms. Imports neither torch nor a backend client.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from dataclasses import dataclass, replace
 from typing import ClassVar, Mapping, TypeVar, Union
 
 from backends.endpoints import Endpoint, parse_endpoint, parse_endpoints
 from backends.errors import EndpointError
 from elastic.rendezvous.conf import ConfValues
 from elastic.rendezvous.errors import RendezvousConfigError
+from elastic.rendezvous.secret_sources import (  # noqa: F401 - Secret, SecretFile are part of this API
+    MAX_SECRET_FILE_BYTES, Secret, SecretFile, SecretSource, secret_source,
+)
 
 ETCD_DEFAULT_PORT = 2379
 STORE_DEFAULT_PORT = 29400
@@ -40,58 +42,6 @@ DEFAULT_MAX_RESPONSE_BYTES = 32 * 1024 * 1024
 
 OPEN_STORE_OPTION = "insecure_open_store"
 """``--rdzv-conf`` option that lets a c10d host serve its store off loopback without a token."""
-
-
-# -- secrets -----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Secret:
-    """A password or token given inline (``password=``, ``token=``); its value is never shown."""
-
-    option: str
-    value: str = field(repr=False)
-
-    def read(self) -> str:
-        return self.value
-
-    def conf_text(self) -> str:
-        """How ``--dry-run`` shows it: ``password=***``."""
-        return f"{self.option}=***"
-
-
-@dataclass(frozen=True)
-class SecretFile:
-    """A password or token in a file (``password_file=``, ``token_file=``), read at each :meth:`read`."""
-
-    option: str
-    path: str
-
-    def read(self) -> str:
-        """The file's text without surrounding whitespace.
-
-        Raises:
-            RendezvousConfigError: the file cannot be read; the message names the option and the path.
-        """
-        try:
-            return Path(self.path).read_text().strip()
-        except OSError as error:
-            raise RendezvousConfigError(f"Cannot read {self.option} {self.path!r}: {error.strerror}.") from error
-
-    def conf_text(self) -> str:
-        return f"{self.option}={self.path}"
-
-
-SecretSource = Union[Secret, SecretFile]
-
-
-def _secret(values: ConfValues, name: str) -> SecretSource | None:
-    """``name`` inline, else ``<name>_file`` (the inline value wins when both are given)."""
-    inline = values.text(name)
-    if inline is not None:
-        return Secret(name, inline)
-    path = values.text(f"{name}_file")
-    return SecretFile(f"{name}_file", path) if path is not None else None
 
 
 # -- shared parts ------------------------------------------------------------------------------
@@ -206,7 +156,7 @@ def etcd_spec(name: str, endpoints: tuple[Endpoint, ...], conf: Mapping[str, str
 
 
 def _credentials(values: ConfValues) -> EtcdCredentials | None:
-    user, password = values.text("user"), _secret(values, "password")
+    user, password = values.text("user"), secret_source(values, "password")
     if user is None and password is None:
         return None
     if not user:
@@ -299,7 +249,7 @@ def store_spec(name: str, endpoint: Endpoint, conf: Mapping[str, str]) -> StoreS
         is_host = values.switch("is_host")
         hosting = Hosting.BY_ADDRESS if is_host is None else Hosting.HOST if is_host else Hosting.CONNECT
         open_store = bool(values.switch(OPEN_STORE_OPTION))
-    return StoreSpec(name, endpoint, _secret(values, "token"), hosting, open_store, _timeouts(values, STORE_TIMEOUTS))
+    return StoreSpec(name, endpoint, secret_source(values, "token"), hosting, open_store, _timeouts(values, STORE_TIMEOUTS))
 
 
 @dataclass(frozen=True)

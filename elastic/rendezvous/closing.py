@@ -30,7 +30,8 @@ from elastic.rendezvous.decisions import (
 )
 from elastic.rendezvous.errors import RendezvousError, RendezvousTimeoutError
 from elastic.rendezvous.membership import Membership
-from elastic.rendezvous.reads import closed_round_from, joiner_of, read_alive, read_joiners
+from elastic.rendezvous.job import decode_finished
+from elastic.rendezvous.reads import closed_round_from, finished_error, joiner_of, read_alive, read_joiners
 from elastic.rendezvous.records import RendezvousKeys, RoundRecord
 from elastic.rendezvous.settings import RendezvousSettings
 from elastic.rendezvous.transactions import close_txn, read_close
@@ -135,6 +136,7 @@ class Closer:
         Returns the round closed: this close, or a close of ``forming`` or later that won.
 
         Raises:
+            JobFinishedError: the job finished (a node's workers all succeeded): no round forms.
             RendezvousError: the round record vanished or went back while closing.
             BackendError: the store failed.
         """
@@ -158,6 +160,9 @@ class Closer:
             log.info("Rendezvous %s: node %s closed round %d with %d member%s (%d spares)", self._settings.run_id,
                      self._node_id, forming, len(members), "" if len(members) == 1 else "s", len(spares))
             return ClosedRound(record, result.revision)
+        if result.finished is not None:  # a node's workers all succeeded meanwhile: no round forms
+            raise finished_error(self._settings.run_id, self._node_id,
+                                 decode_finished(result.finished.key, result.finished.value))
         if result.current is None:
             raise RendezvousError(f"The round record {self._keys.round} vanished while closing round {forming}.")
         current = records.decode_round(self._keys.round, result.current.value)

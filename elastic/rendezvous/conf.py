@@ -26,7 +26,7 @@ from elastic.rendezvous.errors import RendezvousConfigError
 ENGINE_KEYS = {
     "join_timeout": "seconds a node waits for a round to include it (default 600)",
     "last_call_timeout": "seconds to wait for more nodes once min_nodes have joined (default 30)",
-    "close_timeout": "seconds to wait for a round to be closed by its closer (default 30)",
+    "close_timeout": "seconds closing the rendezvous or recording the job's end may retry the store (default 30)",
     "lease_ttl": "seconds after which a silent node is declared dead (default 5, at least 2)",
     "keep_alive_interval": "torch's heartbeat interval; lease_ttl = interval x keep_alive_max_attempt",
     "keep_alive_max_attempt": "torch's missed-heartbeat count (default 3)",
@@ -36,6 +36,8 @@ ENGINE_KEYS = {
     "store_outage_timeout": "seconds a node trains on while the store does not answer, before it stops its workers "
                             "(default 900)",
     "etcd_prefix": "alias of namespace (torch's etcd rendezvous)",
+    "job_fingerprint": "name of the job on every node; replaces the fingerprint of the command that keeps another "
+                       "job with the same --rdzv-id out (default: the script or module and its option names)",
 }
 
 #: rdzv-conf keys that configure the backend connection, with their meaning.

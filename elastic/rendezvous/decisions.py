@@ -13,6 +13,7 @@ from typing import Iterable, Sequence
 
 from backends.api import EventType, WatchEvent
 from elastic.rendezvous.api import MembershipChange
+from elastic.rendezvous.job import FinishedRecord, decode_finished
 from elastic.rendezvous.records import DEFAULT_ROLE, Member, RendezvousKeys, RoundRecord, decode_round
 
 
@@ -276,10 +277,20 @@ def barrier_outcome(members: frozenset[str], present: frozenset[str], done: froz
 
 @dataclass(frozen=True)
 class MonitorState:
-    """What a member has learned since its round closed: who waits for the next round, who is done."""
+    """What a member has learned since its round closed: who waits for the next round, who is
+    done, and the job's end once a node recorded it."""
 
     waiting: frozenset[str] = frozenset()
     done: frozenset[str] = frozenset()
+    finished: FinishedRecord | None = None
+
+
+def job_end(view: RoundView, finished: FinishedRecord) -> MembershipChange:
+    """What the job's end means to a member of ``view``'s round: its own round finished the job
+    (JOB_FINISHED: running workers may finish), or a node outside it did (JOB_FINISHED_ELSEWHERE)."""
+    if finished.round == view.record.round:
+        return MembershipChange.JOB_FINISHED
+    return MembershipChange.JOB_FINISHED_ELSEWHERE
 
 
 def classify(view: RoundView, event: WatchEvent, state: MonitorState) -> tuple[MembershipChange | None, MonitorState]:
@@ -289,9 +300,12 @@ def classify(view: RoundView, event: WatchEvent, state: MonitorState) -> tuple[M
     without being *lost*.
 
     Raises:
-        RendezvousStateError: the event carries a corrupt round record.
+        RendezvousStateError: the event carries a corrupt round or finished record.
     """
     key = event.kv.key
+    if key == view.keys.finished and event.type is EventType.PUT:
+        finished = decode_finished(key, event.kv.value)
+        return job_end(view, finished), MonitorState(state.waiting, state.done, finished)
     if key == view.keys.closed and event.type is EventType.PUT:
         return MembershipChange.CLOSED, state
     if key == view.keys.round and event.type is EventType.PUT:
@@ -302,7 +316,7 @@ def classify(view: RoundView, event: WatchEvent, state: MonitorState) -> tuple[M
     done = view.keys.parse_done_key(key)
     if done is not None:
         if done[0] == view.record.round and event.type is EventType.PUT:
-            state = MonitorState(state.waiting, state.done | {done[1]})
+            state = MonitorState(state.waiting, state.done | {done[1]}, state.finished)
         return None, state
     parsed = view.keys.parse_node_key(key)
     if parsed is None:
@@ -314,7 +328,7 @@ def classify(view: RoundView, event: WatchEvent, state: MonitorState) -> tuple[M
         return (MembershipChange.MEMBER_LOST if lost else None), state
     if round_number == view.record.round + 1:
         waiting = state.waiting | {node_id} if event.type is EventType.PUT else state.waiting - {node_id}
-        state = MonitorState(waiting, state.done)
+        state = MonitorState(waiting, state.done, state.finished)
         change = MembershipChange.NODES_WAITING if waiting_counts(view, waiting) > 0 else None
         return change, state
     return None, state
@@ -356,6 +370,7 @@ class RoundSnapshot:
         revision: the store revision of the read.
         record: the round record in ``state/round`` (None if absent).
         closed: whether ``state/closed`` exists.
+        finished: the job's end in ``state/finished`` (None if absent).
         present: nodes whose join keys of the round exist.
         done: nodes whose done keys of the round exist (the exit barrier).
         waiting: nodes whose join keys of the next round exist.
@@ -367,6 +382,7 @@ class RoundSnapshot:
     present: frozenset[str]
     done: frozenset[str]
     waiting: frozenset[str]
+    finished: FinishedRecord | None = None
 
 
 @dataclass(frozen=True)
@@ -386,13 +402,18 @@ def reconcile(view: RoundView, state: MonitorState, snapshot: RoundSnapshot) -> 
     re-reads its round, the next round and ``state/`` at one revision and compares them with
     the round it acted on (``view``) and what it had seen (``state``). A reconnect is never by
     itself a membership change: restarting every worker because an etcd that auto-compacts
-    restarted would stop jobs that lost nothing. In order: the rendezvous closed; a newer
-    round record (this round was superseded); no round record (the job's keys were deleted); a member whose join key is gone without a done
+    restarted would stop jobs that lost nothing. In order: the job finished; the rendezvous
+    closed; a newer round record (this round was superseded); no round record (the job's keys
+    were deleted); a member whose join key is gone without a done
     mark (lost; named); nodes waiting for the next round that justify a restart
     (:func:`waiting_counts`); else nothing.
     """
     done = state.done | snapshot.done
-    after = MonitorState(snapshot.waiting, done)
+    finished = snapshot.finished or state.finished
+    after = MonitorState(snapshot.waiting, done, finished)
+    if finished is not None:
+        return Reconciled(job_end(view, finished), f"the job finished on node {finished.node_id} in round "
+                                                   f"{finished.round}", after)
     if snapshot.closed:
         return Reconciled(MembershipChange.CLOSED, "the rendezvous was closed", after)
     if snapshot.record is not None and snapshot.record.round > view.record.round:

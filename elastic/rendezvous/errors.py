@@ -45,3 +45,24 @@ class RendezvousConnectionError(RendezvousError):
 
 class RendezvousSessionLostError(RendezvousError):
     """This node's lease was lost (it was silent for longer than the lease TTL)."""
+
+
+class JobFinishedError(RendezvousClosedError):
+    """The job already finished: a node's workers all succeeded (``state/finished``), so no
+    round forms any more. A subclass of :class:`RendezvousClosedError` with the job-finished
+    reason, for callers that only know that one.
+
+    Attributes:
+        node_id: the node whose workers finished first.
+        round: the round they finished in.
+    """
+
+    def __init__(self, message: str, node_id: str, round_number: int) -> None:
+        super().__init__(message, RendezvousClosedError.JOB_FINISHED)
+        self.node_id = node_id
+        self.round = round_number
+
+
+class JobMismatchError(RendezvousError):
+    """This node runs another job than the one that owns the run id (``state/job``): it is
+    refused before it writes anything. The message names both commands."""

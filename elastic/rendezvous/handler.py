@@ -22,6 +22,10 @@ Protocol (DESIGN §3), per round ``r`` of one run:
 4. A node not in the closed round moves to round ``r + 1`` and is *waiting*; members see it
    through their :class:`~elastic.rendezvous.monitor.MembershipMonitor` and restart.
 5. A member whose lease vanishes deletes its key; every member's monitor sees the DELETE.
+6. The job ends once (:mod:`elastic.rendezvous.job`): the first node whose workers all succeed
+   writes ``state/finished`` (:meth:`RendezvousHandler.declare_finished`); every join and close
+   compares it absent, so no round forms after it. Every join also compares the job identity
+   record (``state/job``) the node checked before its first join (:mod:`elastic.rendezvous.gate`).
 
 This module is the facade; each job has its module: :mod:`~elastic.rendezvous.membership`
 (the session, the ``state/`` watch, the master port), :mod:`~elastic.rendezvous.joining`
@@ -48,6 +52,7 @@ from elastic.rendezvous.api import MembershipChange, MembershipStatus, Rendezvou
 from elastic.rendezvous.barrier import ExitBarrier
 from elastic.rendezvous.decisions import RoundView
 from elastic.rendezvous.errors import RendezvousClosedError, RendezvousConnectionError, RendezvousStateError
+from elastic.rendezvous.job import FinishedRecord, encode_finished
 from elastic.rendezvous.joining import JOIN_RETRY, JoinLoop, NodeSpec
 from elastic.rendezvous.membership import Membership, default_node_id
 from elastic.rendezvous.monitor import MembershipMonitor
@@ -203,6 +208,28 @@ class RendezvousHandler(Rendezvous):
             self._membership.retrying(mark, self._retry)
         log.warning("Rendezvous %s: node %s is excluded for %gs: %s", self.run_id, self.node_id, cooldown, reason)
 
+    def declare_finished(self) -> None:
+        """This node's workers all succeeded: record the job's end (``state/finished``, written
+        once: the first node wins) so that no round forms after it. A node that was never in a
+        round has nothing to declare. The store is retried for the close timeout, not the join
+        timeout: the workers are done, and an unreachable store only delays the exit.
+
+        Raises:
+            RendezvousConnectionError: the store did not answer within the close timeout.
+        """
+        with self._lock:
+            last = self._joining.last
+            if last is None:
+                return
+            record = FinishedRecord(self.node_id, last.record.round, time.time())
+            with self._translated("recording the job's end"):
+                result = self._membership.retrying(
+                    lambda: self._backend.put_if(self.keys.finished, encode_finished(record), ABSENT), self._retry,
+                    within=self.settings.close_timeout)
+        if result.applied:
+            log.info("Rendezvous %s: node %s finished the job in round %d: no round forms any more", self.run_id,
+                     self.node_id, record.round)
+
     def finish(self, timeout: float) -> bool:
         """The exit barrier (see :mod:`elastic.rendezvous.barrier`): mark this member done and
         wait until every member is, or ``timeout``. True when every member finished in time.
@@ -217,9 +244,14 @@ class RendezvousHandler(Rendezvous):
             return self._barrier.finish(last.record, lease_id, timeout)
 
     def is_closed(self) -> bool:
-        """Whether the rendezvous was closed for good. Raises RendezvousConnectionError."""
+        """Whether the rendezvous was closed for good, or the job finished (no round forms then
+        either). Raises RendezvousConnectionError."""
+        def closed() -> bool:
+            state = read_state(self._backend, self.keys)
+            return state.closed or state.finished is not None
+
         with self._lock, self._translated("reading the state"):
-            return self._membership.retrying(lambda: read_state(self._backend, self.keys).closed, self._retry)
+            return self._membership.retrying(closed, self._retry)
 
     def job_running(self) -> bool:
         """Whether a round has closed and the rendezvous is open (a join now interrupts running
@@ -229,14 +261,16 @@ class RendezvousHandler(Rendezvous):
                 state = read_state(self._backend, self.keys)
             except (BackendError, RendezvousStateError):
                 return False
-            return state.round is not None and not state.closed
+            return state.round is not None and not state.closed and state.finished is None
 
     def set_closed(self, reason: str = RendezvousClosedError.JOB_FINISHED) -> None:
         """Close the rendezvous for every node (job finished or failed for good). Idempotent.
-        Raises RendezvousConnectionError when the store does not answer within the join timeout."""
+        Raises RendezvousConnectionError when the store does not answer within the close timeout
+        (as torch's close: nothing waits on this node any more)."""
         record = records.encode_closed(records.ClosedRecord(reason))
         with self._lock, self._translated("closing the rendezvous"):
-            self._membership.retrying(lambda: self._backend.put_if(self.keys.closed, record, ABSENT), self._retry)
+            self._membership.retrying(lambda: self._backend.put_if(self.keys.closed, record, ABSENT), self._retry,
+                                      within=self.settings.close_timeout)
 
     def shutdown(self) -> bool:
         """Leave the rendezvous without closing it for the others (their monitors see us go).

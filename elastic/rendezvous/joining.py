@@ -26,6 +26,7 @@ from elastic.rendezvous.attempt import Claim, ClosedRound, FailureReport, Includ
 from elastic.rendezvous.closing import Closer, JoinKeyLost
 from elastic.rendezvous.decisions import Joiner, is_spare, join_fills_round
 from elastic.rendezvous.errors import RendezvousClosedError, RendezvousError, RendezvousTimeoutError
+from elastic.rendezvous.gate import JoinGate
 from elastic.rendezvous.membership import Membership
 from elastic.rendezvous.progress import ProgressReporter, WaitSnapshot
 from elastic.rendezvous.reads import closed_round_from, joiner_of, read_joiners, read_state, state_from
@@ -83,6 +84,7 @@ class JoinLoop:
         self.failure: FailureReport | None = None
         self.attempt: JoinAttempt | None = None
         self.progress: WaitSnapshot | None = None
+        self._gate = JoinGate(settings, backend, keys, node.node_id)
 
     # -- public ---------------------------------------------------------------------------
     def join(self) -> Included:
@@ -208,15 +210,17 @@ class JoinLoop:
             if closed is not None:
                 return self._included(closed)
         else:
+            if self._gate.job_created is None:  # once: later joins compare the record checked
+                self._gate.check_job(None)
             state, attempt = self._join_expected_round()
         while True:
-            if state.closed:
-                raise RendezvousClosedError(
-                    f"The rendezvous {self._settings.run_id} is closed; no new round will form", state.closed_reason
-                )
+            self._gate.check_open(state)
             forming = state.forming
             if attempt is None:
-                attempt = self._join(forming)
+                attempt, refused = self._join(forming)
+                if refused is not None:
+                    state = refused  # closed, finished or another job meanwhile: decide from that read
+                    continue
             # A spare has no join timeout: it waits for a member to be lost (or the job to end).
             wait_deadline = math.inf if self._is_spare(state) else deadline
             self.note_wait(forming, attempt.count, wait_deadline)
@@ -285,12 +289,16 @@ class JoinLoop:
                                   f"guarded join.")
         return state_from(self._keys, outcome.state), attempt
 
-    def _join(self, forming: int) -> JoinAttempt:
-        """Join round ``forming`` and claim its closer if unclaimed (see :func:`join_txn`)."""
-        _, attempt = self._send_join(forming, None)
-        if attempt is None:
-            raise RendezvousError(f"Rendezvous {self._settings.run_id}: the store did not apply an unguarded join.")
-        return attempt
+    def _join(self, forming: int) -> tuple[JoinAttempt | None, StateView | None]:
+        """Join round ``forming`` and claim its closer if unclaimed (see :func:`join_txn`); when a
+        guard refused the join (nothing written), no attempt and the ``state/`` read that says why."""
+        outcome, attempt = self._send_join(forming, None)
+        if attempt is not None:
+            return attempt, None
+        if outcome.state is None:
+            raise RendezvousError(f"Rendezvous {self._settings.run_id}: the store returned no state/ read for a "
+                                  f"refused join.")
+        return None, state_from(self._keys, outcome.state)
 
     def _send_join(self, forming: int, expected_round: int | None) -> tuple[JoinOutcome, JoinAttempt | None]:
         """Send the join transaction of round ``forming`` on a live lease; a join that applied
@@ -315,7 +323,8 @@ class JoinLoop:
                                                    failure.round if failure else None,
                                                    failure.at if failure else 0.0))
             previous = self.attempt.key if self.attempt is not None else None
-            txn = join_txn(self._keys, forming, node.node_id, value, grant.lease_id, previous, expected_round)
+            job = self._gate.job_created
+            txn = join_txn(self._keys, forming, node.node_id, value, grant.lease_id, previous, expected_round, job)
             return read_join(self._backend.txn(txn), self._keys.closer(forming), expected_round is not None)
 
         try:

@@ -294,9 +294,10 @@ class Membership:
                         f"the store has not answered for {age:.0f}s (store_outage_timeout="
                         f"{self._settings.store_outage_timeout:g}s); stopping the workers rather than train blind")
 
-    def retrying(self, call: Callable[[], T], policy: RetryPolicy) -> T:
+    def retrying(self, call: Callable[[], T], policy: RetryPolicy, within: float | None = None) -> T:
         """Run ``call`` (safe to repeat) again after transient store failures, with ``policy``'s
-        backoff, for up to the join timeout; :meth:`interrupt` ends it (BackendClosedError).
+        backoff, for up to ``within`` seconds (default: the join timeout); :meth:`interrupt` ends
+        it (BackendClosedError).
 
         Raises:
             BackendError: the last failure.
@@ -306,7 +307,8 @@ class Membership:
                 raise BackendClosedError(f"Node {self._node_id} is shutting down.")
             return call()
 
-        bounded = dataclasses.replace(policy, total_timeout=self._settings.join_timeout, sleep=self._interrupted.wait)
+        limit = self._settings.join_timeout if within is None else within
+        bounded = dataclasses.replace(policy, total_timeout=limit, sleep=self._interrupted.wait)
         return bounded.run(attempt, on_retry=self._log_retry)
 
     def _log_retry(self, attempt: int, error: BaseException) -> None:

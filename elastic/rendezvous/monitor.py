@@ -181,7 +181,7 @@ class MembershipMonitor:
                 self._report_problem(error)
                 continue
             if change is not None:
-                self.signal(change, _describe(change, event.kv.key))
+                self.signal(change, _describe(change, event.kv.key, self._state))
         if self._state.waiting != waiting:
             self._publish_counts()
 
@@ -261,11 +261,16 @@ class MembershipMonitor:
             raise
 
 
-def _describe(change: MembershipChange, key: str) -> str:
+def _describe(change: MembershipChange, key: str, state: MonitorState) -> str:
+    finished = state.finished
+    if change in (MembershipChange.JOB_FINISHED, MembershipChange.JOB_FINISHED_ELSEWHERE) and finished is not None:
+        return f"the job finished on node {finished.node_id} in round {finished.round}"
     return {
         MembershipChange.MEMBER_LOST: f"member lost ({key} vanished)",
         MembershipChange.NODES_WAITING: f"a node is waiting to join ({key})",
         MembershipChange.ROUND_SUPERSEDED: "a newer round was closed",
         MembershipChange.CLOSED: "the rendezvous was closed",
         MembershipChange.STORE_UNREACHABLE: "the store does not answer",
+        MembershipChange.JOB_FINISHED: "the job finished",
+        MembershipChange.JOB_FINISHED_ELSEWHERE: "the job finished on another node",
     }[change]

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from backends.api import EventType, KeyValue, KVBackend, RangeResult, WatchEvent
 from elastic.rendezvous import records
-from elastic.rendezvous.attempt import ClosedRound, StateView
+from elastic.rendezvous.attempt import ClosedRound, OwnedJob, StateView
 from elastic.rendezvous.decisions import Joiner
-from elastic.rendezvous.errors import RendezvousClosedError
+from elastic.rendezvous.errors import JobFinishedError, RendezvousClosedError
+from elastic.rendezvous.job import FinishedRecord, decode_finished, decode_job
 from elastic.rendezvous.records import RendezvousKeys, RoundRecord
 
-__all__ = ["closed_round_from", "joiner_of", "read_alive", "read_joiners", "read_state", "state_from"]
+__all__ = ["closed_round_from", "finished_error", "joiner_of", "read_alive", "read_joiners", "read_state", "state_from"]
 
 
 def read_state(backend: KVBackend, keys: RendezvousKeys) -> StateView:
@@ -23,13 +24,22 @@ def read_state(backend: KVBackend, keys: RendezvousKeys) -> StateView:
 
 def state_from(keys: RendezvousKeys, read: RangeResult) -> StateView:
     """The state view of a read of ``state/``."""
-    round_kv = next((kv for kv in read.kvs if kv.key == keys.round), None)
-    closed_kv = next((kv for kv in read.kvs if kv.key == keys.closed), None)
+    found = {kv.key: kv for kv in read.kvs if kv.key in (keys.round, keys.closed, keys.finished, keys.job)}
+    round_kv, closed_kv = found.get(keys.round), found.get(keys.closed)
+    finished_kv, job_kv = found.get(keys.finished), found.get(keys.job)
     reason = records.decode_closed(closed_kv.key, closed_kv.value).reason if closed_kv is not None else None
     last = None
     if round_kv is not None:
         last = ClosedRound(records.decode_round(round_kv.key, round_kv.value), round_kv.mod_revision)
-    return StateView(read.revision, last, reason)
+    finished = decode_finished(finished_kv.key, finished_kv.value) if finished_kv is not None else None
+    job = OwnedJob(decode_job(job_kv.key, job_kv.value), job_kv.create_revision) if job_kv is not None else None
+    return StateView(read.revision, last, reason, finished, job)
+
+
+def finished_error(run_id: str, node_id: str, finished: FinishedRecord) -> JobFinishedError:
+    """The error for a node that meets the job's end (``finished``) while joining."""
+    return JobFinishedError(f"Rendezvous {run_id}: the job finished on node {finished.node_id} in round "
+                            f"{finished.round}; node {node_id} joins no new round", finished.node_id, finished.round)
 
 
 def joiner_of(kv: KeyValue) -> Joiner:
@@ -58,10 +68,15 @@ def closed_round_from(keys: RendezvousKeys, run_id: str, event: WatchEvent, form
     """The round ``event`` closed if it is ``forming`` or later, else None.
 
     Raises:
+        JobFinishedError: the event records the job's end.
         RendezvousClosedError: the event closes the rendezvous for good.
     """
     if event.type is not EventType.PUT:
         return None
+    if event.kv.key == keys.finished:
+        finished = decode_finished(event.kv.key, event.kv.value)
+        raise JobFinishedError(f"The job of rendezvous {run_id} finished on node {finished.node_id} in round "
+                               f"{finished.round} while joining", finished.node_id, finished.round)
     if event.kv.key == keys.closed:
         raise RendezvousClosedError(f"The rendezvous {run_id} was closed while joining",
                                     records.decode_closed(event.kv.key, event.kv.value).reason)

@@ -4,6 +4,10 @@ Key layout under ``<namespace>/<run_id>/``::
 
     state/round              RoundRecord of the last closed round (absent before round 0)
     state/closed             ClosedRecord once the rendezvous is closed for good
+    state/finished           FinishedRecord of the first node whose workers all succeeded
+                             (:mod:`elastic.rendezvous.outcome`): no round forms after it
+    state/job                JobIdentity of the job that first joined this run id (its
+                             fingerprint; :mod:`elastic.rendezvous.outcome`)
     state/closer/<r>         JoinRecord of the node that closes round r: created by the first
                              joiner in the same transaction as its join key (lease-bound)
     rounds/<r>/nodes/<node>  JoinRecord of a node that wants to be in round r (lease-bound)
@@ -60,6 +64,16 @@ class RendezvousKeys:
     @functools.cached_property
     def closed(self) -> str:
         return self.state_prefix + "closed"
+
+    @functools.cached_property
+    def finished(self) -> str:
+        """The job's end: who finished it first, in which round."""
+        return self.state_prefix + "finished"
+
+    @functools.cached_property
+    def job(self) -> str:
+        """The identity (fingerprint) of the job that owns this run id."""
+        return self.state_prefix + "job"
 
     def closer(self, round_number: int) -> str:
         """The claim of the node that closes round ``round_number``."""
@@ -221,7 +235,7 @@ def encode_join(record: JoinRecord) -> bytes:
     if record.failed_round is not None:
         body["failed"] = record.failed_round
         body["failed_at"] = record.failed_at
-    return _dump(body)
+    return dump_record(body)
 
 
 def encode_round(record: RoundRecord) -> bytes:
@@ -230,31 +244,31 @@ def encode_round(record: RoundRecord) -> bytes:
                             "restarts": record.restart_count}
     if record.culprit is not None:
         body["culprit"] = record.culprit
-    return _dump(body)
+    return dump_record(body)
 
 
 def encode_exclusion(reason: str, cooldown: float) -> bytes:
-    return _dump({"reason": reason, "cooldown": cooldown})
+    return dump_record({"reason": reason, "cooldown": cooldown})
 
 
 def encode_closed(record: ClosedRecord) -> bytes:
-    return _dump({"reason": record.reason})
+    return dump_record({"reason": record.reason})
 
 
 def decode_join(key: str, raw: bytes) -> JoinRecord:
     """Raises RendezvousStateError when ``raw`` is not a valid v1 join record."""
-    body = _load(key, raw)
+    body = load_record(key, raw)
     node, addr, port = body.get("node"), body.get("addr"), body.get("port")
     lws, role, failed = body.get("lws"), body.get("role"), body.get("failed")
     if not (isinstance(node, str) and node and isinstance(addr, str) and _is_port(port)):
-        raise _corrupt(key, "a join record needs a node id, an address and a port")
-    if not (_is_count(lws) and lws > 0 and isinstance(role, str) and role):
-        raise _corrupt(key, "a join record needs a local world size >= 1 and a role")
+        raise corrupt_record(key, "a join record needs a node id, an address and a port")
+    if not (is_count(lws) and lws > 0 and isinstance(role, str) and role):
+        raise corrupt_record(key, "a join record needs a local world size >= 1 and a role")
     failed_at = body.get("failed_at", 0.0)
-    if failed is not None and not _is_count(failed):
-        raise _corrupt(key, "a join record's failed round must be a round number")
+    if failed is not None and not is_count(failed):
+        raise corrupt_record(key, "a join record's failed round must be a round number")
     if type(failed_at) not in (int, float) or not math.isfinite(failed_at):
-        raise _corrupt(key, "a join record's failure time must be a number")
+        raise corrupt_record(key, "a join record's failure time must be a number")
     return JoinRecord(node, addr, port, lws, role, failed, float(failed_at))
 
 
@@ -276,12 +290,12 @@ _decoding = threading.Lock()
 
 @functools.lru_cache(maxsize=16)
 def _decode_round_bytes(key: str, raw: bytes) -> RoundRecord:
-    body = _load(key, raw)
+    body = load_record(key, raw)
     number, members, read_at = body.get("round"), body.get("members"), body.get("read_at", 0)
     restarts, culprit = body.get("restarts"), body.get("culprit")
-    if not (_is_count(number) and _is_count(read_at) and _is_count(restarts) and isinstance(members, list)
+    if not (is_count(number) and is_count(read_at) and is_count(restarts) and isinstance(members, list)
             and members):
-        raise _corrupt(key, "a round record needs a round number >= 0, a non-empty member list, a read "
+        raise corrupt_record(key, "a round record needs a round number >= 0, a non-empty member list, a read "
                             "revision and a restart count")
     decoded = []
     append = decoded.append
@@ -290,38 +304,38 @@ def _decode_round_bytes(key: str, raw: bytes) -> RoundRecord:
         # The checks of _is_port inlined (type() is int also rules out bool): this loop runs
         # once per member, and function calls here were most of the decoding time.
         if type(entry) is not list or len(entry) != 5:
-            raise _corrupt(key, f"member entry {quote(entry)} is not {shape}")
+            raise corrupt_record(key, f"member entry {quote(entry)} is not {shape}")
         node_id, addr, port, lws, role = entry
         if (type(node_id) is not str or type(addr) is not str or type(port) is not int or not 0 < port < 65536
                 or type(lws) is not int or lws < 1 or type(role) is not str or not role):
-            raise _corrupt(key, f"member entry {quote(entry)} is not {shape}")
+            raise corrupt_record(key, f"member entry {quote(entry)} is not {shape}")
         append(Member(node_id, addr, port, lws, role))
     if len({member.node_id for member in decoded}) != len(decoded):
-        raise _corrupt(key, "a node is listed twice")
+        raise corrupt_record(key, "a node is listed twice")
     if culprit is not None and type(culprit) is not str:
-        raise _corrupt(key, "a round record's culprit must be a node id")
+        raise corrupt_record(key, "a round record's culprit must be a node id")
     return RoundRecord(number, tuple(decoded), read_at, restarts, culprit)
 
 
 def decode_closed(key: str, raw: bytes) -> ClosedRecord:
     """Raises RendezvousStateError when ``raw`` is not a valid v1 closed record."""
-    reason = _load(key, raw).get("reason")
+    reason = load_record(key, raw).get("reason")
     if not isinstance(reason, str):
-        raise _corrupt(key, "a closed record needs a reason")
+        raise corrupt_record(key, "a closed record needs a reason")
     return ClosedRecord(reason)
 
 
-def _dump(body: dict[str, Any]) -> bytes:
+def dump_record(body: dict[str, Any]) -> bytes:
     return json.dumps({"v": FORMAT_VERSION, **body}, separators=(",", ":")).encode()
 
 
-def _load(key: str, raw: bytes) -> dict[str, Any]:
+def load_record(key: str, raw: bytes) -> dict[str, Any]:
     try:
         body = parse_json(raw, max_bytes=MAX_RECORD_BYTES)
     except ValueError as error:  # also nesting too deep and oversized records: bad state, not a bug
-        raise _corrupt(key, str(error)) from error
+        raise corrupt_record(key, str(error)) from error
     if not isinstance(body, dict):
-        raise _corrupt(key, "it is not a JSON object")
+        raise corrupt_record(key, "it is not a JSON object")
     version = body.get("v")
     if version != FORMAT_VERSION:
         raise RendezvousStateError(
@@ -332,7 +346,7 @@ def _load(key: str, raw: bytes) -> dict[str, Any]:
     return body
 
 
-def _corrupt(key: str, problem: str) -> RendezvousStateError:
+def corrupt_record(key: str, problem: str) -> RendezvousStateError:
     """The error for a corrupt record; quotes of bad values in ``problem`` are already short."""
     return RendezvousStateError(
         f"The rendezvous state at {quote(key)} is corrupt: {problem}. Delete the key (for etcd: "
@@ -344,5 +358,5 @@ def _is_port(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 0 < value < 65536
 
 
-def _is_count(value: object) -> bool:
+def is_count(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0

@@ -13,16 +13,21 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Mapping, TypeVar
 
 from elastic.rendezvous.conf import ConfValues, check_known_keys
 from elastic.rendezvous.errors import RendezvousConfigError
+from elastic.rendezvous.job import JobIdentity
 
 ETCD_MIN_LEASE_TTL = 2.0
 """etcd refuses shorter leases (it rounds them up), so the TTL is never below it."""
 
 DEFAULT_LEASE_TTL = 5.0
+
+MAX_RUN_ID_CHARS = 128
+"""Longest run id: it is one path component of the log and PID-file directories (255 bytes on
+Linux, with the node id beside it) and a segment of every store key of the job."""
 
 
 @dataclass(frozen=True)
@@ -47,10 +52,21 @@ class RendezvousSettings:
     store_outage_timeout: float = 900.0
     """How long a member trains blind while the store does not answer (its lease holds until the
     server says otherwise, DESIGN §3.10) before it stops its workers with an error."""
+    job_fingerprint: str = ""
+    """``--rdzv-conf job_fingerprint``: replaces the fingerprint computed from the command ("": computed)."""
+    job: JobIdentity | None = field(default=None, compare=False)
+    """This node's job (:mod:`elastic.rendezvous.job`), set by the launcher from its command line;
+    None: no identity check (a node without one neither writes nor compares ``state/job``). Not
+    compared: it describes this node's command, not how the run meets."""
 
     def __post_init__(self) -> None:
         # A plain name: it becomes a store key segment and a log directory, so '.' and '..'
         # (which would name the log root or its parent) are refused too.
+        if len(self.run_id) > MAX_RUN_ID_CHARS:
+            raise RendezvousConfigError(
+                f"The run id ({len(self.run_id)} characters, {self.run_id[:40]!r}...) must be at most "
+                f"{MAX_RUN_ID_CHARS} characters: it names a directory and a store key."
+            )
         if not self.run_id or not re.fullmatch(r"[A-Za-z0-9._\-]+", self.run_id) or not self.run_id.strip("."):
             raise RendezvousConfigError(
                 f"The run id ({self.run_id[:100]!r}) must be a plain name: letters, digits, '.', '_' and '-', "
@@ -108,6 +124,7 @@ def settings_from_conf(run_id: str, min_nodes: int, max_nodes: int, conf: Mappin
                                  default.max_node_failures),
         exclusion_cooldown=_given(values.seconds("exclusion_cooldown"), default.exclusion_cooldown),
         store_outage_timeout=_given(values.seconds("store_outage_timeout"), default.store_outage_timeout),
+        job_fingerprint=values.text("job_fingerprint") or "",
     )
 
 

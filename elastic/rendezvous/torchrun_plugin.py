@@ -34,9 +34,11 @@ given), ``ca_cert`` / ``ssl_cert`` / ``ssl_cert_key`` (torch's etcd-v2 TLS keys)
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import socket
+import sys
 import time
 from datetime import timedelta
 from typing import Callable, Iterator
@@ -47,9 +49,13 @@ from torch.distributed.elastic.rendezvous import api as torch_api
 from elastic.rendezvous import errors as ours
 from elastic.rendezvous.api import MembershipChange, Rendezvous, RendezvousInfo
 from elastic.rendezvous.backend_spec import EtcdSpec, etcd_endpoints, etcd_spec
-from elastic.rendezvous.conf import OurConf, from_torch
+from elastic.rendezvous.conf import OurConf, from_torch, parse_rdzv_conf
 from elastic.rendezvous.registry import create_handler
+from elastic.rendezvous.secret_sources import (
+    RDZV_CONF_VARIABLE, command_line_secret_warning, hide_inline_secrets, inline_secret_options,
+)
 from elastic.rendezvous.settings import RendezvousSettings, settings_from_conf
+from elastic.rendezvous.torchrun_outcome import AgentStore, leaving_after_success, leaving_line, torchrun_job
 
 log = logging.getLogger(__name__)
 
@@ -187,6 +193,8 @@ class TorchrunRendezvousHandler(torch_api.RendezvousHandler):
         self._store_timeout = timedelta(seconds=store_timeout)
         self._store_factory = store_factory
         self._round_store: dist.Store | None = None
+        self._joined = False  # a round included this node (so its workers ran)
+        self._declared = False
         self._restart_logged = False
         self._rejoin_seen: float | None = None
         self._clock = time.monotonic
@@ -212,11 +220,17 @@ class TorchrunRendezvousHandler(torch_api.RendezvousHandler):
         self._round_store = None  # the old server stops once torch's agent drops its reference too
         self._restart_logged = False
         self._rejoin_seen = None
-        with _torch_errors():
-            info = self._handler.next_rendezvous()
+        try:
+            with _torch_errors():
+                info = self._handler.next_rendezvous()
+        except torch_api.RendezvousError as error:
+            self._leave_if_over(error.__cause__)
+            raise
+        self._joined = True
         raw = self._open_round_store(info)
         self._round_store = raw
-        store = dist.PrefixStore(f"torch.rendezvous.{info.run_id}.{info.round}", raw)
+        prefixed = dist.PrefixStore(f"torch.rendezvous.{info.run_id}.{info.round}", raw)
+        store = AgentStore(prefixed, self._workers_succeeded, self._exit_barrier)
         return torch_api.RendezvousInfo(store, info.group_rank, info.group_world_size, self._bootstrap(info, store))
 
     def is_closed(self) -> bool:
@@ -240,6 +254,8 @@ class TorchrunRendezvousHandler(torch_api.RendezvousHandler):
         Python's last-resort handler prints warnings of every other logger to stderr, INFO never.
         """
         status = self._handler.membership()
+        if status.change is MembershipChange.JOB_FINISHED:
+            return 0  # a peer finished the job: ours may finish; a failure ends the node at the next join
         if status.waiting > 0 and self._hide_rejoining(status.waiting, status.rejoining):
             return 0
         if status.waiting > 0:
@@ -272,8 +288,15 @@ class TorchrunRendezvousHandler(torch_api.RendezvousHandler):
         return self._handler.run_id
 
     def shutdown(self) -> bool:
-        """Leave the rendezvous without closing it for the others (DESIGN §3.7); False on failure."""
+        """Leave the rendezvous without closing it for the others (DESIGN §3.7); False on failure.
+
+        torch's ``launch_agent`` calls this from a ``finally`` on success and failure alike; on
+        success (no exception passing through) the job's end is declared, if the exit barrier
+        did not already (:mod:`elastic.rendezvous.torchrun_outcome`).
+        """
         self._round_store = None
+        if leaving_after_success():
+            self._workers_succeeded()
         try:
             self._handler.shutdown()
             return True
@@ -281,6 +304,41 @@ class TorchrunRendezvousHandler(torch_api.RendezvousHandler):
             log.warning("Rendezvous %s: node %s could not shut down cleanly",
                         self._handler.run_id, self._handler.node_id, exc_info=True)
             return False
+
+    # -- the job's end and identity -----------------------------------------------------------------
+    def _workers_succeeded(self) -> None:
+        """This node's workers all succeeded: declare the job finished, once. Never raises (it
+        runs inside torch's exit barrier and its ``finally``): a failure is logged."""
+        if self._declared or not self._joined:
+            return
+        self._declared = True
+        try:
+            self._handler.declare_finished()
+        except ours.RendezvousError as error:
+            log.warning("Rendezvous %s: node %s could not record the job's end: %s", self._handler.run_id,
+                        self._handler.node_id, error)
+
+    def _exit_barrier(self, timeout: float) -> None:
+        """Our exit barrier in place of torch's store counter (:mod:`elastic.rendezvous.torchrun_outcome`):
+        over when every member is done or one left without being done. Never raises."""
+        try:
+            self._handler.finish(timeout)
+        except ours.RendezvousError as error:
+            log.warning("Rendezvous %s: node %s: the exit barrier failed (%s); the workers had finished",
+                        self._handler.run_id, self._handler.node_id, error)
+
+    def _leave_if_over(self, cause: BaseException | None) -> None:
+        """End torchrun in one line when the job finished (exit 0) or another job owns the run
+        id (exit 1); see :func:`~elastic.rendezvous.torchrun_outcome.leaving_line` for why by
+        ``SystemExit``. Returns for any other error (torch's agent handles it)."""
+        leaving = leaving_line(cause, self._joined)
+        if leaving is not None:
+            line, code = leaving
+            if code == 0:
+                log.warning("Rendezvous %s: node %s: %s", self._handler.run_id, self._handler.node_id, line)
+            else:
+                log.error("%s", line)  # the refusal names the run and the node itself
+            raise SystemExit(code)
 
     # -- helpers --------------------------------------------------------------------------------
     def _open_round_store(self, info: RendezvousInfo) -> dist.Store:
@@ -327,11 +385,30 @@ def create_rdzv_handler(params: torch_api.RendezvousParameters) -> TorchrunRende
         for note in our_conf(params).notes:
             log.warning("Rendezvous %s: node %s: %s", params.run_id, node_addr, note)
         settings = settings_from_params(params)
+        settings = dataclasses.replace(settings, job=torchrun_job(sys.argv, settings.job_fingerprint))
         spec = backend_from_params(params)
+        _hide_secrets(conf_from_params(params))
         handler = create_handler(spec, settings, node_addr)
     log.info("Rendezvous %s: node %s (%s) uses etcd at %s through torchrun",
              settings.run_id, handler.node_id, node_addr, spec.endpoint_text)
     return TorchrunRendezvousHandler(handler, node_addr, store_timeout=_store_timeout(params, spec))
+
+
+def _hide_secrets(conf: dict[str, str]) -> None:
+    """Keep an inline ``password=`` from torchrun's workers: torch's agent starts them with its
+    own environment, so remove it from ``PET_RDZV_CONF`` there (the spec holds it already);
+    warn once when it came from the command line, where ``ps`` shows it to every user."""
+    given = inline_secret_options(conf)
+    if not given:
+        return
+    try:
+        from_env = inline_secret_options(parse_rdzv_conf(os.environ.get(RDZV_CONF_VARIABLE, "")))
+    except ours.RendezvousConfigError:
+        from_env = ()
+    on_command_line = tuple(name for name in given if name not in from_env)
+    if on_command_line:
+        log.warning("%s", command_line_secret_warning(on_command_line))
+    hide_inline_secrets(os.environ)
 
 
 def handler_creator() -> Callable[[torch_api.RendezvousParameters], torch_api.RendezvousHandler]:

@@ -87,8 +87,8 @@ class FakeRendezvous(Rendezvous):
         self._status = MembershipStatus()
         self._joins = 0
         self.calls: list[str] = []
-        """The agent's calls in order: ``next_rendezvous``, ``report_failure``, ``finish``, ``set_closed``,
-        ``exclude``, ``is_closed``, ``job_running``, ``shutdown``."""
+        """The agent's calls in order: ``next_rendezvous``, ``report_failure``, ``declare_finished``,
+        ``finish``, ``set_closed``, ``exclude``, ``is_closed``, ``job_running``, ``shutdown``."""
         self.failures: list[float] = []
         """The wall times :meth:`report_failure` was given."""
         self.closed_reasons: list[str] = []
@@ -99,10 +99,13 @@ class FakeRendezvous(Rendezvous):
         """Called when the exit barrier begins (in the calling thread)."""
 
     # -- what the test does ----------------------------------------------------------------------
-    def change(self, change: MembershipChange, reason: str = "", *, waiting: int = 0) -> None:
-        """The current round's membership changed (any thread)."""
+    def change(self, change: MembershipChange, reason: str = "", *, waiting: int = 0,
+               rejoining: int | None = None) -> None:
+        """The current round's membership changed (any thread); ``rejoining``: how many of the
+        ``waiting`` are members of the round (default: as before)."""
         with self._lock:
-            self._status = MembershipStatus(change, reason or change.value, waiting, self._status.rejoining,
+            self._status = MembershipStatus(change, reason or change.value, waiting,
+                                            self._status.rejoining if rejoining is None else rejoining,
                                             self._status.spares, self._status.store_outage)
         self._changed()
 
@@ -163,6 +166,10 @@ class FakeRendezvous(Rendezvous):
         with self._lock:
             self.calls.append("report_failure")
             self.failures.append(at)
+
+    def declare_finished(self) -> None:
+        with self._lock:
+            self.calls.append("declare_finished")
 
     def finish(self, timeout: float) -> bool:
         with self._lock:

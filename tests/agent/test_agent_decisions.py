@@ -79,3 +79,38 @@ def test_peers_rejoining_do_not_save_a_node_from_exclusion_but_a_lost_member_doe
     assert decide(waiting) is AgentAction.EXCLUDE
     stopped = AgentView(GroupStatus.STOPPED, MembershipChange.NODES_WAITING, 0, 3, grace_over=True, exclude=True)
     assert decide(stopped) is AgentAction.RESTART_FOR_MEMBERSHIP  # stopped by us for a scale-up: no failure
+
+
+# -- the job's end (issue 26 item 6) ----------------------------------------------------------------
+DONE, ELSEWHERE = MembershipChange.JOB_FINISHED, MembershipChange.JOB_FINISHED_ELSEWHERE
+STOPPED = GroupStatus.STOPPED
+
+
+@pytest.mark.parametrize("group, membership, used, maximum, exclude, outage, expected", [
+    (RUN, DONE, 0, 3, False, False, A.KEEP_RUNNING),  # a peer finished: ours may finish too
+    (OK, DONE, 0, 3, False, False, A.FINISH),
+    (FAIL, DONE, 0, 3, False, False, A.STOP_FINISHED),  # not a restart: the job is done
+    (FAIL, DONE, 3, 3, False, False, A.STOP_FINISHED),  # not a give-up either
+    (FAIL, DONE, 0, 3, True, False, A.STOP_FINISHED),  # nor an exclusion
+    (FAIL, DONE, 0, 3, False, True, A.STOP_FINISHED),  # nor an outage restart
+    (STOPPED, DONE, 0, 3, False, False, A.STOP_FINISHED),
+    (RUN, ELSEWHERE, 0, 3, False, False, A.STOP_FINISHED),  # our round trains a finished job
+    (FAIL, ELSEWHERE, 0, 3, False, False, A.STOP_FINISHED),
+    (OK, ELSEWHERE, 0, 3, False, False, A.FINISH),
+    (RUN, BLIND, 0, 3, False, False, A.STOP_BLIND),
+])
+def test_once_the_job_finished_no_decision_restarts_the_workers(group, membership, used, maximum, exclude, outage,
+                                                               expected):
+    view = AgentView(group, membership, used, maximum, grace_over=True, exclude=exclude, store_outage=outage)
+    assert decide(view) is expected
+
+
+@pytest.mark.parametrize("group, rejoin_pending, expected", [
+    (RUN, True, A.AWAIT_MEMBERSHIP),  # a member rejoined: ours get the grace to end on their own
+    (RUN, False, A.RESTART_FOR_MEMBERSHIP),  # the grace is over (or a newcomer waits)
+    (OK, True, A.FINISH),  # they finished within it: the job is done, not restarted
+    (FAIL, True, A.RESTART_FOR_MEMBERSHIP),  # they failed within it: the rejoin's consequence
+])
+def test_running_workers_get_the_rejoin_grace_before_a_restart(group, rejoin_pending, expected):
+    view = AgentView(group, WAIT, 0, 3, grace_over=True, rejoin_pending=rejoin_pending)
+    assert decide(view) is expected

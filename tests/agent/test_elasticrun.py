@@ -388,7 +388,8 @@ def grandchildren_started(procs: Processes, reports: Reports, launched: Launched
 
 
 def lifeline_watchdog(launched: Launched) -> psutil.Process:
-    [watchdog] = [p for p in launched.tree() if "elastic.agent.lifeline.watchdog" in p.cmdline()]
+    # python -c <isolated program importing elastic.agent.lifeline.watchdog> <pid file>
+    [watchdog] = [p for p in launched.tree() if any("lifeline.watchdog" in part for part in p.cmdline())]
     return watchdog
 
 

@@ -134,14 +134,17 @@ def test_a_pid_file_round_trips_and_is_private(tmp_path):
     [
         (b"{not json", "not JSON"),
         (b"\xff\xfe", "not JSON"),
-        (b'{"v": 2, "run_id": "r", "agent": {"pid": 1, "start": 1}, "workers": []}', "unknown version 2"),
+        (b'{"v": 3, "run_id": "r", "agent": {"pid": 1, "start": 1}, "workers": []}', "unknown version 3"),
+        (b'{"v": 1, "run_id": "r", "agent": {"pid": 1, "start": 1}, "workers": []}', "unknown version 1"),  # no host
         (b"[1, 2]", "unknown version None"),
-        (b'{"v": 1, "run_id": 5, "agent": {"pid": 1, "start": 1}, "workers": []}', "'run_id' must be"),
-        (b'{"v": 1, "run_id": "r", "agent": {"pid": -1, "start": 1}, "workers": []}', "positive integer"),
-        (b'{"v": 1, "run_id": "r", "agent": {"pid": 1, "start": 1}, "workers": [{"pid": true, "start": 1}]}',
-         "positive integer"),
-        (b'{"v": 1, "run_id": "r", "agent": {"pid": 1, "start": "x"}, "workers": []}', "a number 'start'"),
-        (b'{"v": 1, "run_id": "r", "agent": 7, "workers": []}', "must be an object"),
+        (b'{"v": 2, "run_id": 5, "host": "h", "agent": {"pid": 1, "start": 1}, "workers": []}', "'run_id' must be"),
+        (b'{"v": 2, "run_id": "r", "agent": {"pid": 1, "start": 1}, "workers": []}', "'host' must be a host key"),
+        (b'{"v": 2, "run_id": "r", "host": "a/b", "agent": {"pid": 1, "start": 1}, "workers": []}', "'host' must be"),
+        (b'{"v": 2, "run_id": "r", "host": "h", "agent": {"pid": -1, "start": 1}, "workers": []}', "positive integer"),
+        (b'{"v": 2, "run_id": "r", "host": "h", "agent": {"pid": 1, "start": 1}, "workers": [{"pid": true, '
+         b'"start": 1}]}', "positive integer"),
+        (b'{"v": 2, "run_id": "r", "host": "h", "agent": {"pid": 1, "start": "x"}, "workers": []}', "a number 'start'"),
+        (b'{"v": 2, "run_id": "r", "host": "h", "agent": 7, "workers": []}', "must be an object"),
     ],
 )
 def test_a_bad_pid_file_is_refused_with_one_clear_line(tmp_path, content, message):
@@ -276,7 +279,7 @@ def test_a_restarted_agent_stops_the_workers_a_dead_agent_left_and_logs_one_line
     state = tmp_path / "run-1"
     state.mkdir()
     dead = dead_process()
-    pidfile.write(str(state / f"workers-{dead.pid}.json"), LiveWorkers("run-1", dead, (worker,)))
+    pidfile.write(str(state / pidfile.file_name(pidfile.host_key(), dead.pid)), LiveWorkers("run-1", dead, (worker,)))
 
     with caplog.at_level(logging.WARNING, logger="elastic.agent.lifeline.keeper"):
         life = Lifeline.open(str(state), "run-1", "node-a", watchdog=False)
@@ -295,9 +298,9 @@ def test_a_live_agents_workers_and_a_bad_file_are_left_alone(spawned, tmp_path, 
     other_agent = spawned.add(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"]))
     state = tmp_path / "run-1"
     state.mkdir()
-    live_file = state / f"workers-{other_agent.pid}.json"
+    live_file = state / pidfile.file_name(pidfile.host_key(), other_agent.pid)
     pidfile.write(str(live_file), LiveWorkers("run-1", ProcessId.of(other_agent.pid), (worker,)))
-    bad_file = state / "workers-99.json"
+    bad_file = state / pidfile.file_name(pidfile.host_key(), 99)
     bad_file.write_text("{")
 
     with caplog.at_level(logging.WARNING, logger="elastic.agent.lifeline.keeper"):

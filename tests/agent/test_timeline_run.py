@@ -22,14 +22,9 @@ import time
 from pathlib import Path
 
 import pytest
-from test_elasticrun import (  # the end-to-end helpers of the agent's tests
-    allreduces_at,
-    clean_env,
-    etcd_flags,
-    procs,  # noqa: F401  (a fixture)
-    reports,  # noqa: F401  (a fixture)
-    script,
-)
+from e2e import allreduces_at, etcd_flags, script  # the end-to-end helpers of the agent's tests
+
+from elastic.testing.agents import clean_env
 
 from elastic.testing.dom import Element, parse
 
@@ -75,7 +70,7 @@ def test_a_runs_crash_node_loss_and_rejoin_are_drawn_and_load_in_chromium(procs,
         r["rank"] for r in records if r["event"] == "allreduce" and r["world_size"] == 4 and r["restart_count"] == 1
     } == set(range(4)), [a, b])
     # A node loss: the survivor goes on alone.
-    killed_at = b.kill_tree()
+    killed_at = b.kill_tree().at
     reports.wait_for("a world of 2 after the kill", allreduces_at(2, after=killed_at), [a])
     # The rejoin: the same command again, appending to the same log under a new node id.
     rejoined_at = time.time()

@@ -144,17 +144,20 @@ class Job:
         self.started = time.monotonic()
         self.phase_timeout = REFERENCE_TIMEOUT if launcher == C10D else JOB_TIMEOUT
         self.exit_timeout = REFERENCE_RUN_TIMEOUT if launcher == C10D else JOB_TIMEOUT
-        self.processes = agents.Job(workdir, timeout=self.exit_timeout, worker_marker=str(PROBE))
+        self.processes = agents.Job(workdir, timeout=self.exit_timeout, worker_marker=str(PROBE.parent))
 
     @property
     def agents(self) -> dict[str, agents.Launched]:
         """The agents by label."""
         return self.processes.agents
 
-    def start(self, label: str, nproc: str | int) -> agents.Launched:
+    def start(self, label: str, nproc: str | int, *, script: Path = PROBE,
+              probe_args: Iterable[str] | None = None) -> agents.Launched:
+        """Start agent ``label`` running ``script`` (the probe, or one that runs it under another
+        name) with the job's probe arguments (or ``probe_args``)."""
         argv = launcher_argv(self.launcher, self.rdzv, nnodes=self.nnodes, nproc=str(nproc),
                              max_restarts=self.max_restarts, log_dir=self.workdir / f"logs-{label}")
-        argv += [str(PROBE), str(self.table_path), *self.probe_args]
+        argv += [str(script), str(self.table_path), *(self.probe_args if probe_args is None else probe_args)]
         # torch's agent logs each step (rendezvous, exit barrier, shutdown) at INFO: the failure
         # message's stderr tail then says where an agent that did not exit got to.
         extra = {"LOGLEVEL": "INFO"} if self.launcher == PLUGIN else {}

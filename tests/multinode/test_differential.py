@@ -80,15 +80,21 @@ def run_scenario(launcher: str, tmp_path, etcd_server, drive: Callable[[Job], tu
     return run
 
 
-def judge(runs: dict[str, Run], *, expected_codes: Callable[[str], dict[str, int]] | None = None) -> None:
-    """Check every run; fail once with every problem found, each with the offending table."""
+def judge(runs: dict[str, Run], *, expected_codes: Callable[[str], dict[str, int]] | None = None,
+          counted_per_node: tuple[str, ...] = (C10D,)) -> None:
+    """Check every run; fail once with every problem found, each with the offending table.
+
+    ``counted_per_node``: launchers whose restart counts torch's agents compute each on their
+    own, not asserted equal (c10d always; the plugin too when an agent is replaced: the new
+    agent counts from 0 while the survivor counted its workers' failure).
+    """
     problems: list[str] = []
     reference = runs[C10D]
     for launcher, run in runs.items():
         strict = launcher != C10D
         for index, attempt in enumerate(harness.attempts(run.rows)):
             found = harness.violations(attempt, run.nproc_of)
-            if not strict:  # torch's agents count restarts each on their own: not asserted for c10d
+            if launcher in counted_per_node:  # torch's agents count restarts each on their own
                 found = [v for v in found if RESTART_COUNT not in v]
             if found:
                 problems.append(f"{launcher}, attempt {index} (world {attempt.world}):\n  - " + "\n  - ".join(found)

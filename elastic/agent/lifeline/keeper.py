@@ -11,7 +11,8 @@ Three mechanisms, each covering what the one before cannot:
    worker forked by any other thread gets no parent-death signal (logged once); the watchdog
    still covers it. The signal reaches the direct child only.
 2. **The watchdog** (any POSIX system, :mod:`elastic.agent.lifeline.watchdog`), one per agent, in its
-   own session, holds the read end of a pipe whose only write end is the agent's. When the
+   own session, started without the agent's working directory on its path
+   (:mod:`elastic.agent.safe_path`), holds the read end of a pipe whose only write end is the agent's. When the
    agent dies, however, the kernel closes that end; the watchdog reads EOF,
    SIGKILLs every worker its agent's PID file names with their descendants and sessions
    (:func:`elastic.agent.lifeline.pidfile.kill_workers`), removes the file and exits. This is what
@@ -20,7 +21,17 @@ Three mechanisms, each covering what the one before cannot:
    nothing to do.
 3. **The restarted agent**: :meth:`Lifeline.open` reads the PID files of dead agents of the
    same run in the same state directory and stops what they still name, with one log line.
-   That covers an agent killed together with its watchdog.
+   That covers an agent killed together with its watchdog. Only files of this host and PID
+   namespace (:func:`~elastic.agent.lifeline.pidfile.host_key`) are read: the state directory
+   may be a ``--log-dir`` shared by several hosts.
+
+The state directory is ``<log_dir>/<run_id>``, or ``<tmp>/elasticrun-<uid>/<run_id>``. Another
+user can create ``<tmp>/elasticrun-<uid>`` first (``/tmp`` is world-writable): then the PID
+files go to ``$XDG_STATE_HOME/elasticrun`` (``~/.local/state/elasticrun``), with one warning.
+Falling back beats failing: a squat is a denial of service any local user can mount against
+another, and failing would stop every job of the victim; the fallback keeps every protection
+and is stable, so a restarted agent finds it. Our own directory with group or other access
+is made 0700 again (any entry someone else made in it is refused by its owner).
 
 Why a ``preexec_fn`` despite Python's warning about threads: ours makes one foreign call
 prepared in the parent (``prctl`` through a ctypes function pointer resolved at import, so no
@@ -41,18 +52,22 @@ import subprocess
 import sys
 import tempfile
 import threading
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Mapping
 
 from elastic.agent.lifeline import pidfile
 from elastic.agent.errors import LifelineError
 from elastic.agent.lifeline.pdeathsig import load_prctl
 from elastic.agent.lifeline.pidfile import LiveWorkers, ProcessId
+from elastic.agent.safe_path import isolated_program
 
 log = logging.getLogger(__name__)
 
 __all__ = ["PDEATHSIG_AVAILABLE", "Lifeline", "parent_death_preexec", "state_dir"]
 
 _WATCHDOG_EXIT_S = 5.0
+
+WATCHDOG_PROGRAM = isolated_program("from elastic.agent.lifeline.watchdog import main\nmain()", package_root=True)
+"""The watchdog's ``python -c`` program: nothing imported from the agent's working directory."""
 
 
 _set_pdeathsig = load_prctl()
@@ -89,17 +104,25 @@ def parent_death_preexec() -> Callable[[], None] | None:
     return die_with_parent
 
 
-def state_dir(log_dir: str | None, run_id: str) -> str:
+def state_dir(log_dir: str | None, run_id: str, environ: Mapping[str, str] = os.environ) -> str:
     """Where a run's PID files live: ``<log_dir>/<run_id>``, or without ``--log-dir``
-    ``<tmp>/elasticrun-<uid>/<run_id>`` (stable, so a restarted agent finds it).
+    ``<tmp>/elasticrun-<uid>/<run_id>`` (stable, so a restarted agent finds it), falling back to
+    ``$XDG_STATE_HOME/elasticrun/<run_id>`` when the former is not a private directory of this
+    user (see the module docstring).
 
     Raises:
-        OSError: ``<tmp>/elasticrun-<uid>`` cannot be created or is not this user's.
+        OSError: neither root can be created as a private directory of this user.
     """
     root = log_dir
     if not root:
-        root = os.path.join(tempfile.gettempdir(), f"elasticrun-{os.geteuid()}")
-        _private_dir(root)
+        shared = os.path.join(tempfile.gettempdir(), f"elasticrun-{os.geteuid()}")
+        try:
+            root = _private_dir(shared, repair_mode=True)
+        except OSError as error:
+            state_home = environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+            root = _private_dir(os.path.join(state_home, "elasticrun"), repair_mode=True)
+            log.warning("Run %s: cannot keep PID files in %s (%s; another user may have created it); keeping "
+                        "them in %s instead.", run_id, shared, error, root)
     return os.path.join(root, run_id.replace(os.sep, "_") or "run")
 
 
@@ -114,7 +137,8 @@ class Lifeline:
         if me is None:  # psutil cannot see this process: nothing can be tracked
             raise LifelineError("cannot read this process's start time")
         self._me = me
-        self.path = os.path.join(directory, f"workers-{me.pid}.json")
+        self._host = pidfile.host_key()
+        self.path = os.path.join(directory, pidfile.file_name(self._host, me.pid))
         self._workers: dict[int, ProcessId] = {}
         self._lock = threading.Lock()
         self._pipe_w: int | None = None
@@ -147,8 +171,9 @@ class Lifeline:
     def stop_stale(self) -> list[int]:
         """SIGKILL the workers named by the PID files of dead agents here, and remove those files.
 
-        Files of live agents (another node of the run on this host) are left alone; a bad file
-        is reported in one line and left in place. Returns the pids signalled.
+        Only files of this host and PID namespace are read (by name, then by content); files of
+        live agents (another node of the run on this host) are left alone; a bad file is
+        reported in one line and left in place. Returns the pids signalled.
         """
         stopped: list[int] = []
         try:
@@ -157,14 +182,18 @@ class Lifeline:
             return stopped
         for name in names:
             path = os.path.join(self.directory, name)
-            if not (name.startswith("workers-") and name.endswith(".json")) or path == self.path:
-                continue
+            if not pidfile.is_file_of(name, self._host) or path == self.path:
+                continue  # another host's (a shared --log-dir) or PID namespace's: its pids are not ours
             try:
                 live = pidfile.read(path)
             except FileNotFoundError:
                 continue
             except (pidfile.PidFileError, OSError) as exc:
                 log.warning("Run %s node %s: ignoring the PID file %s: %s", self.run_id, self._node, path, exc)
+                continue
+            if live.host != self._host:
+                log.warning("Run %s node %s: ignoring the PID file %s: it names host %s, not this one (%s)",
+                            self.run_id, self._node, path, live.host, self._host)
                 continue
             if pidfile.liveness(live.agent, pidfile.start_time(live.agent.pid)) is pidfile.Liveness.ALIVE:
                 continue
@@ -214,7 +243,7 @@ class Lifeline:
             self._watchdog = None
 
     def _write(self) -> None:
-        live = LiveWorkers(self.run_id, self._me, tuple(self._workers.values()))
+        live = LiveWorkers(self.run_id, self._me, tuple(self._workers.values()), self._host)
         try:
             pidfile.write(self.path, live)
         except FileNotFoundError:  # a dead agent's watchdog removed the emptied directory
@@ -232,15 +261,17 @@ class Lifeline:
         read_end, self._pipe_w = os.pipe()  # both close-on-exec; only the watchdog gets read_end
         try:
             self._watchdog = subprocess.Popen(
-                [sys.executable, "-m", "elastic.agent.lifeline.watchdog", self.path],
+                [sys.executable, "-c", WATCHDOG_PROGRAM, os.path.abspath(self.path)],
                 stdin=read_end, stdout=subprocess.DEVNULL, start_new_session=True, close_fds=True,
             )  # fmt: skip
         finally:
             os.close(read_end)
 
 
-def _private_dir(directory: str) -> str:
-    """``directory``, created (0700) if missing.
+def _private_dir(directory: str, *, repair_mode: bool = False) -> str:
+    """``directory``, created (0700) if missing; with ``repair_mode``, made 0700 again when it is
+    ours but open to others (not done for a run directory under ``--log-dir``, which may be
+    meant for a group to read).
 
     Raises:
         OSError: it cannot be created; LifelineError (an OSError): it is not a directory owned
@@ -250,4 +281,6 @@ def _private_dir(directory: str) -> str:
     info = os.lstat(directory)
     if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
         raise LifelineError(f"{directory} is not a directory owned by this user (uid {os.geteuid()})")
+    if repair_mode and info.st_mode & 0o077:  # ours, but others could rename or delete our files in it
+        os.chmod(directory, 0o700)
     return directory

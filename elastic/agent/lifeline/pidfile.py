@@ -1,8 +1,13 @@
 """The PID file of one agent's live workers, and stopping the workers a dead agent left.
 
-An agent keeps ``<state dir>/workers-<agent pid>.json`` up to date: its own identity and each
-live worker's, where an identity is a pid *and* the process's start time, so a pid the kernel
-gave to another process since is never taken for a worker. Two readers use it: the lifeline
+An agent keeps ``<state dir>/workers-<host key>-<agent pid>.json`` up to date: its own identity
+and each live worker's, where an identity is a pid *and* the process's start time, so a pid the
+kernel gave to another process since is never taken for a worker. A pid means something only
+in one PID namespace of one boot of one machine: :func:`host_key` names that (host name, boot
+id, PID namespace), the file's name and content carry it, and nobody acts on a file of another
+key. (Agents sharing ``--log-dir`` across hosts, or in containers with their own PID
+namespaces, once judged each other's pids in their own namespace: one SIGKILLed an unrelated
+local process and deleted a live agent's file.) Two readers use it: the lifeline
 watchdog (:mod:`elastic.agent.lifeline.watchdog`) when its agent dies, and a restarted agent of the same
 run, which stops what a dead agent's file still names before it starts new workers.
 
@@ -21,12 +26,16 @@ session's members remain; only a restart long after the death leaves time for th
 from __future__ import annotations
 
 import enum
+import functools
+import hashlib
 import json
 import os
+import re
 import signal
+import socket
 import stat
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 import psutil
@@ -42,6 +51,9 @@ __all__ = [
     "ProcessId",
     "decode",
     "encode",
+    "file_name",
+    "host_key",
+    "is_file_of",
     "kill_workers",
     "liveness",
     "read",
@@ -52,7 +64,7 @@ __all__ = [
 MAX_FILE_BYTES = 1 << 20
 """A PID file larger than this is refused (it names a node's workers: a few hundred bytes)."""
 
-VERSION = 1
+VERSION = 2
 # Start times are psutil's (boot time + clock ticks): equal for one process whoever reads them.
 _START_TOLERANCE_S = 0.05
 _KILL_PASSES_S = 2.0
@@ -73,13 +85,46 @@ class ProcessId:
         return None if start is None else cls(pid, start)
 
 
+@functools.lru_cache(maxsize=1)
+def host_key() -> str:
+    """Where this process's pids mean something: ``<host name>-<12 hex digits>``, the digits a
+    hash of the boot id and the PID namespace (Linux; elsewhere the host name alone)."""
+    name = re.sub(r"[^A-Za-z0-9.-]", "_", socket.gethostname())[:63] or "host"
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii", errors="replace") as boot:
+            boot_id = boot.read(64).strip()
+    except OSError:
+        boot_id = ""
+    try:
+        namespace = str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        namespace = ""
+    return f"{name}-{hashlib.sha256(f'{boot_id}:{namespace}'.encode()).hexdigest()[:12]}"
+
+
+_KEY = re.compile(r"[A-Za-z0-9._-]{1,80}")
+
+
+def file_name(host: str, pid: int) -> str:
+    """The PID file name of agent ``pid`` on ``host`` (a :func:`host_key`)."""
+    return f"workers-{host}-{pid}.json"
+
+
+def is_file_of(name: str, host: str) -> bool:
+    """Whether ``name`` is a PID file name of an agent on ``host``."""
+    prefix = f"workers-{host}-"
+    return name.startswith(prefix) and name.endswith(".json") and name[len(prefix):-len(".json")].isdigit()
+
+
 @dataclass(frozen=True)
 class LiveWorkers:
-    """What one agent's PID file says: the run, the agent, and its live workers."""
+    """What one agent's PID file says: the run, the agent, its live workers, and where their
+    pids mean something (:func:`host_key`; this host unless given)."""
 
     run_id: str
     agent: ProcessId
     workers: tuple[ProcessId, ...] = ()
+    host: str = field(default_factory=host_key)
 
 
 class Liveness(enum.Enum):
@@ -115,7 +160,7 @@ def start_time(pid: int) -> float | None:
 
 def encode(live: LiveWorkers) -> bytes:
     """The file's bytes for ``live``."""
-    doc = {"v": VERSION, "run_id": live.run_id, "agent": _ident(live.agent),
+    doc = {"v": VERSION, "run_id": live.run_id, "host": live.host, "agent": _ident(live.agent),
            "workers": [_ident(w) for w in live.workers]}  # fmt: skip
     return json.dumps(doc, sort_keys=True).encode()
 
@@ -137,10 +182,12 @@ def decode(data: bytes) -> LiveWorkers:
     if not isinstance(doc, dict) or doc.get("v") != VERSION:
         version = doc.get("v") if isinstance(doc, dict) else None
         raise PidFileError(f"unknown version {version!r} (this agent reads version {VERSION})")
-    run_id, workers = doc.get("run_id"), doc.get("workers")
+    run_id, workers, host = doc.get("run_id"), doc.get("workers"), doc.get("host")
     if not isinstance(run_id, str) or not isinstance(workers, list):
         raise PidFileError("'run_id' must be a string and 'workers' a list")
-    return LiveWorkers(run_id, _process_id(doc.get("agent")), tuple(_process_id(w) for w in workers))
+    if not isinstance(host, str) or not _KEY.fullmatch(host):
+        raise PidFileError(f"'host' must be a host key (letters, digits, '.', '_', '-'), not {str(host)[:100]!r}")
+    return LiveWorkers(run_id, _process_id(doc.get("agent")), tuple(_process_id(w) for w in workers), host)
 
 
 def _process_id(item: object) -> ProcessId:

@@ -1,4 +1,4 @@
-"""The lifeline watchdog: ``python -m elastic.agent.lifeline.watchdog <pid file>``, one per agent.
+"""The lifeline watchdog: ``python -c <WATCHDOG_PROGRAM> <pid file>``, one per agent (it calls :func:`main`).
 
 The agent (:class:`elastic.agent.lifeline.keeper.Lifeline`) starts it in its own session with stdin
 the read end of a pipe whose only write end the agent holds. When the agent dies, however, the
@@ -33,6 +33,10 @@ def watch(path: str) -> int:
     except (pidfile.PidFileError, OSError) as exc:
         print(f"elasticrun watchdog: cannot read {path}: {exc}", file=sys.stderr)
         return 1
+    if live.host != pidfile.host_key():  # its pids mean other processes here: never act on them
+        print(f"elasticrun watchdog: {path} names host {live.host}, not this one ({pidfile.host_key()}); "
+              "leaving it alone", file=sys.stderr)
+        return 1
     killed = pidfile.kill_workers(live.workers)
     pidfile.remove(path)
     if killed:
@@ -44,10 +48,15 @@ def watch(path: str) -> int:
     return 0
 
 
-if __name__ == "__main__":
+def main() -> None:
+    """The entry point: ``sys.argv[1]`` is the PID file; never returns."""
     if len(sys.argv) != 2:
         print("usage: python -m elastic.agent.lifeline.watchdog <pid file>  (started by elasticrun)", file=sys.stderr)
         sys.exit(2)
     status = watch(sys.argv[1])
     sys.stderr.flush()
     os._exit(status)  # skip the interpreter's teardown: the agent may be waiting for this exit
+
+
+if __name__ == "__main__":
+    main()

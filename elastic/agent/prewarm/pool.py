@@ -37,6 +37,7 @@ import psutil
 from elastic.agent.errors import TemplateError
 from elastic.agent.lifeline.keeper import parent_death_preexec
 from elastic.agent.prewarm.template import BOOT
+from elastic.agent.safe_path import isolated_program
 from elastic.agent.prewarm.wire import (ENTRYPOINT_KINDS, FrameReader, TemplateWireError, WorkerJob, encode,
                                          fork_request)
 from elastic.agent.processes.worker_env import fixed_worker_env
@@ -61,6 +62,9 @@ FORK_TIMEOUT_S = 10.0
 CLOSE_TIMEOUT_S = 5.0
 # After a template dies, how long its forked workers get to die of their parent-death signal.
 ORPHAN_WAIT_S = 5.0
+# The template's program: the agent's working directory is not on its path (safe_path); the
+# template puts the workers' sys.path[0] first itself.
+_ISOLATED_BOOT = isolated_program(BOOT, package_root=True)
 
 
 class TemplateState(enum.Enum):
@@ -180,7 +184,7 @@ class Template:
         self.started_at = time.monotonic()
         try:
             self.proc = subprocess.Popen(
-                [self.spec.python, "-u", "-c", BOOT, str(theirs.fileno()), self.spec.path0, ",".join(self.spec.modules)],
+                [self.spec.python, "-u", "-c", _ISOLATED_BOOT, str(theirs.fileno()), self.spec.path0, ",".join(self.spec.modules)],
                 env=dict(self.spec.env), stdin=subprocess.DEVNULL, pass_fds=(theirs.fileno(),),
                 start_new_session=True, close_fds=True, preexec_fn=parent_death_preexec(),
             )  # fmt: skip
@@ -334,15 +338,26 @@ class Template:
             if not data:
                 break
             try:
-                messages = reader.feed(data)
+                for message in reader.feed(data):
+                    self._apply(message)
             except TemplateWireError as error:
                 self._kill(str(error))
                 break
-            for message in messages:
-                self._apply(message)
         self._died()
 
     def _apply(self, message: dict) -> None:
+        """Apply one message of the template.
+
+        Raises:
+            TemplateWireError: a field has the wrong type (the template speaks nonsense).
+        """
+        try:
+            self._apply_checked(message)
+        except (KeyError, TypeError, ValueError) as error:
+            raise TemplateWireError(f"A malformed {str(message.get('op'))[:40]!r} message from the template: "
+                                    f"{type(error).__name__}: {str(error)[:100]}") from error
+
+    def _apply_checked(self, message: dict) -> None:
         op = message.get("op")
         if op == "ready":
             self.ready_info = message

@@ -1,7 +1,8 @@
 """The program of a worker template: import the user's modules once, then fork workers on request.
 
 Run by the agent (:mod:`elastic.agent.prewarm.pool`) as ``python -u -c BOOT FD PATH0 MODULES``
-with the worker environment's fixed part, in its own session, with the parent-death signal.
+(``BOOT`` behind :func:`~elastic.agent.safe_path.isolated_program`: nothing is imported from the
+agent's working directory) with the worker environment's fixed part, in its own session, with the parent-death signal.
 FD is its end of a Unix socket pair; PATH0 is the ``sys.path[0]`` the workers get; MODULES is
 the comma-separated ``--prewarm-modules``. It imports them, checks itself
 (:mod:`elastic.agent.prewarm.check`) and answers ``ready`` or ``refused``. Then, for each
@@ -65,8 +66,13 @@ def _send(chan: socket.socket, message: dict[str, Any]) -> None:
 
 
 def _prepare(chan: socket.socket, path0: str, modules: list[str]) -> bool:
-    """Import the modules with the workers' ``sys.path[0]``, check, and report; True if ready."""
-    sys.path[0] = path0
+    """Import the modules with the workers' ``sys.path[0]``, check, and report; True if ready.
+
+    The template starts without the implicit working-directory entry (``python -c`` with
+    :func:`~elastic.agent.safe_path.isolated_program`), so ``path0`` goes first, where
+    ``python -u script.py`` puts the script's directory; a forked worker replaces it with its own.
+    """
+    sys.path.insert(0, path0)
     for name in modules:
         try:
             __import__(name)

@@ -3,7 +3,8 @@
 A frame is a 4-byte big-endian length and that many bytes of UTF-8 JSON holding one object.
 :func:`encode` builds a frame; :class:`FrameReader` cuts a byte stream back into objects and
 refuses a frame longer than its bound before buffering it, so a peer cannot make the reader
-hold more than one bounded frame. :class:`WorkerJob` is what a ``fork`` request carries;
+hold more than one bounded frame, and refuses JSON nested deeper than :data:`MAX_NESTING` (a
+``RecursionError`` from the decoder once killed the agent's reader thread). :class:`WorkerJob` is what a ``fork`` request carries;
 :func:`fork_request` writes it and :func:`read_fork_request` reads it back, checked. Pure and
 stdlib-only: the template imports this before the user's modules, and the tests feed it bytes.
 """
@@ -15,7 +16,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-__all__ = ["ENTRYPOINT_KINDS", "MAX_FRAME_BYTES", "FrameReader", "TemplateWireError", "WorkerJob", "encode",
+__all__ = ["ENTRYPOINT_KINDS", "MAX_FRAME_BYTES", "MAX_NESTING", "FrameReader", "TemplateWireError", "WorkerJob", "encode",
            "fork_request", "read_fork_request"]
 
 # Entrypoints a template can run; ``command`` (``--no-python``) starts as always.
@@ -23,6 +24,8 @@ ENTRYPOINT_KINDS = ("script", "module", "run_path")
 
 # A worker's environment, argv and paths: a few kilobytes to tens of kilobytes in practice.
 MAX_FRAME_BYTES = 1 << 20
+# Our messages nest three deep ({"env": {...}}); anything far deeper is not ours.
+MAX_NESTING = 32
 _HEADER = struct.Struct(">I")
 
 
@@ -49,8 +52,8 @@ class FrameReader:
     """Cuts a byte stream into messages; holds at most one frame (``limit`` bytes) plus a header.
 
     Raises (from :meth:`feed`):
-        TemplateWireError: a frame announces more than ``limit`` bytes, or is not a JSON
-            object. The stream is then unusable: the caller drops the connection.
+        TemplateWireError: a frame announces more than ``limit`` bytes, is not a JSON object,
+            or nests deeper than :data:`MAX_NESTING`. The stream is then unusable: the caller drops the connection.
     """
 
     def __init__(self, limit: int = MAX_FRAME_BYTES) -> None:
@@ -72,10 +75,14 @@ class FrameReader:
             del self._buffer[:end]
             try:
                 message = json.loads(body)
+            except RecursionError:
+                raise TemplateWireError(f"A template frame is nested deeper than {MAX_NESTING} levels.") from None
             except (UnicodeDecodeError, ValueError) as error:
-                raise TemplateWireError(f"A template frame is not JSON: {error}") from error
+                raise TemplateWireError(f"A template frame is not JSON: {str(error)[:200]}") from error
             if not isinstance(message, dict):
                 raise TemplateWireError(f"A template frame holds {type(message).__name__}, not an object.")
+            if _nested_deeper(message, MAX_NESTING):
+                raise TemplateWireError(f"A template frame is nested deeper than {MAX_NESTING} levels.")
             messages.append(message)
         return messages
 
@@ -83,6 +90,20 @@ class FrameReader:
     def pending(self) -> int:
         """Bytes received but not yet part of a complete frame."""
         return len(self._buffer)
+
+
+def _nested_deeper(value: Any, limit: int) -> bool:
+    """Whether ``value`` holds lists or objects more than ``limit`` deep (walked without recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
 
 
 @dataclass(frozen=True)

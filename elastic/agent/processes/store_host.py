@@ -21,13 +21,14 @@ from typing import Mapping
 
 from elastic.agent.errors import StoreHostError
 from elastic.agent.lifeline.keeper import parent_death_preexec
+from elastic.agent.safe_path import isolated_program
 
 log = logging.getLogger(__name__)
 
 __all__ = ["StoreHost", "StoreHostError"]
 
 # The helper's program, run as ``python -c`` by the workers' interpreter (it may not have our
-# package; it must have torch). argv[1]: the fd of its end of the pair. Replies, one line each:
+# package; it must have torch), without the agent's working directory on its path (safe_path). argv[1]: the fd of its end of the pair. Replies, one line each:
 # "ready" once torch is imported, then per socket received "serving <port>" or "error <text>";
 # a message without a socket drops the current store.
 _HOST_PROGRAM = r"""
@@ -152,7 +153,7 @@ class StoreHost:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)  # one message per send
         try:
             self._proc = subprocess.Popen(
-                [self._python, "-c", _HOST_PROGRAM, str(theirs.fileno())],
+                [self._python, "-c", isolated_program(_HOST_PROGRAM), str(theirs.fileno())],
                 env=self._environ, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL, pass_fds=(theirs.fileno(),), start_new_session=True,
                 preexec_fn=parent_death_preexec(),  # dies with the agent, even during its torch import

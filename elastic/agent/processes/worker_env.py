@@ -29,6 +29,8 @@ Matches ``torchrun`` 2.13 (``LocalElasticAgent._start_workers`` + ``DefaultLogsS
 ``OMP_NUM_THREADS``              inherited value, else ``1`` when ``nproc > 1``
 ===============================  =============================================================
 
+Unlike torchrun, an inline ``token=``/``password=`` in ``PET_RDZV_CONF`` is removed (the rest
+of the variable is kept): a rendezvous secret never reaches a worker.
 torchrun 2.13 does **not** set ``NCCL_ASYNC_ERROR_HANDLING`` or ``TORCH_NCCL_DUMP_ON_TIMEOUT``.
 Deliberate differences: no ``TORCHELASTIC_TIMER_FILE`` (we run no ``FileTimerServer`` for
 ``TORCHELASTIC_ENABLE_FILE_TIMER=1``) and no ``--virtual-local-rank`` ``CUDA_VISIBLE_DEVICES``
@@ -43,6 +45,7 @@ from string import Template
 from typing import TYPE_CHECKING, Mapping
 
 from elastic.config import Entrypoint, LaunchConfig
+from elastic.rendezvous.secret_sources import without_inline_secrets
 
 if TYPE_CHECKING:  # the handler module pulls in the backends; workers need none of it
     from elastic.rendezvous.api import RendezvousInfo
@@ -161,8 +164,10 @@ def fixed_worker_env(base: Mapping[str, str], config: LaunchConfig, local_rank: 
     ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``ROLE_NAME``, ``TORCHELASTIC_MAX_RESTARTS``,
     ``TORCHELASTIC_SIGNALS_TO_HANDLE``, ``TORCH_NCCL_ASYNC_ERROR_HANDLING`` and
     ``OMP_NUM_THREADS``. A pre-warmed template imports its modules with it
-    (:mod:`elastic.agent.prewarm.pool`), so what they read at import is what a worker would see."""
-    env = dict(base)
+    (:mod:`elastic.agent.prewarm.pool`), so what they read at import is what a worker would see.
+    Inline rendezvous secrets in ``base`` (``PET_RDZV_CONF`` with ``token=``/``password=``) are
+    left out: the agent has read them, and no worker may inherit them."""
+    env = without_inline_secrets(base)
     env.update(
         {
             "LOCAL_RANK": str(local_rank),

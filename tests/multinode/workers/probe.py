@@ -2,6 +2,7 @@
 
     probe.py TABLE [--steps N] [--step-sleep S] [--stop-file F] [--crash-node NODE]
                    [--crash-at-step K] [--crash-once-file F] [--pg-timeout S] [--max-seconds S]
+                   [--checkpoint-dir D]
 
 Appends to ``TABLE`` (one ``write`` per row on an ``O_APPEND`` descriptor, so every worker of
 every agent shares one file):
@@ -20,6 +21,9 @@ runs until that file exists instead (checked collectively: every rank stops at t
 ``--crash-node NODE --crash-at-step K`` makes the worker with ``PROBE_NODE == NODE`` and
 ``LOCAL_RANK == 0`` SIGKILL itself at step K, once per ``--crash-once-file`` (created with
 ``O_EXCL``, so exactly one crash happens whatever restart counts the launchers give).
+``--checkpoint-dir D`` keeps each worker's step count in ``D/<PROBE_NODE>-<LOCAL_RANK>`` (a
+machine's own disk: nothing shared between nodes) and resumes ``--steps`` from it, as a training
+script with node-local checkpoints does; ``finished`` then carries ``resumed_from``.
 """
 
 from __future__ import annotations
@@ -79,6 +83,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--crash-once-file", default="")
     parser.add_argument("--pg-timeout", type=float, default=20.0)
     parser.add_argument("--max-seconds", type=float, default=90.0)
+    parser.add_argument("--checkpoint-dir", default="")
     return parser.parse_args(argv)
 
 
@@ -103,9 +108,29 @@ def should_crash(args: argparse.Namespace, table: Table, step: int) -> bool:
     return True
 
 
-def train(args: argparse.Namespace, table: Table, dist, torch) -> int:
-    """All-reduce ``[1, stop]`` each step; returns the steps done."""
-    step = 0
+class Checkpoint:
+    """This worker's step count on its node's own disk (``--checkpoint-dir``; nothing without it)."""
+
+    def __init__(self, directory: str, table: Table) -> None:
+        name = f"{table.env.get('PROBE_NODE')}-{os.environ.get('LOCAL_RANK', '0')}"
+        self.path = os.path.join(directory, name) if directory else ""
+
+    def load(self) -> int:
+        if not self.path or not os.path.exists(self.path):
+            return 0
+        with open(self.path) as saved:
+            return int(saved.read() or 0)
+
+    def save(self, step: int) -> None:
+        if self.path:
+            with open(f"{self.path}.tmp", "w") as out:
+                out.write(str(step))
+            os.replace(f"{self.path}.tmp", self.path)
+
+
+def train(args: argparse.Namespace, table: Table, dist, torch, checkpoint: Checkpoint, start: int = 0) -> int:
+    """All-reduce ``[1, stop]`` each step from step ``start``; returns the steps done."""
+    step = start
     while True:
         if args.steps and not args.stop_file and step >= args.steps:
             return step
@@ -113,6 +138,7 @@ def train(args: argparse.Namespace, table: Table, dist, torch) -> int:
         tensor = torch.tensor([1.0, stop])
         dist.all_reduce(tensor)
         step += 1
+        checkpoint.save(step)
         if tensor[1].item() > 0:
             return step
         if should_crash(args, table, step):
@@ -141,8 +167,10 @@ def main(argv: list[str]) -> int:
         dist.all_gather_object(tokens, table.token)
         table.row("formed", rank=rank, world=world, allreduce_sum=int(summed.item()), tokens=tokens,
                   imported=imported)
-        steps = train(args, table, dist, torch)
-        table.row("finished", steps=steps)
+        checkpoint = Checkpoint(args.checkpoint_dir, table)
+        start = checkpoint.load()
+        steps = train(args, table, dist, torch, checkpoint, start)
+        table.row("finished", steps=steps, resumed_from=start)
         dist.destroy_process_group()
     except Exception as error:  # a failed group or collective: one row, a non-zero exit
         table.row("failed", error=f"{type(error).__name__}: {error}"[:500])

@@ -1,0 +1,77 @@
+"""A DistributedDataParallel whose gradients are averaged over the live group.
+
+Stock DDP talks to its process group directly: a broadcast at construction, a broadcast when it
+rebuilds its buckets after the first iteration, one for buffers in every forward. Those calls
+block in C++ and would hang on a frozen peer, and a DDP built on one round's group is useless
+on the next. So, as TorchFT's DDP does, the module is given a private one-rank gloo group
+(those calls become local no-ops) and a comm hook that sends each bucket through
+:meth:`LiveTraining.bucket_allreduce` on whatever group is current: one DDP lives through every
+re-forming, and a hung bucket is abandoned when the next round arrives.
+
+Consequences, by design:
+
+* ``find_unused_parameters=True`` is forced: it is what stops DDP from rebuilding its buckets
+  after the first iteration, which would give a survivor and a joiner different bucket
+  layouts (torch prints a one-time warning about it when no parameter is unused).
+* Buffers (BatchNorm statistics) are not broadcast each forward; they travel in the state when
+  a rank heals. Put them in ``state_dict()``.
+* ``init_sync`` is off: the first heal sends rank 0's state to everyone (``LiveOptions.init_sync``).
+
+Users who prefer stock DDP on :attr:`LiveTraining.group` can rebuild it in ``on_reform``; its
+own collectives then wait for the collective timeout on a frozen peer.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from elastic.worker.errors import LiveRecoveryError
+
+if TYPE_CHECKING:
+    from elastic.worker.live import LiveTraining
+
+__all__ = ["live_ddp", "local_group"]
+
+_FORCED = ("process_group", "init_sync", "find_unused_parameters", "device_mesh")
+
+
+def local_group() -> dist.ProcessGroup:
+    """A one-rank gloo process group private to this process (no network, no store peers).
+
+    Raises:
+        LiveRecoveryError: this torch's private API for building a group changed.
+    """
+    store = dist.HashStore()
+    try:
+        group = dist.ProcessGroup(store, 0, 1)
+        backend = dist.ProcessGroupGloo(store, 0, 1, timedelta(seconds=60))
+        group._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
+        group._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, backend)
+        if torch.cuda.is_available():
+            group._register_backend(torch.device("cuda"), dist.ProcessGroup.BackendType.GLOO, backend)
+    except (AttributeError, TypeError, RuntimeError) as error:
+        raise LiveRecoveryError(f"cannot build a local process group with torch {torch.__version__}: {error}") from error
+    return group
+
+
+def _hook(live, bucket):  # unannotated: DDP checks the annotations' values, which postponed evaluation makes strings
+    return live.bucket_allreduce(bucket.buffer())
+
+
+def live_ddp(live: LiveTraining, module: torch.nn.Module, **kwargs: Any) -> DistributedDataParallel:
+    """Wrap ``module`` in a DDP whose buckets go through ``live``.
+
+    Raises:
+        ValueError: ``kwargs`` sets one of the arguments this wrapper fixes.
+    """
+    fixed = sorted(set(kwargs) & set(_FORCED))
+    if fixed:
+        raise ValueError(f"live_ddp() sets {', '.join(fixed)} itself; leave them out.")
+    ddp = DistributedDataParallel(module, process_group=local_group(), init_sync=False, find_unused_parameters=True, **kwargs)
+    ddp.register_comm_hook(live, _hook)
+    return ddp

@@ -1,0 +1,121 @@
+"""Pure decisions of live recovery: no I/O, no clocks, no threads, no torch.
+
+Each is tested with a case table in ``tests/worker/test_decisions.py``.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Sequence
+
+__all__ = [
+    "HealPlan",
+    "LossAction",
+    "RoundAction",
+    "decide_after_loss",
+    "decide_round",
+    "interrupt_due",
+    "plan_heal",
+]
+
+
+class RoundAction(enum.Enum):
+    """What to do with a round read from the pipe."""
+
+    NEWER = "newer"
+    """Newer than the round in use and than any pending one: it becomes the pending round."""
+    REPEAT = "repeat"
+    """The round in use or the one already pending, written again: ignored."""
+    STALE = "stale"
+    """Older than what this worker already has: ignored with a warning (the agent went back)."""
+
+
+def decide_round(current: int, pending: int | None, incoming: int) -> RoundAction:
+    """Classify round ``incoming`` against the round in use and the pending one (if any).
+
+    A round is identified by its number alone: the agent publishes a round only when something
+    changed (a member left or joined, a worker was replaced), and a worker cannot tell from a
+    line whether the processes behind its peers' ranks are the same ones, so every newer round
+    is re-formed, even one whose ranks and world size equal the current round's.
+    """
+    newest = current if pending is None else max(current, pending)
+    if incoming > newest:
+        return RoundAction.NEWER
+    if incoming == current or incoming == pending:
+        return RoundAction.REPEAT
+    return RoundAction.STALE
+
+
+def interrupt_due(started: float, now: float, grace: float) -> bool:
+    """Whether a collective in flight since ``started`` is abandoned, given that a newer round is pending.
+
+    A collective that finishes within ``grace`` of its start is let finish: when a healthy peer
+    joins or leaves cleanly the old group's collectives complete (or fail at once), and
+    abandoning them would only cost a state transfer. One still running after ``grace`` is hung
+    on a frozen peer (the agent published the round a lease TTL after the freeze, so such a
+    collective is already older than any sensible grace when the round arrives).
+    """
+    return now - started >= grace
+
+
+@dataclass(frozen=True)
+class HealPlan:
+    """Who sends the state and who receives it after a group formed.
+
+    ``step`` is the step every rank continues from; ``source`` is ``None`` when nobody receives.
+    """
+
+    step: int
+    source: int | None
+    receivers: tuple[int, ...]
+
+
+def plan_heal(steps: Sequence[int], init_sync: bool) -> HealPlan:
+    """The heal of a group whose rank ``r`` has committed ``steps[r]`` steps.
+
+    The ranks with the most steps are the sources and the lowest-ranked of them sends; every
+    rank behind it receives (a restarted or new worker, or a survivor whose last collective
+    failed after a peer's had completed, so that it did not commit a step the others did).
+    Survivors that are level redo nothing. At step 0 with ``init_sync``, rank 0 sends to all,
+    so that a job need not seed its initialisation identically everywhere.
+
+    Raises:
+        ValueError: ``steps`` is empty or holds a negative step.
+    """
+    if not steps:
+        raise ValueError("A heal plan needs the step of at least one rank.")
+    if min(steps) < 0:
+        raise ValueError(f"Steps must not be negative: {list(steps)}.")
+    top = max(steps)
+    if top == 0:
+        receivers = tuple(range(1, len(steps))) if init_sync else ()
+        return HealPlan(0, 0 if receivers else None, receivers)
+    source = steps.index(top)
+    receivers = tuple(rank for rank, step in enumerate(steps) if step < top)
+    return HealPlan(top, source if receivers else None, receivers)
+
+
+class LossAction(enum.Enum):
+    """What a worker whose group was lost does next."""
+
+    TAKE_PENDING = "take-pending"
+    """A newer round is already pending: form it."""
+    WAIT = "wait"
+    """Wait for the agent to publish a newer round."""
+    GIVE_UP_AGENT_GONE = "agent-gone"
+    """The pipe is at EOF: no round will come; exit non-zero."""
+    GIVE_UP_DEADLINE = "deadline"
+    """No round came before the deadline; exit non-zero so the agent restarts the group."""
+
+
+def decide_after_loss(pending: bool, eof: bool, deadline_passed: bool) -> LossAction:
+    """The next step of a worker whose group is lost (a pending round wins over EOF: it was
+    published before the agent went away, and the peers may form it)."""
+    if pending:
+        return LossAction.TAKE_PENDING
+    if eof:
+        return LossAction.GIVE_UP_AGENT_GONE
+    if deadline_passed:
+        return LossAction.GIVE_UP_DEADLINE
+    return LossAction.WAIT

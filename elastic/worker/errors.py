@@ -1,0 +1,67 @@
+"""The ``elastic.worker`` error tree. Foreign errors (torch, sockets, JSON) reach callers
+wrapped with ``raise ... from``.
+
+Two branches matter to a training loop:
+
+* :class:`GroupLost` is *recoverable*: the current process group cannot be used any more (a
+  collective failed, or a newer round abandoned it). :meth:`LiveTraining.train_step` catches
+  it, so the loop redoes the step that was not committed on the next group.
+* :class:`RecoveryFailed` is *terminal*: the worker cannot rejoin (no newer round came in
+  time, or the agent closed the round pipe). It propagates, the process exits non-zero, and
+  the agent falls back to a group restart.
+"""
+
+from __future__ import annotations
+
+
+class LiveRecoveryError(Exception):
+    """Base of every error ``elastic.worker`` raises."""
+
+
+class WorkerEnvError(LiveRecoveryError, ValueError):
+    """The worker environment is missing a variable or holds a bad value; the message names it."""
+
+
+class LiveOptionsError(LiveRecoveryError, ValueError):
+    """An option of :class:`elastic.worker.LiveOptions` is out of range; the message says which."""
+
+
+class RoundLineError(LiveRecoveryError, ValueError):
+    """A line read from the round pipe is not a valid round; the watcher logs it and goes on."""
+
+
+class StateTransferError(LiveRecoveryError):
+    """A state could not be encoded (an unsupported value in ``state_dict()``) or a received
+    header is malformed or over its bounds; the message names the entry or the bound."""
+
+
+class GroupLost(LiveRecoveryError):
+    """The current process group is unusable; recoverable at the next step boundary.
+
+    Attributes:
+        round: the round whose group was lost.
+    """
+
+    def __init__(self, message: str, round_number: int) -> None:
+        super().__init__(message)
+        self.round = round_number
+
+
+class CollectiveFailed(GroupLost):
+    """A collective of the group failed (a peer closed its connection, or the collective timed out)."""
+
+
+class Superseded(GroupLost):
+    """A newer round arrived while this group was forming or a collective was hung on it."""
+
+
+class RecoveryFailed(LiveRecoveryError):
+    """The worker cannot rejoin the job; it should exit non-zero so the agent restarts the group."""
+
+
+class NoRoundError(RecoveryFailed):
+    """The group was lost and no newer round arrived (or formed) before the deadline."""
+
+
+class AgentGoneError(RecoveryFailed):
+    """The group was lost and the round pipe is at EOF: the agent is gone, no round can come."""

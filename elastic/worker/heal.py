@@ -1,0 +1,76 @@
+"""Agree on the step after a group formed, and bring the ranks that are behind up to it.
+
+Every rank all-gathers its committed step; :func:`~elastic.worker.decisions.plan_heal` picks
+the lowest-ranked rank with the most steps as the source and everyone behind it as receivers;
+the source encodes ``state_dict()`` and sends it point to point; each receiver loads it with
+``load_state_dict``. Ranks that are level with the source do nothing.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+from elastic.worker.codec import encode_state
+from elastic.worker.decisions import plan_heal
+from elastic.worker.group import FormedGroup
+from elastic.worker.options import LiveOptions
+from elastic.worker.transfer import receive_state, send_state, wire_device
+
+__all__ = ["HealRole", "Healed", "heal"]
+
+
+class HealRole(enum.Enum):
+    SOURCE = "source"
+    RECEIVER = "receiver"
+    LEVEL = "level"
+    """Neither: this rank was level with the source, or nobody needed the state."""
+
+
+@dataclass(frozen=True)
+class Healed:
+    """The outcome of one heal on this rank."""
+
+    step: int
+    role: HealRole
+    steps: tuple[int, ...]
+    """Every rank's step before the heal, by rank."""
+    nbytes: int
+    agreed_at: float
+    done_at: float
+
+
+def heal(formed: FormedGroup, step: int, options: LiveOptions, state_dict: Callable[[], Any],
+         load_state_dict: Callable[[Any], None], clock: Callable[[], float] = time.monotonic) -> Healed:
+    """Agree on the step and transfer the state to the ranks behind; the step to continue from.
+
+    Raises:
+        GroupLost: a peer failed, or a newer round abandoned the group, during the heal.
+        StateTransferError: the state cannot be encoded, or a received header is malformed.
+    """
+    group = formed.group
+    mine = torch.tensor([step], dtype=torch.int64, device=wire_device(group))
+    gathered = [torch.zeros_like(mine) for _ in range(formed.round.world_size)]
+    formed.registry.launch([dist.all_gather(gathered, mine, group=group, async_op=True)]).wait()
+    steps = tuple(int(value.item()) for value in gathered)
+    agreed_at = clock()
+    plan = plan_heal(steps, options.init_sync)
+    rank = formed.round.rank
+    nbytes = 0
+    role = HealRole.LEVEL
+    if plan.source == rank:
+        encoded = encode_state(state_dict(), options.coalesce_bytes, wire_device(group))
+        nbytes = send_state(formed.registry, group, encoded, plan.receivers)
+        role = HealRole.SOURCE
+    elif rank in plan.receivers:
+        assert plan.source is not None  # plan_heal names a source whenever it names receivers
+        received = receive_state(formed.registry, group, plan.source, options.max_header_bytes)
+        load_state_dict(received.state)
+        nbytes = received.nbytes
+        role = HealRole.RECEIVER
+    return Healed(plan.step, role, steps, nbytes, agreed_at, clock())

@@ -1,0 +1,62 @@
+"""Settings of live recovery in a worker, validated on construction."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from elastic.worker.errors import LiveOptionsError
+
+__all__ = ["LiveOptions"]
+
+
+@dataclass(frozen=True)
+class LiveOptions:
+    """How a worker forms, waits and heals. Times are seconds.
+
+    Attributes:
+        backend: ``"gloo"`` or ``"nccl"``; ``None`` picks nccl when CUDA is available, else gloo.
+        collective_timeout: the process group's own timeout for one collective. It bounds how
+            long an abandoned group (hung on a frozen peer) keeps its threads and sockets, and
+            how long a peer may legitimately lag before its collective counts as failed.
+        store_timeout: the round store client's timeout (connect, and each key wait of the
+            process group's own rendezvous).
+        form_timeout: the longest a worker tries to form one round (store, barrier, group, heal)
+            before it gives up and exits non-zero; a newer round restarts the clock.
+        round_wait_timeout: after its group is lost, the longest a worker waits for a newer round.
+        interrupt_grace: while a newer round is pending, a collective in flight this long is
+            abandoned (see :func:`elastic.worker.decisions.interrupt_due`); keep it below the
+            agent's lease TTL.
+        init_sync: at step 0, send rank 0's state to every rank.
+        max_header_bytes: the largest state header a worker accepts from a peer.
+        coalesce_bytes: tensors smaller than this travel packed into chunks of this size.
+        drain_timeout: at :meth:`close`, the longest to wait for abandoned collectives to end
+            (a process that exits while one is hung is aborted by gloo).
+    """
+
+    backend: str | None = None
+    collective_timeout: float = 60.0
+    store_timeout: float = 10.0
+    form_timeout: float = 60.0
+    round_wait_timeout: float = 60.0
+    interrupt_grace: float = 1.0
+    init_sync: bool = True
+    max_header_bytes: int = 16 * 1024 * 1024
+    coalesce_bytes: int = 4 * 1024 * 1024
+    drain_timeout: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.backend not in (None, "gloo", "nccl"):
+            raise LiveOptionsError(f"The backend ({self.backend!r}) must be 'gloo', 'nccl' or None.")
+        for name in ("collective_timeout", "store_timeout", "form_timeout", "round_wait_timeout", "interrupt_grace"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                raise LiveOptionsError(f"The {name.replace('_', ' ')} ({value!r}) must be a positive number of seconds.")
+        if isinstance(self.drain_timeout, bool) or not isinstance(self.drain_timeout, (int, float)) or self.drain_timeout < 0:
+            raise LiveOptionsError(f"The drain timeout ({self.drain_timeout!r}) must not be negative.")
+        for name in ("max_header_bytes", "coalesce_bytes"):
+            value = getattr(self, name)
+            if type(value) is not int or value < 1024:
+                raise LiveOptionsError(f"{name} ({value!r}) must be an integer of at least 1024.")
+        if not isinstance(self.init_sync, bool):
+            raise LiveOptionsError(f"init_sync ({self.init_sync!r}) must be True or False.")

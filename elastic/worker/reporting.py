@@ -1,0 +1,93 @@
+"""What a worker tells about its recoveries: a :class:`Recovery` value per re-formed group, and
+(optionally) one JSON line per event on ``ELASTIC_READY_FD`` for the agent.
+
+The ready pipe exists because the agent cannot otherwise tell a worker that re-formed round R
+from one still stuck forming it: it would have to wait for its fallback deadline in every
+recovery. Lines (``{"v": 1, "event": ..., "round": R, "rank": r, "step": s}``):
+
+* ``joining``: a worker started in round R has imported torch, built its state and is about to
+  form R. An agent that replaces a worker publishes R to the survivors on this line, not at the
+  replacement's fork: survivors then wait in R's barrier for a group setup, not for an import.
+* ``formed``: this worker formed round R and healed; it trains from step s.
+* ``lost``: this worker's group of round R was lost (a collective failed or was abandoned); it
+  waits for a newer round.
+
+Writes never block training: the pipe is non-blocking, a full pipe drops the line (with one
+warning), and a closed one (the agent is gone) is ignored.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import logging
+import os
+from dataclasses import dataclass
+
+from elastic.worker.heal import HealRole
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Cause", "ReadyWriter", "Recovery"]
+
+
+class Cause(enum.Enum):
+    """Why a group was formed."""
+
+    START = "start"
+    ROUND = "round"
+    """A newer round arrived and the group in use was healthy."""
+    LOST = "lost"
+    """The group in use was lost (a collective failed or was abandoned)."""
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """One formed group as this worker saw it. Times are ``time.monotonic()`` seconds.
+
+    ``began`` is when this worker started forming (for :attr:`Cause.LOST`, when it learnt the
+    group was lost); ``round_arrived`` when the round it formed reached the pipe (``None`` for
+    the round from the environment).
+    """
+
+    round: int
+    cause: Cause
+    step: int
+    steps_before: tuple[int, ...]
+    role: HealRole
+    nbytes: int
+    began: float
+    round_arrived: float | None
+    formed: float
+    healed: float
+    attempts: int
+    hung_works: int
+    """Works of abandoned groups still running (hung on a frozen peer) after this recovery."""
+
+
+class ReadyWriter:
+    """Non-blocking JSON lines to the agent on ``fd``."""
+
+    def __init__(self, fd: int, label: str) -> None:
+        self._fd = fd
+        self._label = label
+        self._warned = False
+        os.set_blocking(fd, False)
+        os.set_inheritable(fd, False)
+
+    def write(self, event: str, round_number: int, rank: int, step: int) -> None:
+        line = json.dumps({"v": 1, "event": event, "round": round_number, "rank": rank, "step": step}).encode() + b"\n"
+        try:
+            os.write(self._fd, line)
+        except BlockingIOError:
+            if not self._warned:
+                log.warning("%s: the ready pipe is full; dropped the %s line for round %d", self._label, event, round_number)
+                self._warned = True
+        except OSError:  # EPIPE/EBADF: the agent is gone; the round pipe will say so
+            pass
+
+    def close(self) -> None:
+        try:
+            os.close(self._fd)
+        except OSError:
+            pass

@@ -1,0 +1,35 @@
+"""benchmarks/live_recovery.py's arguments and its summary of repeated runs (the runs themselves
+are the live-recovery tests' scenarios, measured)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("live_recovery_benchmark", REPO / "benchmarks" / "live_recovery.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        del sys.modules[spec.name]
+
+
+def test_unknown_cases_are_refused_with_one_line(bench, capsys):
+    with pytest.raises(SystemExit) as exited:
+        bench.parse_args(["--cases", "crash,nodeloss"])
+    assert exited.value.code == 2 and "unknown cases: nodeloss" in capsys.readouterr().err
+
+
+def test_repeated_runs_are_summarised_by_median_and_range(bench):
+    assert bench._summary([{"gap": 0.3}, {"gap": 0.1}, {"gap": 0.2}]) == {"gap": {"median": 0.2, "min": 0.1, "max": 0.3}}
+    assert bench._summary([{"gap": 0.3}]) == {"gap": 0.3}

@@ -1,0 +1,79 @@
+"""Case tables for the pure decisions of live recovery."""
+
+from __future__ import annotations
+
+import pytest
+
+from elastic.worker.decisions import (
+    HealPlan,
+    LossAction,
+    RoundAction,
+    decide_after_loss,
+    decide_round,
+    interrupt_due,
+    plan_heal,
+)
+
+
+@pytest.mark.parametrize(
+    ("current", "pending", "incoming", "action"),
+    [
+        (3, None, 4, RoundAction.NEWER),
+        (3, None, 9, RoundAction.NEWER),  # rounds may be skipped
+        (3, None, 3, RoundAction.REPEAT),  # the round in use, written again
+        (3, None, 2, RoundAction.STALE),
+        (3, 5, 6, RoundAction.NEWER),  # replaces the pending one
+        (3, 5, 5, RoundAction.REPEAT),
+        (3, 5, 4, RoundAction.STALE),  # older than the pending one
+        (3, 5, 3, RoundAction.REPEAT),
+        (0, None, 0, RoundAction.REPEAT),
+    ],
+)
+def test_decide_round(current, pending, incoming, action):
+    assert decide_round(current, pending, incoming) is action
+
+
+@pytest.mark.parametrize(
+    ("started", "now", "grace", "due"),
+    [(10.0, 10.2, 0.5, False), (10.0, 10.5, 0.5, True), (10.0, 13.0, 0.5, True), (10.0, 10.0, 0.001, False)],
+)
+def test_interrupt_due(started, now, grace, due):
+    assert interrupt_due(started, now, grace) is due
+
+
+@pytest.mark.parametrize(
+    ("steps", "init_sync", "plan"),
+    [
+        ((0, 0, 0), True, HealPlan(0, 0, (1, 2))),  # job start: rank 0's initialisation everywhere
+        ((0, 0, 0), False, HealPlan(0, None, ())),
+        ((0,), True, HealPlan(0, None, ())),  # alone: nothing to send
+        ((25, 25), True, HealPlan(25, None, ())),  # survivors after a crash: nobody behind
+        ((25, 25, 0), True, HealPlan(25, 0, (2,))),  # a new worker heals from rank 0
+        ((0, 25, 25), True, HealPlan(25, 1, (0,))),  # the joiner took rank 0: the source is rank 1
+        ((25, 24, 25), True, HealPlan(25, 0, (1,))),  # a survivor whose last all-reduce failed late
+        ((7, 25, 0, 25), False, HealPlan(25, 1, (0, 2))),
+    ],
+)
+def test_plan_heal(steps, init_sync, plan):
+    assert plan_heal(steps, init_sync) == plan
+
+
+@pytest.mark.parametrize("steps", [(), (3, -1)])
+def test_plan_heal_rejects_bad_steps(steps):
+    with pytest.raises(ValueError):
+        plan_heal(steps, True)
+
+
+@pytest.mark.parametrize(
+    ("pending", "eof", "deadline_passed", "action"),
+    [
+        (True, False, False, LossAction.TAKE_PENDING),
+        (True, True, True, LossAction.TAKE_PENDING),  # published before the agent went away
+        (False, True, False, LossAction.GIVE_UP_AGENT_GONE),
+        (False, True, True, LossAction.GIVE_UP_AGENT_GONE),
+        (False, False, True, LossAction.GIVE_UP_DEADLINE),
+        (False, False, False, LossAction.WAIT),
+    ],
+)
+def test_decide_after_loss(pending, eof, deadline_passed, action):
+    assert decide_after_loss(pending, eof, deadline_passed) is action

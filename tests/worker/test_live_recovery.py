@@ -1,0 +1,222 @@
+"""Live recovery end to end: real worker processes (workers/live_train.py), real gloo, and a
+simulated agent in the test process that hosts each round's TCPStore and writes round lines.
+
+After every recovery the tests check that the parameters were equal on every rank at the start
+of every step (a checksum all-reduce in the worker), that every worker that committed a step
+logged the same loss and checksum for it, that survivors committed every step exactly once
+(they redid none), and that the loss curve equals the undisturbed run's.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from elastic.worker.rounds import encode_round_line
+from live_checks import (
+    assert_consistent,
+    assert_follows_reference,
+    assert_no_redo,
+    first_step_after,
+    gap_after,
+    last_step,
+    recoveries,
+    steps,
+    worker_env,
+)
+
+START_TIMEOUT = 120.0  # a worker's torch import on a loaded 2-core machine
+
+
+def _wait_steps(agent, slots, step, timeout=60.0):
+    agent.wait_for(lambda: all(last_step(agent.events(slot)) >= step for slot in slots), timeout, f"{slots} at step {step}")
+
+
+def _wait_ready(agent, slot, event, round_number, timeout=START_TIMEOUT):
+    seen: list[dict] = []
+
+    def arrived():
+        seen.extend(agent.ready_lines(slot))
+        return any(line["event"] == event and line["round"] == round_number for line in seen)
+
+    agent.wait_for(arrived, timeout, f"{slot} {event} round {round_number}")
+
+
+def _finish(agent, slots, timeout=120.0):
+    for slot in slots:
+        proc = agent.workers[slot].proc
+        agent.wait_for(lambda: proc.poll() is not None, timeout, f"{slot} to exit")
+        assert proc.returncode == 0, f"{slot} exited {proc.returncode}\n{agent.describe()}"
+
+
+def _start(agent, round_):
+    for slot in round_.slots:
+        agent.start(slot, round_)
+    _wait_steps(agent, round_.slots, 0, START_TIMEOUT)
+
+
+@pytest.mark.slow
+def test_a_crashed_worker_is_dropped_and_a_new_one_heals_from_a_survivor(live_agent):
+    total = 400  # enough for the survivors to outlast the replacement's start (a torch import)
+    agent = live_agent(worker_env(total, step_sleep=0.02))
+    _start(agent, agent.new_round(["w0", "w1", "w2"]))
+    _wait_steps(agent, ["w0", "w1"], 8)
+
+    agent.kill("w2")
+    arrived_smaller = agent.publish(agent.new_round(["w0", "w1"]))
+    # As an agent would, start the replacement at once and tell the survivors when it is ready.
+    joined = agent.new_round(["w0", "w1", "w3"])
+    agent.start("w3", joined)
+    _wait_ready(agent, "w3", "joining", joined.number)
+    assert last_step(agent.events("w0")) < total - 50, "the survivors finished before the replacement started"
+    arrived_larger = agent.publish(joined, ["w0", "w1"])
+    _finish(agent, ["w0", "w1", "w3"])
+
+    logs = {slot: agent.events(slot) for slot in ("w0", "w1", "w2", "w3")}
+    by_step = assert_consistent(logs)
+    assert_follows_reference(by_step, total)
+    for slot in ("w0", "w1"):
+        assert_no_redo(logs[slot])
+        assert [r["round"] for r in recoveries(logs[slot])] == [0, 1, 2]
+        assert [r["role"] for r in recoveries(logs[slot])][1] == "level"  # nobody was behind after the crash
+        _, smaller, larger = recoveries(logs[slot])
+        assert arrived_smaller <= smaller["round_arrived"] and arrived_larger <= larger["round_arrived"]
+        assert first_step_after(logs[slot], smaller["healed"])["world"] == 2
+        assert first_step_after(logs[slot], larger["healed"])["world"] == 3
+    joiner = recoveries(logs["w3"])
+    assert [r["role"] for r in joiner] == ["receiver"] and joiner[0]["steps_before"][2] == 0
+    assert steps(logs["w3"])[0]["step"] == joiner[0]["step"]
+    assert_no_redo(logs["w3"], first=joiner[0]["step"])
+    assert gap_after(logs["w0"], arrived_smaller) < 5.0
+    assert gap_after(logs["w0"], arrived_larger) < 5.0
+
+
+@pytest.mark.slow
+def test_a_frozen_peer_is_abandoned_when_the_next_round_arrives_and_heals_when_it_thaws(live_agent):
+    total = 400  # the survivors train on through the abandoned group's timeout and the thaw
+    lease_ttl = 1.0
+    agent = live_agent(worker_env(total, step_sleep=0.02))
+    _start(agent, agent.new_round(["w0", "w1", "w2"]))
+    _wait_steps(agent, ["w0", "w1", "w2"], 8)
+    before = steps(agent.events("w0"))[-1]
+
+    frozen_at = agent.freeze("w2")
+    time.sleep(lease_ttl)  # the frozen node's lease expires; the other agents close the next round
+    arrived = agent.publish(agent.new_round(["w0", "w1"]))
+    _wait_steps(agent, ["w0", "w1"], last_step(agent.events("w0")) + 5)
+    gap = gap_after(agent.events("w0"), arrived)
+    # The abandoned group's works end at the collective timeout (5 s); its threads and sockets with them.
+    _wait_steps(agent, ["w0", "w1"], last_step(agent.events("w0")) + 1)
+    agent.wait_for(lambda: steps(agent.events("w0"))[-1]["hung"] == 0, 20.0, "w0's abandoned works to end")
+    assert last_step(agent.events("w0")) < total - 50, "the survivors finished before the thaw"
+
+    agent.thaw("w2")  # the node comes back: its old group is gone, it waits for a round and heals
+    rejoined = agent.new_round(["w0", "w1", "w2"])
+    agent.publish(rejoined)
+    _finish(agent, ["w0", "w1", "w2"])
+
+    logs = {slot: agent.events(slot) for slot in ("w0", "w1", "w2")}
+    by_step = assert_consistent(logs)
+    assert_follows_reference(by_step, total)
+    for slot in ("w0", "w1"):
+        assert_no_redo(logs[slot])
+        causes = [r["cause"] for r in recoveries(logs[slot])]
+        # Round 2 reaches each survivor at a step boundary ("round"), unless the other survivor
+        # read it first and left round 1's group under it, failing its collective ("lost").
+        assert causes[:2] == ["start", "lost"] and causes[2] in ("round", "lost") and len(causes) == 3, causes
+    thawed = recoveries(logs["w2"])
+    assert [r["round"] for r in thawed] == [0, 2] and thawed[1]["role"] == "receiver"
+    assert gap < 3.0, f"the survivor's first step came {gap:.2f}s after the round arrived"
+    # Leak: while the abandoned group's collective runs it keeps its threads and sockets; once the
+    # collective timeout ends it, they are released, and with the same world size the survivor
+    # is back to its threads and fds of before the freeze.
+    during = next(event for event in steps(logs["w0"]) if event["round"] == 1)
+    after = steps(logs["w0"])[-1]
+    assert during["hung"] == 1 and during["threads"] > before["threads"], (before, during)
+    assert after["threads"] == before["threads"] and after["fds"] <= before["fds"], (before, after)
+    assert frozen_at < arrived
+
+
+def test_a_new_round_with_the_same_members_reforms_without_a_transfer(live_agent):
+    total = 30
+    agent = live_agent(worker_env(total))
+    first = agent.new_round(["w0", "w1"])
+    _start(agent, first)
+    _wait_steps(agent, ["w0", "w1"], 5)
+    arrived = agent.publish(agent.new_round(["w0", "w1"]))
+    _finish(agent, ["w0", "w1"])
+
+    logs = {slot: agent.events(slot) for slot in ("w0", "w1")}
+    assert_follows_reference(assert_consistent(logs), total)
+    for slot in ("w0", "w1"):
+        assert_no_redo(logs[slot])
+        again = recoveries(logs[slot])[1]
+        assert (again["round"], again["role"], again["nbytes"]) == (1, "level", 0)
+        # "lost" when the other rank took the round first and left round 0's group under this one.
+        assert again["cause"] in ("round", "lost")
+        assert gap_after(logs[slot], arrived) < 3.0
+        ready = [(line["event"], line["round"], line["step"]) for line in agent.ready_lines(slot)]
+        lost = [("lost", 0, again["step"])] if again["cause"] == "lost" else []
+        assert ready == [("joining", 0, 0), ("formed", 0, 0), *lost, ("formed", 1, again["step"])]
+
+
+@pytest.mark.slow  # the watcher's handling of garbage is also covered in-process (test_channel.py)
+def test_garbage_on_the_round_pipe_is_ignored_with_one_warning_per_line(live_agent):
+    total = 30
+    agent = live_agent(worker_env(total))
+    first = agent.new_round(["w0", "w1"])
+    _start(agent, first)
+    _wait_steps(agent, ["w0", "w1"], 3)
+    garbage = [
+        b"not json\n",
+        b"\xff\xfe\x00 binary\n",
+        b"[1, 2, 3]\n",
+        b'{"v": 2, "round": 9}\n',
+        b'{"v": 1, "round": 9}\n',
+        b"x" * 100_000 + b"\n",  # over the 64 KiB bound
+    ]
+    for data in garbage:
+        agent.write("w0", data)
+    agent.write("w0", encode_round_line(first.for_slot("w0")))  # the round in use again: ignored quietly
+    _wait_steps(agent, ["w0", "w1"], last_step(agent.events("w0")) + 3)
+    agent.publish(agent.new_round(["w0", "w1"]))  # the pipe still works after the garbage
+    _finish(agent, ["w0", "w1"])
+
+    logs = {slot: agent.events(slot) for slot in ("w0", "w1")}
+    assert_follows_reference(assert_consistent(logs), total)
+    assert [r["round"] for r in recoveries(logs["w0"])] == [0, 1]
+    stderr = agent.workers["w0"].stderr.read_text()
+    assert stderr.count("ignored a bad line on the round pipe") == 5
+    assert stderr.count("over the 65536-byte limit") == 1
+
+
+def test_a_closed_round_pipe_keeps_training_until_a_collective_fails_then_exits_non_zero(live_agent):
+    agent = live_agent(worker_env(10_000))
+    first = agent.new_round(["w0", "w1"])
+    _start(agent, first)
+    agent.close_pipe("w0")
+    agent.close_pipe("w1")
+    at_eof = last_step(agent.events("w0"))
+    _wait_steps(agent, ["w0", "w1"], at_eof + 10)  # the agent is gone; training goes on
+
+    killed_at = agent.kill("w1")
+    proc = agent.workers["w0"].proc
+    agent.wait_for(lambda: proc.poll() is not None, 20.0, "w0 to exit")
+    failed = [event for event in agent.events("w0") if event["ev"] == "failed"]
+    assert proc.returncode == 1 and failed and failed[0]["type"] == "AgentGoneError"
+    assert failed[0]["t"] - killed_at < 3.0
+    assert "round pipe is closed" in agent.workers["w0"].stderr.read_text()
+
+
+@pytest.mark.slow
+def test_a_lost_group_without_a_newer_round_exits_non_zero_at_the_deadline(live_agent):
+    options = '{"collective_timeout": 5, "store_timeout": 5, "round_wait_timeout": 1.5}'
+    agent = live_agent(worker_env(10_000, options=options))
+    _start(agent, agent.new_round(["w0", "w1"]))
+    killed_at = agent.kill("w1")
+    proc = agent.workers["w0"].proc
+    agent.wait_for(lambda: proc.poll() is not None, 20.0, "w0 to exit")
+    failed = [event for event in agent.events("w0") if event["ev"] == "failed"]
+    assert proc.returncode == 1 and failed[0]["type"] == "NoRoundError"
+    assert 1.5 <= failed[0]["t"] - killed_at < 5.0

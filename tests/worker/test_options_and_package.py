@@ -1,0 +1,55 @@
+"""Options validation, the package's import hygiene, and LiveTraining's checks of its environment."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from elastic.worker import LiveOptions, LiveOptionsError, WorkerEnvError
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"backend": "mpi"}, "backend"),
+        ({"collective_timeout": 0}, "collective timeout"),
+        ({"form_timeout": -1}, "form timeout"),
+        ({"interrupt_grace": float("inf")}, "interrupt grace"),
+        ({"store_timeout": True}, "store timeout"),
+        ({"round_wait_timeout": "5"}, "round wait timeout"),
+        ({"drain_timeout": -1}, "drain timeout"),
+        ({"max_header_bytes": 10}, "max_header_bytes"),
+        ({"coalesce_bytes": 4096.0}, "coalesce_bytes"),
+        ({"init_sync": 1}, "init_sync"),
+    ],
+)
+def test_bad_options_are_one_clear_error(changes, message):
+    with pytest.raises(LiveOptionsError, match=message):
+        LiveOptions(**changes)
+
+
+def test_the_defaults_are_valid():
+    assert LiveOptions().interrupt_grace < LiveOptions().collective_timeout
+
+
+def test_the_package_and_its_wire_format_import_without_torch():
+    code = ("import sys, elastic.worker, elastic.worker.rounds, elastic.worker.channel, elastic.worker.decisions; "
+            "assert 'torch' not in sys.modules, 'torch imported'; "
+            "from elastic.worker import LiveOptions, Round, encode_round_line")
+    subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, "PYTHONPATH": REPO})
+
+
+def test_live_training_refuses_a_round_fd_that_is_not_open():
+    from elastic.worker import LiveTraining
+
+    env = {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500",
+           "ELASTIC_ROUND_FD": "987", "ELASTIC_ROUND": "0", "ELASTIC_STORE_PREFIX": "p"}
+    with pytest.raises(WorkerEnvError, match="ELASTIC_ROUND_FD=987 is not an open file descriptor"):
+        LiveTraining(dict, lambda state: None, environ=env)
+    with pytest.raises(WorkerEnvError, match="not a file descriptor number"):
+        LiveTraining(dict, lambda state: None, environ={**env, "ELASTIC_ROUND_FD": "x"})
