@@ -13,7 +13,9 @@ single etcd member that is:
   :class:`~elastic.testing.latency_proxy.LatencyProxy` (200 ms and 1 s each way) from the
   agents' start, and a worker crashes at step 20: both nodes train and re-form;
 * cleared by an operator (item 4): ``etcdctl del --prefix`` of the job's keys; the job re-forms
-  and every agent says the keys were deleted (under torchrun too, which shows no INFO of ours).
+  and every agent says the keys were deleted (under torchrun too, which shows no INFO of ours);
+* an operator's ``etcdctl lease revoke`` of one agent's lease (the server's word that the member
+  is gone): the job re-forms once, nothing charged.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from etcd3 import etcdrpc
 
 import chaoslib
 from chaoslib import ELASTICRUN, TORCHRUN
+from elastic.rendezvous.records import RendezvousKeys
 from elastic.testing.etcd_cluster import EtcdCluster
 from elastic.testing.etcd_load import BusyTenant, clear_nospace, fill_until_nospace, nospace_alarmed
 from elastic.testing.latency_proxy import LatencyProxy
@@ -169,3 +172,28 @@ def test_deleting_the_jobs_keys_re_forms_and_every_agent_says_why(launcher, etcd
     job = job_factory(launcher, steps=STEPS, step_seconds=scenario.step_seconds)
     run(scenario, launcher, etcd_cluster_factory(1), job, report_figures)
     assert said(job, "the job's keys were deleted") == {"a": True, "b": True}, job.stderr_tails()
+
+
+# -- an operator revokes one agent's lease -------------------------------------------------------
+def revoke_one_lease(ctx: Context) -> Timeline:
+    """``etcdctl lease revoke`` of the lease behind one join key of the newest round."""
+    keys = RendezvousKeys("/elastic", ctx.job.run_id)
+    prefix = keys.rounds_prefix.encode()
+    with grpc.insecure_channel(address(ctx)) as channel:
+        found = etcdrpc.KVStub(channel).Range(
+            etcdrpc.RangeRequest(key=prefix, range_end=prefix[:-1] + b"0"), timeout=10).kvs
+        joins = sorted((parsed[0], kv.lease) for kv in found
+                       if kv.lease and (parsed := keys.parse_node_key(kv.key.decode())) is not None)
+        assert joins, f"no join key with a lease under {prefix!r}"
+        at = time.time()
+        etcdrpc.LeaseStub(channel).LeaseRevoke(etcdrpc.LeaseRevokeRequest(ID=joins[-1][1]), timeout=10)
+    return Timeline(at)
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_revoking_one_agents_lease_re_forms_once_and_charges_nothing(launcher, etcd_cluster_factory, job_factory,
+                                                                     report_figures):
+    scenario = Scenario("lease-revoked", revoke_one_lease, etcd_members=1, worlds=(2, 2), rounds=(2, 2))
+    job = job_factory(launcher, steps=STEPS, step_seconds=scenario.step_seconds)
+    run(scenario, launcher, etcd_cluster_factory(1), job, report_figures)
+    no_tracebacks(job)
