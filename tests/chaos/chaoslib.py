@@ -156,12 +156,15 @@ def last_step(records: Iterable[Record]) -> int:
     return max((record.step for record in records if record.event in ("step", "done") and record.step), default=0)
 
 
-def steps_redone(found: list[Span]) -> int:
-    """Steps trained more than once: the work a restart lost (attempts' step ranges overlapping). Pure."""
-    ranges = [span.steps for span in found if span.steps is not None]
-    trained = sum(last - first + 1 for first, last in ranges)
-    distinct = len({step for first, last in ranges for step in range(first, last + 1)})
-    return trained - distinct
+def steps_redone(records: Iterable[Record]) -> int:
+    """Steps trained more than once: the work a restart lost. Counted per rank (the most any rank
+    repeated), not per attempt: under torchrun two nodes may disagree on the restart count and
+    so write one attempt under two ids. Pure."""
+    steps: dict[int, list[int]] = defaultdict(list)
+    for record in records:
+        if record.event == "step" and record.step is not None:
+            steps[record.rank].append(record.step)
+    return max((len(found) - len(set(found)) for found in steps.values()), default=0)
 
 
 def worker_starts(records: Iterable[Record]) -> dict[str, int]:
@@ -212,7 +215,7 @@ def figures(records: list[Record], fault_at: float) -> Figures:
         last_step=last_step(records),
         longest_gap=longest_gap(records),
         reform=reform_seconds(found, fault_at),
-        redone=steps_redone(found),
+        redone=steps_redone(records),
         overlaps=tuple(overlaps(found)),
     )
 
