@@ -9,8 +9,9 @@ The TCP store server and the in-memory fake backend both keep their data in a
 * every mutating method returns an :class:`Outcome`: its result plus the watch events it
   produced, which the host fans out to the watchers whose prefix matches;
 * what a peer holding the store's token can make it keep is bounded: keys and values
-  (``max_live_bytes``, each key counting :data:`KEY_OVERHEAD_BYTES` too), leases and their
-  expiry heap (:class:`~backends.leases.LeaseTable`), and the history; a write past a bound
+  (``max_live_bytes``, each key counting :data:`KEY_OVERHEAD_BYTES` too: the
+  :class:`~backends.keyspace.KeySpace`), leases and their expiry heap (:class:`~backends.leases.LeaseTable`), and the history
+  (:class:`~backends.history.EventHistory`); a write past a bound
   raises :class:`~backends.errors.LimitExceededError` and changes nothing.
 
 Revisions follow etcd: an empty store is at revision 1; each write transaction that changes
@@ -21,12 +22,10 @@ carry it. Requests that change nothing leave the revision alone.
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import random
 import time
 import uuid
-from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Generic, Iterable, TypeVar
 
@@ -40,10 +39,11 @@ from backends.api import (
     WatchEvent,
     WriteResult,
 )
-from backends.errors import CompactedError, LeaseNotFoundError, LimitExceededError, ValueTooLargeError
+from backends.errors import LeaseNotFoundError
+from backends.history import DEFAULT_HISTORY_BYTES, DEFAULT_HISTORY_LIMIT, EventHistory
+from backends.keyspace import KEY_OVERHEAD_BYTES, KeySpace
 from backends.leases import DEFAULT_MAX_LEASES, LeaseRecord, LeaseTable
 from backends.txn import Delete, DeleteResult, Put, PutResult, Range, Txn, TxnResult, check_txn
-from backends.untrusted import quote
 
 __all__ = [
     "DEFAULT_HISTORY_BYTES",
@@ -62,27 +62,12 @@ T = TypeVar("T")
 DEFAULT_MAX_VALUE_BYTES = 1024 * 1024
 """Largest value a write accepts, matching :attr:`backends.api.KVBackend.max_value_bytes`."""
 
-DEFAULT_HISTORY_LIMIT = 10_000
-"""Events kept for watches that start in the past; older ones are compacted away."""
-
-DEFAULT_HISTORY_BYTES = 64 * 1024 * 1024
-"""Bytes of keys and values the history keeps at most (each event also counts
-:data:`EVENT_OVERHEAD_BYTES`); without it 10,000 overwrites of a 1 MiB value would keep ~10 GiB."""
-
 DEFAULT_MAX_KEY_BYTES = 8 * 1024
 """Longest key (UTF-8 bytes) a write accepts; rendezvous keys are well under 200 bytes."""
-
-EVENT_OVERHEAD_BYTES = 200
-"""What one kept event costs beyond its key and value (objects and references), for the history bound."""
 
 DEFAULT_MAX_LIVE_BYTES = 64 * 1024 * 1024
 """Bytes of live keys and values (each key also counts :data:`KEY_OVERHEAD_BYTES`) a store holds at
 most; a rendezvous of a thousand nodes holds well under a megabyte."""
-
-KEY_OVERHEAD_BYTES = 200
-"""What one live key costs beyond its key and value, for the live-bytes bound (so a flood of
-empty keys is bounded too)."""
-
 
 
 @dataclass(frozen=True)
@@ -132,21 +117,12 @@ class KVState:
                             ("live size limit", max_live_bytes), ("lease limit", max_leases)):
             if value < 1:
                 raise ValueError(f"The {name} ({value}) must be positive.")
-        self.max_value_bytes = max_value_bytes
-        self.max_key_bytes = max_key_bytes
-        self.max_live_bytes = max_live_bytes
-        self._live_bytes = 0
-        self._history_bytes_limit = history_bytes
-        self._history_bytes = 0
+        self._keys = KeySpace(max_key_bytes, max_value_bytes, max_live_bytes)
         self.store_id = store_id or uuid.uuid4().hex
         self.clock = clock
-        self._history_limit = history_limit
         self._revision = 1
-        self._compact_revision = 1
-        self._kvs: dict[str, KeyValue] = {}
-        self._sorted_keys: list[str] = []
         self._leases = LeaseTable(clock, max_leases, rng or random.Random())
-        self._history: deque[WatchEvent] = deque()
+        self._history = EventHistory(history_limit, history_bytes)
 
     # -- state --------------------------------------------------------------------------------
     @property
@@ -157,16 +133,16 @@ class KVState:
     @property
     def compact_revision(self) -> int:
         """The oldest revision whose events are still kept; watches may start there or later."""
-        return self._compact_revision
+        return self._history.compact_revision
 
     # -- reads --------------------------------------------------------------------------------
     def get(self, key: str) -> ReadResult:
         """Read one key at the current revision."""
-        return ReadResult(self._revision, self._kvs.get(key))
+        return ReadResult(self._revision, self._keys.get(key))
 
     def get_prefix(self, prefix: str) -> RangeResult:
         """Read every key starting with ``prefix``, in key (code point = UTF-8 byte) order."""
-        return RangeResult(self._revision, tuple(self._kvs[key] for key in self._keys_under(prefix)))
+        return RangeResult(self._revision, self._keys.kvs_under(prefix))
 
     # -- writes -------------------------------------------------------------------------------
     def put(self, key: str, value: bytes, lease: int = NO_LEASE) -> Outcome[WriteResult]:
@@ -176,9 +152,9 @@ class KVState:
             ValueTooLargeError: ``value`` exceeds :attr:`max_value_bytes`.
             LeaseNotFoundError: ``lease`` is not live.
         """
-        self._check_value(key, value)
+        self._keys.check_value(key, value)
         self._check_lease(lease)
-        self._check_live_bytes({key: len(value)})
+        self._keys.check_live_bytes({key: len(value)})
         event = self._store(key, value, lease, self._revision + 1)
         return Outcome(WriteResult(True, event.revision, event.kv), self._commit([event]))
 
@@ -197,7 +173,7 @@ class KVState:
         """
         check_txn(txn, self.max_value_bytes)
         for op in _puts(txn):
-            self._check_value(op.key, op.value)
+            self._keys.check_value(op.key, op.value)
         path = self._path(txn)
         self._check_path_leases(txn, path)
         events: list[WatchEvent] = []
@@ -210,7 +186,7 @@ class KVState:
 
     def _path(self, txn: Txn) -> list[bool]:
         """Which branch each transaction takes, outer first, depth first, judged before any write."""
-        succeeded = all(compare.holds(self._kvs.get(compare.key)) for compare in txn.compares)
+        succeeded = all(compare.holds(self._keys.get(compare.key)) for compare in txn.compares)
         path = [succeeded]
         for op in txn.on_success if succeeded else txn.on_failure:
             if isinstance(op, Txn):
@@ -231,7 +207,7 @@ class KVState:
                     walk(op)
 
         walk(txn)
-        self._check_live_bytes(sizes)
+        self._keys.check_live_bytes(sizes)
 
     def _run(self, txn: Txn, steps, revision: int, events: list[WatchEvent]) -> TxnResult:
         succeeded = next(steps)
@@ -241,7 +217,7 @@ class KVState:
                 events.append(self._store(op.key, op.value, op.lease, revision))
                 responses.append(PutResult(events[-1].kv))
             elif isinstance(op, Delete):
-                keys = list(self._keys_under(op.key)) if op.prefix else [op.key] if op.key in self._kvs else []
+                keys = list(self._keys.keys_under(op.key)) if op.prefix else [op.key] if op.key in self._keys else []
                 events.extend(self._remove(key, revision) for key in keys)
                 responses.append(DeleteResult(len(keys)))
             elif isinstance(op, Range):
@@ -254,21 +230,21 @@ class KVState:
         if op.prefix:
             if op.count_only:
                 return RangeResult(revision, (), self.count_prefix(op.key))
-            return RangeResult(revision, tuple(self._kvs[key] for key in self._keys_under(op.key)))
-        kv = self._kvs.get(op.key)
+            return RangeResult(revision, self._keys.kvs_under(op.key))
+        kv = self._keys.get(op.key)
         kvs = () if kv is None else (kv,)
         return RangeResult(revision, () if op.count_only else kvs, len(kvs))
 
     def delete(self, key: str) -> Outcome[WriteResult]:
         """Delete ``key``; not applied (and no new revision) when it does not exist."""
-        if key not in self._kvs:
+        if key not in self._keys:
             return Outcome(WriteResult(False, self._revision, None))
         event = self._remove(key, self._revision + 1)
         return Outcome(WriteResult(True, event.revision, None), self._commit([event]))
 
     def delete_prefix(self, prefix: str) -> Outcome[int]:
         """Delete every key under ``prefix`` in one revision; the result is how many."""
-        keys = list(self._keys_under(prefix))
+        keys = list(self._keys.keys_under(prefix))
         return Outcome(len(keys), self._delete_keys(keys))
 
     # -- leases (kept by a bounded LeaseTable) ----------------------------------------------------
@@ -327,23 +303,7 @@ class KVState:
             ValueError: ``start_revision`` is below 1.
             CompactedError: events before ``start_revision`` that it needs are gone.
         """
-        if start_revision < 1:
-            raise ValueError(f"The start revision ({start_revision}) must be at least 1.")
-        if start_revision < self._compact_revision:
-            raise CompactedError(
-                f"History before revision {self._compact_revision} was compacted; "
-                f"a watch cannot start at revision {start_revision}. Re-read the state and watch from now.",
-                requested_revision=start_revision,
-                compact_revision=self._compact_revision,
-            )
-        found: list[WatchEvent] = []
-        for event in reversed(self._history):
-            if event.revision < start_revision:
-                break
-            if event.kv.key.startswith(prefix):
-                found.append(event)
-        found.reverse()
-        return found
+        return self._history.since(prefix, start_revision)
 
     def compact(self, revision: int) -> None:
         """Discard the events before ``revision``; compacting to an older revision is a no-op.
@@ -353,36 +313,23 @@ class KVState:
         """
         if revision > self._revision:
             raise ValueError(f"Cannot compact to revision {revision}: the store is at revision {self._revision}.")
-        self._compact_revision = max(self._compact_revision, revision)
-        self._trim_history()
+        self._history.compact(revision)
 
-    # -- internals ----------------------------------------------------------------------------
-    def count_prefix(self, prefix: str) -> int:
-        """How many keys start with ``prefix`` (two bisections of the sorted keys)."""
-        keys = self._sorted_keys
-        start = bisect.bisect_left(keys, prefix)
-        if not prefix:
-            return len(keys) - start
-        return bisect.bisect_left(keys, prefix[:-1] + chr(ord(prefix[-1]) + 1), start) - start
+    # -- bounds -------------------------------------------------------------------------------
+    @property
+    def max_value_bytes(self) -> int:
+        """Largest value a write accepts."""
+        return self._keys.max_value_bytes
 
-    def _keys_under(self, prefix: str) -> Iterable[str]:
-        keys = self._sorted_keys
-        index = bisect.bisect_left(keys, prefix)
-        while index < len(keys) and keys[index].startswith(prefix):
-            yield keys[index]
-            index += 1
+    @property
+    def max_key_bytes(self) -> int:
+        """Longest key (UTF-8 bytes) a write accepts."""
+        return self._keys.max_key_bytes
 
-    def _check_value(self, key: str, value: bytes) -> None:
-        # A character is at most 4 UTF-8 bytes, so short keys (all of them, in practice) skip the encode.
-        if len(key) * 4 > self.max_key_bytes and len(key.encode("utf-8", "surrogatepass")) > self.max_key_bytes:
-            raise ValueTooLargeError(
-                f"The key {quote(key)} is {len(key.encode('utf-8', 'surrogatepass'))} bytes; the store accepts "
-                f"keys of at most {self.max_key_bytes} bytes."
-            )
-        if len(value) > self.max_value_bytes:
-            raise ValueTooLargeError(
-                f"The value for {quote(key)} is {len(value)} bytes; the store accepts at most {self.max_value_bytes}."
-            )
+    @property
+    def max_live_bytes(self) -> int:
+        """Live bytes (see :attr:`live_bytes`) this state holds at most."""
+        return self._keys.max_live_bytes
 
     @property
     def max_leases(self) -> int:
@@ -392,46 +339,31 @@ class KVState:
     @property
     def live_bytes(self) -> int:
         """Bytes of live keys and values, plus :data:`KEY_OVERHEAD_BYTES` per key."""
-        return self._live_bytes
+        return self._keys.live_bytes
 
-    def _check_live_bytes(self, sizes: dict[str, int]) -> None:
-        """Refuse writes of ``{key: value length}`` that would pass :attr:`max_live_bytes`.
+    def count_prefix(self, prefix: str) -> int:
+        """How many keys start with ``prefix``."""
+        return self._keys.count_prefix(prefix)
 
-        Raises:
-            LimitExceededError: naming the bound and what the writes would bring it to.
-        """
-        added = sum(_live_size(key, size) - (_live_size(key, len(old.value)) if (old := self._kvs.get(key)) else 0)
-                    for key, size in sizes.items())
-        if added > 0 and self._live_bytes + added > self.max_live_bytes:
-            raise LimitExceededError(
-                f"The store holds {self._live_bytes} bytes of keys and values; this write would bring it to "
-                f"{self._live_bytes + added}, over its limit of {self.max_live_bytes} (--max-live-bytes). Delete "
-                "keys no longer used, or raise the limit."
-            )
-
+    # -- internals ----------------------------------------------------------------------------
     def _check_lease(self, lease_id: int) -> LeaseRecord | None:
         return None if lease_id == NO_LEASE else self._leases.live(lease_id)
 
     def _store(self, key: str, value: bytes, lease: int, revision: int) -> WatchEvent:
-        old = self._kvs.get(key)
+        old = self._keys.get(key)
         if old is None:
-            bisect.insort(self._sorted_keys, key)
             kv = KeyValue(key, bytes(value), revision, revision, 1, lease)
         else:
             self._unbind(old)
-            self._live_bytes -= _live_size(key, len(old.value))
             kv = KeyValue(key, bytes(value), old.create_revision, revision, old.version + 1, lease)
-        self._live_bytes += _live_size(key, len(kv.value))
         if lease != NO_LEASE:
             self._leases.get(lease).keys.add(key)  # type: ignore[union-attr]  # checked live before the write
-        self._kvs[key] = kv
+        self._keys.put(kv)
         return WatchEvent(EventType.PUT, kv)
 
     def _remove(self, key: str, revision: int) -> WatchEvent:
-        old = self._kvs.pop(key)
-        del self._sorted_keys[bisect.bisect_left(self._sorted_keys, key)]
+        old = self._keys.pop(key)
         self._unbind(old)
-        self._live_bytes -= _live_size(key, len(old.value))
         return WatchEvent(EventType.DELETE, KeyValue(key, b"", 0, revision, 0, NO_LEASE))
 
     def _unbind(self, kv: KeyValue) -> None:
@@ -440,7 +372,7 @@ class KVState:
             record.keys.discard(kv.key)
 
     def _delete_keys(self, keys: list[str]) -> tuple[WatchEvent, ...]:
-        present = [key for key in keys if key in self._kvs]
+        present = [key for key in keys if key in self._keys]
         if not present:
             return ()
         revision = self._revision + 1
@@ -448,22 +380,8 @@ class KVState:
 
     def _commit(self, events: list[WatchEvent]) -> tuple[WatchEvent, ...]:
         self._revision = events[0].revision
-        self._history.extend(events)
-        self._history_bytes += sum(_event_bytes(event) for event in events)
-        if len(self._history) > self._history_limit:
-            overflow = self._history[len(self._history) - self._history_limit - 1]
-            self._compact_revision = max(self._compact_revision, overflow.revision + 1)
-        self._trim_history()
-        history = self._history
-        while self._history_bytes > self._history_bytes_limit and history[0].revision < self._revision:
-            self._compact_revision = history[0].revision + 1  # whole revisions go, the newest stays
-            self._trim_history()
+        self._history.append(events)
         return tuple(events)
-
-    def _trim_history(self) -> None:
-        history = self._history
-        while history and history[0].revision < self._compact_revision:
-            self._history_bytes -= _event_bytes(history.popleft())
 
 
 def _puts(txn: Txn) -> Iterable[Put]:
@@ -483,13 +401,3 @@ def _at_revision(result: TxnResult, revision: int) -> TxnResult:
         for item in result.responses
     )
     return TxnResult(result.succeeded, revision, responses)
-
-
-def _live_size(key: str, value_bytes: int) -> int:
-    """What one live key counts against the live-bytes bound (keys are counted in characters)."""
-    return len(key) + value_bytes + KEY_OVERHEAD_BYTES
-
-
-def _event_bytes(event: WatchEvent) -> int:
-    """What keeping ``event`` in the history costs, roughly (keys are counted in characters)."""
-    return len(event.kv.key) + len(event.kv.value) + EVENT_OVERHEAD_BYTES

@@ -225,7 +225,8 @@ def main() -> None:
     args = parser.parse_args()
     count = 200 if args.quick else args.ops
 
-    from backends.tcp.client import TcpStoreBackend, TcpStoreConfig
+    from backends.tcp.client import TcpStoreBackend
+    from backends.tcp.config import TcpStoreConfig
     from backends.tcp.server import start_server
     from elastic.testing.etcd_server import EtcdServerOptions, start_etcd_server
 

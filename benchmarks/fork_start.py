@@ -27,7 +27,8 @@ import psutil
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from elastic.agent.prewarm.pool import TemplatePool, TemplateState  # noqa: E402
+from elastic.agent.prewarm.control import TemplateState  # noqa: E402
+from elastic.agent.prewarm.pool import TemplatePool  # noqa: E402
 from elastic.config import Entrypoint, LaunchConfig  # noqa: E402
 
 SCRIPT = "import time\nstarted = time.time()\nimport torch\nprint(started, time.time(), flush=True)\n"

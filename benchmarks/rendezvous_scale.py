@@ -132,7 +132,8 @@ class _OurNodes:
 
             self.backend = EtcdBackend(EtcdConfig(endpoints=endpoint, request_timeout=REQUEST_TIMEOUT))
         else:
-            from backends.tcp.client import TcpStoreBackend, TcpStoreConfig
+            from backends.tcp.client import TcpStoreBackend
+            from backends.tcp.config import TcpStoreConfig
 
             config = TcpStoreConfig(endpoint, token=token, request_timeout=REQUEST_TIMEOUT)
             self.backend = TcpStoreBackend(config).connect()
@@ -566,7 +567,8 @@ def _drop_namespace(kind: str, endpoint: str, token: str | None, namespace: str)
 
         backend: Any = EtcdBackend(endpoint)
     else:
-        from backends.tcp.client import TcpStoreBackend, TcpStoreConfig
+        from backends.tcp.client import TcpStoreBackend
+        from backends.tcp.config import TcpStoreConfig
 
         backend = TcpStoreBackend(TcpStoreConfig(endpoint, token=token))
     try:

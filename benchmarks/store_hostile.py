@@ -65,7 +65,8 @@ class Store:
 
 
 def client(store: Store, token: str, timeout: float = 10.0):
-    from backends.tcp.client import TcpStoreBackend, TcpStoreConfig
+    from backends.tcp.client import TcpStoreBackend
+    from backends.tcp.config import TcpStoreConfig
 
     return TcpStoreBackend(TcpStoreConfig(f"127.0.0.1:{store.port}", token=token, request_timeout=timeout)).connect()
 

@@ -71,7 +71,7 @@ class LaunchConfig:
             always fresh processes).
         role: worker role name.
         entrypoint: what workers run.
-        log_dir: base of ``<log_dir>/<run_id>/attempt_<k>/<local_rank>/{stdout,stderr}.log``.
+        log_dir: base of ``<log_dir>/<run_id>/<node_id>/attempt_<k>/<local_rank>/{stdout,stderr}.log``.
         redirects, tee: stream masks.
         local_ranks_filter: local ranks whose output is shown on the console (None: all).
         log_line_prefix_template: torchrun's ``TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE``: the console

@@ -154,7 +154,7 @@ Differences from torchrun
 * Workers die with the agent even when it is SIGKILLed or OOM-killed (on Linux by the
   parent-death signal; their subprocesses, and everything off Linux, by a watchdog process). A
   restarted agent of the same run and log directory first stops what a dead one left. See
-  ``elastic.agent.lifeline.keeper`` and the README's "Failure behaviour".
+  ``elastic.agent.lifeline.keeper`` and docs/failure-behaviour.md.
 """
 
 from __future__ import annotations

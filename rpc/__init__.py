@@ -11,7 +11,7 @@ Modules, one job each: :mod:`rpc.env` (the worker environment, pure), :mod:`rpc.
 (the attempt's init method), :mod:`rpc.bootstrap` (start/stop, SIGTERM, atexit),
 :mod:`rpc.signals`, :mod:`rpc.lookup` (workers by role and rank), :mod:`rpc.training`
 (context, backward, optimizer), :mod:`rpc.remote` (remote modules), :mod:`rpc.pipeline`,
-:mod:`rpc.introspect` (send/recv functions, ids, graph as text and DOT),
+:mod:`rpc.introspect` (send/recv functions, ids), :mod:`rpc.graph` (the graph as text and DOT),
 :mod:`rpc.checkpoint` (per-owner checkpoints across restarts), :mod:`rpc.errors`.
 
 Importing ``rpc`` does not import torch (the launcher side stays torch-free); the names below
@@ -37,15 +37,15 @@ _EXPORTS = {
     "RemoteModule": "rpc.remote", "Pipeline": "rpc.pipeline",
     # introspection
     "describe_context": "rpc.introspect", "describe_remote_context": "rpc.introspect",
-    "describe_all_contexts": "rpc.introspect", "autograd_graph": "rpc.introspect", "split_id": "rpc.introspect",
-    "ContextInfo": "rpc.introspect", "AutogradGraph": "rpc.introspect",
+    "describe_all_contexts": "rpc.introspect", "split_id": "rpc.introspect", "ContextInfo": "rpc.introspect",
+    "autograd_graph": "rpc.graph", "AutogradGraph": "rpc.graph",
     # errors
     "RpcError": "rpc.errors", "RpcSetupError": "rpc.errors", "WorkerEnvError": "rpc.errors",
     "RpcOptionsError": "rpc.errors", "RpcInitError": "rpc.errors", "RpcNotStartedError": "rpc.errors",
     "RpcShutdownError": "rpc.errors", "WorkerLookupError": "rpc.errors", "IntrospectionError": "rpc.errors",
     "CheckpointError": "rpc.errors",
 }  # fmt: skip
-_SUBMODULES = {"bootstrap", "checkpoint", "env", "errors", "introspect", "lookup", "pipeline", "remote",
+_SUBMODULES = {"bootstrap", "checkpoint", "env", "errors", "graph", "introspect", "lookup", "pipeline", "remote",
                "rendezvous", "signals", "training"}
 
 __all__ = sorted(_EXPORTS)

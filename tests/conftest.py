@@ -81,7 +81,7 @@ def pytest_terminal_summary(terminalreporter):
 
 
 def pytest_addoption(parser):
-    group = parser.getgroup("tiers", "test tiers (fast: no slow, etcd or chaos marker; README: Test)")
+    group = parser.getgroup("tiers", "test tiers (fast: no slow, etcd or chaos marker; docs/testing.md)")
     group.addoption("--tier", action="append", dest="tiers", default=[], choices=tiers.TIERS,
                     help="run the tests of this tier; repeat for several (default without paths, -m or -k: fast)")
     group.addoption("--all", action="store_true", dest="all_tiers", help="run every tier, as CI does")

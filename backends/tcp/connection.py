@@ -18,7 +18,6 @@ import socket
 import struct
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
 from backends.endpoints import Endpoint
@@ -31,9 +30,8 @@ from backends.errors import (
     ProtocolError,
     ValueTooLargeError,
 )
+from backends.tcp.handshake import Hello, handshake
 from backends.tcp.protocol import (
-    MAGIC,
-    PROTOCOL_VERSION,
     Frame,
     FrameDecoder,
     encode_frame,
@@ -41,33 +39,13 @@ from backends.tcp.protocol import (
     tune_socket,
 )
 
-__all__ = ["Connection", "Hello"]
+__all__ = ["Connection"]
 
 log = logging.getLogger(__name__)
 
 _RECV_BYTES = 64 * 1024
 _RECEIVE_TIMEOUT_SLACK = 0.02
 """How far past its deadline a reading caller may block, to spare a setsockopt per request."""
-
-
-@dataclass(frozen=True)
-class Hello:
-    """What the server said about itself in the handshake."""
-
-    store_id: str
-    revision: int
-    compact_revision: int
-    max_frame_bytes: int
-    max_value_bytes: int
-
-    @classmethod
-    def from_header(cls, header: dict[str, Any]) -> "Hello":
-        """Raises ProtocolError when a field is missing or malformed."""
-        try:
-            return cls(str(header["store"]), int(header["rev"]), int(header["crev"]),
-                       int(header["max_frame"]), int(header["max_value"]))
-        except (KeyError, TypeError, ValueError) as error:
-            raise ProtocolError(f"The store's handshake answer is malformed ({error!r}).") from error
 
 
 class _Call:
@@ -126,7 +104,7 @@ class Connection:
             raise BackendConnectionError(f"Cannot connect to the elastic-store at {endpoint}: {error}.") from error
         try:
             tune_socket(sock)
-            hello, decoder = _handshake(sock, endpoint, token, max_frame_bytes, deadline)
+            hello, decoder = handshake(sock, endpoint, token, max_frame_bytes, deadline)
             sock.settimeout(None)  # blocking; reads and sends are bounded by SO_RCVTIMEO/SO_SNDTIMEO
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(request_timeout))
         except BaseException:
@@ -376,51 +354,3 @@ def _connection_error(endpoint: Endpoint, reason: str, cause: BaseException) -> 
     error = BackendConnectionError(f"Lost the connection to the elastic-store at {endpoint}: {reason}.")
     error.__cause__ = cause
     return error
-
-
-def _handshake(sock: socket.socket, endpoint: Endpoint, token: str | None, max_frame_bytes: int,
-               deadline: float) -> tuple[Hello, FrameDecoder]:
-    hello = {"v": PROTOCOL_VERSION, "token": token, "max_frame": max_frame_bytes}
-    try:
-        sock.sendall(MAGIC + encode_frame(hello))
-    except OSError as error:
-        raise BackendConnectionError(f"Cannot send the handshake to {endpoint}: {error}.") from error
-    received = b""
-    while len(received) < len(MAGIC):
-        received += _recv_before(sock, endpoint, deadline, got_any=bool(received))
-        if not MAGIC.startswith(received[: len(MAGIC)]):
-            raise ProtocolError(
-                f"The peer at {endpoint} is not an elastic-store (it answered {received[:40]!r}); "
-                "check the endpoint's host and port."
-            )
-    decoder = FrameDecoder(max_frame_bytes)
-    frames = decoder.feed(received[len(MAGIC):])
-    while not frames:
-        frames = decoder.feed(_recv_before(sock, endpoint, deadline, got_any=True))
-    header = frames[0].header
-    if "err" in header:
-        raise error_from_wire(header)
-    return Hello.from_header(header), decoder
-
-
-def _recv_before(sock: socket.socket, endpoint: Endpoint, deadline: float, *, got_any: bool) -> bytes:
-    remaining = deadline - time.monotonic()
-    try:
-        if remaining <= 0:
-            raise TimeoutError
-        sock.settimeout(remaining)
-        data = sock.recv(_RECV_BYTES)
-    except TimeoutError as error:
-        raise BackendTimeoutError(
-            f"The peer at {endpoint} did not complete the elastic-store handshake in time; "
-            "is it an elastic-store, and is it overloaded?"
-        ) from error
-    except OSError as error:
-        raise BackendConnectionError(f"The handshake with {endpoint} failed: {error}.") from error
-    if not data:
-        what = "in the middle of" if got_any else "before answering"
-        raise BackendConnectionError(
-            f"The peer at {endpoint} closed the connection {what} the handshake; "
-            "it is shutting down, or it is not an elastic-store."
-        )
-    return data

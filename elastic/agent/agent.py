@@ -20,7 +20,7 @@ import logging
 import signal
 import time
 from dataclasses import dataclass
-from typing import IO, Callable, TypeVar
+from typing import TYPE_CHECKING, IO, Callable, TypeVar
 
 from elastic.agent.attempts import Attempts
 from elastic.agent.decisions import REJOIN_GRACE_S, AgentAction, AgentView, decide, should_exclude
@@ -28,10 +28,10 @@ from elastic.agent.exclusion import ExclusionPolicy, exclusion_reason
 from elastic.agent.groups import GroupFactory, Workers, worker_groups
 from elastic.agent.lifeline.keeper import Lifeline
 from elastic.agent.observe.events import Event, EventLog
-from elastic.agent.observe.metrics import AgentMetrics
 from elastic.agent.observe.report import AgentReport
 from elastic.agent.prewarm.pool import TemplatePool
 from elastic.agent.processes.failures import first_failure
+from elastic.agent.processes.logs_specs import LogsSpecsHost
 from elastic.agent.processes.store_host import StoreHost
 from elastic.agent.processes.workers import GroupState, GroupStatus
 from elastic.agent.restarts import PendingCause, PendingRestart, settle
@@ -39,6 +39,9 @@ from elastic.agent.waking import Interrupted, Waker
 from elastic.config import LaunchConfig
 from elastic.rendezvous.api import MembershipChange, MembershipStatus, Rendezvous, RendezvousInfo
 from elastic.rendezvous.errors import JobFinishedError, RendezvousClosedError, RendezvousError
+
+if TYPE_CHECKING:
+    from elastic.agent.observe.metrics import AgentMetrics
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +89,8 @@ class ElasticAgent:
         lifeline: keeps the PID file of live workers its watchdog and a restarted agent read
             (see :mod:`elastic.agent.lifeline.keeper`); None: no PID file.
         templates: pre-warmed worker templates (``--prewarm``); None: workers start normally.
+        logs_specs: the helper of the ``--logs-specs`` plugin (None: none named); the caller
+            starts and closes it.
         groups: makes each attempt's worker group (default: real :class:`WorkerGroup` s).
         waker: what the agent waits on; signals it catches (:meth:`Waker.catching`) stop the agent.
     """
@@ -105,6 +110,7 @@ class ElasticAgent:
         exclusion: ExclusionPolicy | None = None,
         lifeline: Lifeline | None = None,
         templates: TemplatePool | None = None,
+        logs_specs: LogsSpecsHost | None = None,
         groups: GroupFactory | None = None,
         waker: Waker | None = None,
     ) -> None:
@@ -119,13 +125,16 @@ class ElasticAgent:
         self._exclusion = exclusion
         self._templates = templates
         self._waker = waker or Waker()
-        self._attempts = Attempts(groups or worker_groups(config, self.node_id, templates), self._waker, self._report,
+        groups = groups or worker_groups(config, self.node_id, templates, logs_specs)
+        self._attempts = Attempts(groups, self._waker, self._report,
                                   run_id=rendezvous.run_id, host=host, shutdown_timeout=config.shutdown_timeout, store_host=store_host,
                                   lifeline=lifeline, templates=templates)
         self.restarts_used = 0
         self._failures_in_a_row = 0  # failure restarts this node's own workers caused, in a row
         self._outage_seen: float | None = None  # when the store was last seen not answering
         self.attempt = 0
+        self.round: RendezvousInfo | None = None
+        """The round this node joined last (None before the first)."""
         self.healthy = True
         rendezvous.on_change(self._waker.wake)
         self._actions: dict[AgentAction, Callable[[Verdict], Step]] = {
@@ -195,6 +204,7 @@ class ElasticAgent:
     def _rendezvous(self) -> RendezvousInfo:
         started = self._clock()
         info = self._blocking(self.rendezvous.next_rendezvous, "rendezvous")
+        self.round = info
         self._report.round_joined(info, self._clock() - started)
         return info
 
@@ -209,10 +219,6 @@ class ElasticAgent:
         if settled.counted:
             self._report.failure_notice(pending.state, self.restarts_used, self.config.max_restarts)
         self._report.restart(settled.recorded, self.restarts_used, self.config.max_restarts, pending.reason)
-
-    def spares(self) -> int:
-        """Nodes waiting as spares beyond this node's full round (0 for rendezvous without spares)."""
-        return self.rendezvous.membership().spares
 
     def _watch(self, group: Workers) -> Verdict:
         """Wait on the waker (worker exits, membership changes, signals) until something must be done."""

@@ -3,11 +3,19 @@
 The agent (:mod:`elastic.agent.agent`) decides when; this module does the starting and the
 stopping: the pre-warmed templates waited for where a signal is seen, the master's store handed
 to the store helper, the workers' pids tracked by the lifeline, and all of it undone at the stop.
+
+The store helper (:mod:`elastic.agent.processes.store_host`) is started when this node first
+hosts a store, just after its workers are spawned: its torch import then overlaps the workers'
+own instead of slowing their start (the workers' connections wait on the listening socket
+meanwhile). A node that never hosts never starts one, unless its workers are forked from
+templates (``--prewarm``): there a restart that moves the master here forks its workers at once,
+so the helper is warmed after the first start, to be ready by then.
 """
 
 from __future__ import annotations
 
 import logging
+import socket
 import time
 
 from elastic.agent.errors import StoreHostError, WorkerStartError
@@ -79,14 +87,23 @@ class Attempts:
         templates = self._templates
         if templates is not None:  # a fork waits for its template: wait here, where a signal is seen
             self._waker.call(lambda: templates.wait_ready(READY_TIMEOUT_S), what="templates")
-        use_agent_store = self._serve_store(info)
+        use_agent_store = self._use_agent_store(info)
+        listener = info.master_listener
+        if listener is not None and not use_agent_store:
+            listener.close()  # rank 0's worker binds the port itself
         group = self._groups(info, attempt=attempt, restart_count=restart_count, use_agent_store=use_agent_store)
         group.on_exit(self._waker.wake)
         try:
             group.start()
         except WorkerStartError as error:
+            if listener is not None:
+                listener.close()
             self._report.print(f"elasticrun: cannot start the workers: {error}")
             return None
+        if listener is not None and use_agent_store:
+            self._hand_over(listener, info)
+        if self._templates is not None and self._store_host is not None:
+            self._store_host.warm()  # ready when a restart moves the master here (see the module docstring)
         if self._lifeline is not None:
             self._lifeline.track(group.pids().values())
         self.running = self.last = group
@@ -113,23 +130,28 @@ class Attempts:
         if self._store_host is not None:
             self._store_host.close()
 
-    def _serve_store(self, info: RendezvousInfo) -> bool:
+    def _use_agent_store(self, info: RendezvousInfo) -> bool:
         """Whether workers use an agent-hosted store (``TORCHELASTIC_USE_AGENT_STORE``).
 
-        On the master node the store helper serves the master port the round record names,
-        on the socket that has listened since the join; workers everywhere connect as clients.
-        Without a helper (static rendezvous, or no torch for it) rank 0's worker hosts the store.
+        On the master node the store helper serves the master port the round record names, on
+        the socket that has listened since the join; workers everywhere connect as clients.
+        Without a helper (static rendezvous, or one that failed before) rank 0's worker hosts it.
         """
-        listener = info.master_listener
-        if listener is None:  # another node hosts (or nobody can: then rank 0's worker does)
+        if info.master_listener is None:  # another node hosts (or nobody can: then rank 0's worker does)
             return info.group_rank != 0 and info.agreed and self._store_host is not None
-        if self._store_host is None or self._store_host_failed:
-            listener.close()
-            return False
+        return self._store_host is not None and not self._store_host_failed
+
+    def _hand_over(self, listener: socket.socket, info: RendezvousInfo) -> None:
+        """Give the master port's socket to the store helper (started now if it is not running).
+
+        A helper that cannot start or take it (it runs the workers' interpreter, which just
+        started them, so this is rare) leaves this attempt's workers without a store: they fail
+        and restart, and from then on rank 0's worker hosts it.
+        """
+        assert self._store_host is not None  # _use_agent_store said so
         try:
             self._store_host.serve(listener, info.master_addr)
-            return True
         except StoreHostError as error:
             self._store_host_failed = True
-            log.warning("Run %s node %s: %s; rank 0's worker hosts the store instead", info.run_id, self._host, error)
-            return False
+            log.warning("Run %s node %s: %s; this attempt's workers cannot reach their store and will restart, "
+                        "with rank 0's worker hosting it", info.run_id, self._host, error)

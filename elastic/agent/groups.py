@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Callable, Protocol
 
 from elastic.agent.prewarm.pool import TemplatePool
+from elastic.agent.processes.logs_specs import LogsSpecsHost
 from elastic.agent.processes.workers import GroupState, WorkerGroup
 from elastic.config import LaunchConfig
 from elastic.rendezvous.api import RendezvousInfo
@@ -61,11 +62,14 @@ class GroupFactory(Protocol):
         """``restart_count``: ``TORCHELASTIC_RESTART_COUNT``; ``use_agent_store``: ``TORCHELASTIC_USE_AGENT_STORE``."""
 
 
-def worker_groups(config: LaunchConfig, node_id: str, templates: TemplatePool | None) -> GroupFactory:
-    """The factory of real :class:`WorkerGroup` s for this node."""
+def worker_groups(config: LaunchConfig, node_id: str, templates: TemplatePool | None,
+                  logs_specs: LogsSpecsHost | None = None) -> GroupFactory:
+    """The factory of real :class:`WorkerGroup` s for this node (``logs_specs``: the helper of
+    ``config.logs_specs``' plugin, which every attempt's group reifies through)."""
 
     def make(info: RendezvousInfo, *, attempt: int, restart_count: int, use_agent_store: bool) -> Workers:
         return WorkerGroup(config, info, attempt=attempt, restart_count=restart_count,
-                           use_agent_store=use_agent_store, node_id=node_id, templates=templates)
+                           use_agent_store=use_agent_store, node_id=node_id, templates=templates,
+                           logs_specs=logs_specs)
 
     return make

@@ -105,6 +105,16 @@ def _settle_agreed(pending: PendingRestart | None, info: RendezvousInfo, restart
     own_failure = pending.cause is PendingCause.FAILURE
     if info.restart_count > restarts_used:
         return Settlement(info.restart_count, in_a_row, RestartCause.WORKER_FAILURE, counted=own_failure)
-    reason = (f"worker failure not counted: a member of the previous round is absent from round {info.round}"
-              if own_failure else "")
+    reason = _not_counted(pending, info) if own_failure else ""
     return Settlement(info.restart_count, in_a_row, _UNCOUNTED[pending.cause], not_counted=reason)
+
+
+def _not_counted(pending: PendingRestart, info: RendezvousInfo) -> str:
+    """Why the round's closer did not count this node's failure, naming the absent members."""
+    absent = sorted(set(pending.members) - {member.node_id for member in info.members})
+    if not absent:  # everyone is back, yet no failure was reported (this node's lease was lost first)
+        return f"worker failure not counted: round {info.round}'s closer counted no failure restart"
+    if len(absent) == 1:
+        return f"worker failure not counted: {absent[0]}, a member of the previous round, is absent from round {info.round}"
+    return (f"worker failure not counted: {', '.join(absent)}, members of the previous round, are absent from "
+            f"round {info.round}")

@@ -16,7 +16,7 @@ from typing import Any
 from elastic.rendezvous.backend_spec import (
     BACKEND_NAMES, ETCD_DEFAULT_PORT, STATIC_DEFAULT_ADDR, STATIC_DEFAULT_PORT, STORE_DEFAULT_PORT,
 )
-from elastic.rendezvous.conf import BACKEND_KEYS, ENGINE_KEYS, NO_EFFECT_KEYS, TORCH_ALIASES
+from elastic.rendezvous.conf import BACKEND_KEYS, ENGINE_KEYS, NO_EFFECT_KEYS, REMOVED_KEYS, TORCH_ALIASES
 
 PROG = "elasticrun"
 SHUTDOWN_TIMEOUT_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
@@ -101,7 +101,7 @@ OPTIONS: tuple[Option, ...] = (
     _option("--rdzv-id", RENDEZVOUS, "Job id shared by all nodes of a job (letters, digits, '.', '_', '-').",
             metavar="ID", default="none"),
     _option("--rdzv-conf", RENDEZVOUS, "Rendezvous options K=V[,K=V...]; repeatable, merged, later keys win. "
-            f"Keys: {', '.join(sorted(ENGINE_KEYS) + sorted(BACKEND_KEYS))}. The keys torch's handlers read are "
+            f"Keys: {', '.join(sorted(ENGINE_KEYS) + sorted(set(BACKEND_KEYS) - REMOVED_KEYS))}. The keys torch's handlers read are "
             f"accepted too: {', '.join(sorted(TORCH_ALIASES))} (our TLS keys), timeout (join_timeout; no effect "
             f"with c10d and static, as in torch), {', '.join(sorted(NO_EFFECT_KEYS))} (no effect; a note says "
             "why). Unknown keys are errors.",
@@ -115,7 +115,7 @@ OPTIONS: tuple[Option, ...] = (
             "path); takes precedence over --no-python and -m."),
     _option("--role", COMMAND, "Role name of the workers.", metavar="ROLE", default="default"),
     _option("--log-dir", OUTPUT, "Base directory of the worker logs: "
-            "DIR/RUN_ID/attempt_K/LOCAL_RANK/{stdout,stderr}.log.", metavar="DIR"),
+            "DIR/RUN_ID/NODE_ID/attempt_K/LOCAL_RANK/{stdout,stderr}.log (NODE_ID keeps agents that share DIR apart).", metavar="DIR"),
     _option("--redirects", OUTPUT, "Send worker streams to the log files instead of the console: 0 none, "
             "1 stdout, 2 stderr, 3 both, for every local rank; or per local rank, e.g. 0:1,1:2.",
             short="-r", metavar="0-3|RANK:0-3,...", default="0"),

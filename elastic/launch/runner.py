@@ -13,10 +13,12 @@ import dataclasses
 import logging
 import os
 import secrets
+import signal
 import socket
 import sys
 import uuid
 from contextlib import ExitStack
+from typing import TYPE_CHECKING, Callable
 
 from backends.endpoints import Endpoint
 from elastic.agent.agent import ElasticAgent
@@ -24,19 +26,22 @@ from elastic.agent.exclusion import ExclusionPolicy
 from elastic.agent.observe.events import EventLog
 from elastic.agent.lifeline.keeper import Lifeline, state_dir
 from elastic.agent.errors import AgentError
-from elastic.agent.observe.metrics import AgentMetrics, MetricsServer
-from elastic.agent.processes.logs_specs import LogsSpecsHost, shared_host
+from elastic.agent.observe.standing import Standing, health
+from elastic.agent.processes.logs_specs import LogsSpecsHost, logs_specs_host
 from elastic.agent.processes.log_dir import create_log_dir
 from elastic.agent.processes.store_host import StoreHost
 from elastic.agent.prewarm.pool import TemplatePool
 from elastic.agent.waking import Waker
 from elastic.agent.processes.worker_env import omp_threads_notice, python_executable
 from elastic.config import LaunchConfig
+from elastic.rendezvous.api import Rendezvous
 from elastic.rendezvous.errors import RendezvousError
-from elastic.rendezvous.progress import WaitSnapshot
 from elastic.rendezvous.backend_spec import StandaloneSpec, StaticSpec
 from elastic.rendezvous.registry import create_handler
 from elastic.rendezvous.secret_sources import hide_inline_secrets
+
+if TYPE_CHECKING:
+    from elastic.agent.observe.metrics import AgentMetrics
 
 log = logging.getLogger(__name__)
 
@@ -62,15 +67,11 @@ def run(config: LaunchConfig) -> int:
             # The node id, not the host name: two agents on one host are two nodes.
             events = cleanup.enter_context(EventLog(config.event_log, run_id=config.run_id, node=handler.node_id,
                                                     host=socket.gethostname()))
-            metrics = AgentMetrics(run_id=config.run_id, node=handler.node_id)
-            handler.on_progress(lambda progress: metrics.set_rendezvous_joined(progress and progress.joined))
-            metrics.watch_store_outage(lambda: handler.membership().store_outage)
-            metrics.watch_store_full(lambda: handler.membership().store_full)
+            metrics = _new_metrics(config, handler)
             store_host = (StoreHost(python_executable(os.environ), os.environ)
                           if not isinstance(config.backend, StaticSpec) else None)
             if store_host is not None:
-                cleanup.callback(store_host.close)
-                store_host.warm()  # imports torch while the rendezvous runs: warm if this node becomes master
+                cleanup.callback(store_host.close)  # started when first needed (elastic.agent.attempts)
             templates = _start_templates(config, cleanup)
             lifeline = _open_lifeline(config, cleanup)
             exclusion = (ExclusionPolicy(settings.max_node_failures, settings.exclusion_cooldown, settings.min_nodes)
@@ -79,19 +80,17 @@ def run(config: LaunchConfig) -> int:
             cleanup.callback(waker.close)
             agent = ElasticAgent(config, handler, host=socket.gethostname(), events=events, metrics=metrics,
                                  lease_ttl=settings.lease_ttl, store_host=store_host, lifeline=lifeline,
-                                 exclusion=exclusion, templates=templates, waker=waker)
-            if config.metrics_port is not None:
-                server = MetricsServer(config.metrics_port, config.metrics_addr, registry=metrics.registry,
-                                       health=lambda: health(agent.healthy, handler.progress(), agent.spares(),
-                                                             handler.membership().store_outage,
-                                                             handler.membership().store_full))
-                cleanup.callback(server.stop)
-                server.start()  # it logs where it serves
+                                 exclusion=exclusion, templates=templates, logs_specs=logs_specs, waker=waker)
+            if metrics is not None:
+                _serve_metrics(config, metrics, _looker(agent, handler), cleanup)
             if logs_specs is not None:
                 logs_specs.wait_ready()  # a plugin that cannot load stops us before we join, as in torchrun
         except (RendezvousError, AgentError, ValueError) as error:
             print(f"elasticrun: {error}", file=sys.stderr)
             return 1
+        except KeyboardInterrupt:  # e.g. while it waits for a store that is not up yet
+            print("elasticrun: interrupted before the workers started", file=sys.stderr)
+            return 128 + signal.SIGINT
         with waker.catching(config.signals_to_handle):
             result = agent.run()
     if result.exit_code != 0:
@@ -118,7 +117,7 @@ def _start_logs_specs(config: LaunchConfig, cleanup: ExitStack) -> LogsSpecsHost
     """For ``--logs-specs``: start the plugin's helper, which every attempt's workers then use."""
     if not config.logs_specs:
         return None
-    host = shared_host(config, os.environ, python_executable(os.environ))
+    host = logs_specs_host(config, os.environ, python_executable(os.environ))
     cleanup.callback(host.close)
     host.start()
     return host
@@ -147,23 +146,43 @@ def _open_lifeline(config: LaunchConfig, cleanup: ExitStack) -> Lifeline | None:
     return lifeline
 
 
-def health(healthy: bool, progress: WaitSnapshot | None, spares: int = 0, store_outage: float = 0.0,
-           store_full: bool = False) -> tuple[bool, str]:
-    """``/healthz``'s answer: stopped, waiting for a rendezvous (with its counts), or running
-    (with the spares waiting beyond a full round, if any).
+def _new_metrics(config: LaunchConfig, handler: Rendezvous) -> AgentMetrics | None:
+    """The agent's metrics with ``--metrics-port`` (None without: prometheus_client and the HTTP
+    server are then not even imported, a few tens of milliseconds of every start)."""
+    if config.metrics_port is None:
+        return None
+    from elastic.agent.observe.metrics import AgentMetrics
 
-    A store outage, or a store out of space (etcd's NOSPACE alarm), is said but stays healthy
-    (200): the workers train on without the store, and a liveness probe that restarted the pod
-    would turn a control-plane outage into lost work.
+    # The node id, not the host name: two agents on one host are two nodes.
+    metrics = AgentMetrics(run_id=config.run_id, node=handler.node_id)
+    metrics.watch_store_outage(lambda: handler.membership().store_outage)
+    metrics.watch_store_full(lambda: handler.membership().store_full)
+    return metrics
+
+
+def _serve_metrics(config: LaunchConfig, metrics: AgentMetrics, look: Callable[[], Standing],
+                   cleanup: ExitStack) -> None:
+    """Serve /metrics and /healthz; the membership gauges say what /healthz says, at every moment.
+
+    Raises:
+        MetricsServerError: the port cannot be bound.
     """
-    if not healthy:
-        return False, "stopped"
-    outage = f"; store unreachable for {store_outage:.0f}s" if store_outage > 0 else ""
-    if store_full:
-        outage += "; store out of space"
-    if progress is not None:
-        return True, f"waiting for rendezvous ({progress.counts_text()}){outage}"
-    return True, (f"running; spares: {spares}" if spares else "running") + outage
+    from elastic.agent.observe.metrics import MetricsServer
+
+    metrics.follow(look)
+    server = MetricsServer(config.metrics_port, config.metrics_addr, registry=metrics.registry,
+                           health=lambda: health(look()))
+    cleanup.callback(server.stop)
+    server.start()  # it logs where it serves
+
+
+def _looker(agent: ElasticAgent, handler: Rendezvous) -> Callable[[], Standing]:
+    """One look at where this node stands, without I/O: what /healthz and the gauges say."""
+    def look() -> Standing:
+        joined = agent.round
+        return Standing(agent.healthy, handler.progress(), joined.group_world_size if joined else 0,
+                        handler.membership())
+    return look
 
 
 def _configure_logging() -> None:

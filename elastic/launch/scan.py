@@ -14,7 +14,7 @@ import difflib
 import re
 from typing import Sequence
 
-from elastic import __version__
+import elastic
 from elastic.launch.flags import HELP_FLAGS, OPTIONS_BY_FLAG, PROG, VERSION_FLAGS, flag_candidates, format_help
 from elastic.launch.values import ConfigError
 
@@ -50,7 +50,7 @@ def split_command_line(argv: Sequence[str]) -> tuple[dict[str, list[str]], list[
         if flag in HELP_FLAGS + VERSION_FLAGS:
             if value is not None:
                 raise ConfigError(f"{flag}: takes no value (got {value!r})")
-            raise HelpRequested(format_help() if flag in HELP_FLAGS else f"{PROG} {__version__}\n")
+            raise HelpRequested(format_help() if flag in HELP_FLAGS else f"{PROG} {elastic.__version__}\n")
         option = OPTIONS_BY_FLAG[flag]
         if not option.takes_value:
             if value is not None:

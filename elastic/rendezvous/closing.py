@@ -48,8 +48,9 @@ class JoinKeyLost(Exception):
 class Waiter(Protocol):
     """What the closer needs from the join it closes for (:class:`~elastic.rendezvous.joining.JoinLoop`)."""
 
-    def note_wait(self, forming: int, joined: int | dict[str, Joiner] | None, deadline: float) -> None:
-        """Report the joiners seen (progress)."""
+    def note_wait(self, forming: int, joined: int | dict[str, Joiner] | None, deadline: float,
+                  alive: set[str] | None = None) -> None:
+        """Report the joiners seen and the previous round's members still alive (progress)."""
 
     def next_line_due(self) -> float:
         """The clock time by which a progress line may be due."""
@@ -115,7 +116,7 @@ class Closer:
                     continue
                 if now >= deadline:
                     raise waiter.timeout(forming)
-                waiter.note_wait(forming, joined, deadline)
+                waiter.note_wait(forming, joined, deadline, alive)
                 wait_until = min(deadline, decision.wait_until or deadline, now + settings.lease_ttl,
                                  waiter.next_line_due())
                 for event in watch.get(timeout=max(wait_until - now, 0.0)):

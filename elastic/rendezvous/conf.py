@@ -60,6 +60,9 @@ BACKEND_KEYS = {
     "insecure_open_store": "c10d: 1 lets the host serve its store off loopback without a token, as torchrun does",
 }
 
+#: Keys still accepted for old command lines but no longer documented (``--help`` leaves them out).
+REMOVED_KEYS = frozenset({"etcd_transport"})
+
 #: torch 2.13's names for keys of ours (its etcd-v2 backend's TLS options).
 TORCH_ALIASES = {"ca_cert": "cacert", "ssl_cert": "cert", "ssl_cert_key": "key"}
 
@@ -129,8 +132,9 @@ def check_known_keys(conf: Mapping[str, str]) -> None:
     valid = valid_keys()
     unknown = sorted(set(conf) - set(valid))
     if unknown:
+        listed = [key for key in valid if key not in REMOVED_KEYS]
         raise RendezvousConfigError(
-            f"Unknown rendezvous option(s) {', '.join(unknown)}; valid options are: {', '.join(valid)}."
+            f"Unknown rendezvous option(s) {', '.join(unknown)}; valid options are: {', '.join(listed)}."
         )
 
 

@@ -21,7 +21,10 @@ Protocol (DESIGN §3), per round ``r`` of one run:
    its lease (then they claim it).
 4. A node not in the closed round moves to round ``r + 1`` and is *waiting*; members see it
    through their :class:`~elastic.rendezvous.monitor.MembershipMonitor` and restart.
-5. A member whose lease vanishes deletes its key; every member's monitor sees the DELETE.
+5. A member whose lease vanishes deletes its key; every member's monitor sees the DELETE. A
+   node that deletes its key on purpose (it shuts down, is excluded, gives up) first leaves a
+   short-lived note saying why (:mod:`~elastic.rendezvous.departures`), so the others can name
+   why it is gone.
 6. The job ends once (:mod:`elastic.rendezvous.job`): the first node whose workers all succeed
    writes ``state/finished`` (:meth:`RendezvousHandler.declare_finished`); every join and close
    compares it absent, so no round forms after it. Every join also compares the job identity
@@ -51,6 +54,7 @@ from elastic.rendezvous import records
 from elastic.rendezvous.api import MembershipChange, MembershipStatus, Rendezvous, RendezvousInfo
 from elastic.rendezvous.barrier import ExitBarrier
 from elastic.rendezvous.decisions import RoundView
+from elastic.rendezvous.departures import Departure
 from elastic.rendezvous.errors import RendezvousClosedError, RendezvousConnectionError, RendezvousStateError
 from elastic.rendezvous.job import FinishedRecord, encode_finished
 from elastic.rendezvous.joining import JOIN_RETRY, JoinLoop, NodeSpec
@@ -124,6 +128,8 @@ class RendezvousHandler(Rendezvous):
         node = NodeSpec(self._node_id, node_addr, local_world_size, role)
         self._joining = JoinLoop(settings, backend, self.keys, node, self._membership, clock, retry)
         self._barrier = ExitBarrier(backend, self.keys, self._node_id, self._membership, clock)
+        self._finished = False  # this node's workers finished (it went through the exit barrier)
+        self._closed_it = False  # this node closed the rendezvous: nobody waits for it any more
 
     # -- identity and snapshots (no lock, no I/O) ------------------------------------------------
     @property
@@ -204,7 +210,7 @@ class RendezvousHandler(Rendezvous):
 
         with self._lock, self._translated("excluding itself"):
             self._stop_monitor()
-            self._joining.leave()
+            self._joining.leave(Departure.EXCLUDED, reason)
             self._membership.retrying(mark, self._retry)
         log.warning("Rendezvous %s: node %s is excluded for %gs: %s", self.run_id, self.node_id, cooldown, reason)
 
@@ -238,6 +244,7 @@ class RendezvousHandler(Rendezvous):
             RendezvousConnectionError: the backend could not be reached.
         """
         with self._lock, self._translated("at the exit barrier"):
+            self._finished = True
             last, lease_id = self._joining.last, self._membership.lease_id
             if last is None or lease_id is None:
                 return True
@@ -271,9 +278,11 @@ class RendezvousHandler(Rendezvous):
         with self._lock, self._translated("closing the rendezvous"):
             self._membership.retrying(lambda: self._backend.put_if(self.keys.closed, record, ABSENT), self._retry,
                                       within=self.settings.close_timeout)
+            self._closed_it = True
 
     def shutdown(self) -> bool:
-        """Leave the rendezvous without closing it for the others (their monitors see us go).
+        """Leave the rendezvous without closing it for the others (their monitors see us go, and
+        a departure note says why: this node's workers finished, or its agent shut down).
 
         A join or exit barrier in progress in another thread is interrupted first (it raises
         RendezvousClosedError); then this takes the lock. Idempotent; never raises.
@@ -281,7 +290,10 @@ class RendezvousHandler(Rendezvous):
         self._membership.interrupt()
         with self._lock:
             self._stop_monitor()
-            self._joining.leave()
+            # No note when nobody waits for this node, or the store does not answer (it would
+            # only add a request timeout to the exit).
+            quiet = self._closed_it or self._membership.outage > 0
+            self._joining.leave(None if quiet else Departure.FINISHED if self._finished else Departure.LEFT)
             self._membership.close()
             if self._owns_backend:
                 self._backend.close()

@@ -25,11 +25,12 @@ from elastic.rendezvous import records
 from elastic.rendezvous.attempt import Claim, ClosedRound, FailureReport, Included, JoinAttempt, StateView
 from elastic.rendezvous.closing import Closer, JoinKeyLost
 from elastic.rendezvous.decisions import Joiner, is_spare, join_fills_round
+from elastic.rendezvous.departures import Departure, DepartureRecord, LostNodes, say_departure
 from elastic.rendezvous.errors import RendezvousClosedError, RendezvousError, RendezvousTimeoutError
 from elastic.rendezvous.gate import JoinGate
 from elastic.rendezvous.membership import Membership
 from elastic.rendezvous.progress import ProgressReporter, WaitSnapshot
-from elastic.rendezvous.reads import closed_round_from, joiner_of, read_joiners, read_state, state_from
+from elastic.rendezvous.reads import closed_round_from, joiner_of, read_alive, read_joiners, read_state, state_from
 from elastic.rendezvous.records import JoinRecord, RendezvousKeys
 from elastic.rendezvous.settings import RendezvousSettings
 from elastic.rendezvous.store_full import check_writable
@@ -78,6 +79,7 @@ class JoinLoop:
         self._retry = retry
         self._closer = Closer(settings, backend, keys, node.node_id, membership, clock)
         self._reporter = ProgressReporter(log.info, clock=clock)
+        self._lost = LostNodes(backend, keys)
         self._progress_callbacks: list[Callable[[WaitSnapshot | None], None]] = []
         self._spare_of: int | None = None  # the full round this node last logged it is a spare of
         self.last: ClosedRound | None = None
@@ -96,10 +98,11 @@ class JoinLoop:
         """
         deadline = self._clock() + self._settings.join_timeout
         self._reporter = ProgressReporter(log.info, clock=self._clock)
+        self._lost.reset()
         try:
             return self._join_with_retries(deadline)
         except RendezvousTimeoutError:
-            self.leave()
+            self.leave(Departure.TIMED_OUT)
             raise
         finally:
             self._set_progress(None)
@@ -112,12 +115,18 @@ class JoinLoop:
     def on_progress(self, callback: Callable[[WaitSnapshot | None], None]) -> None:
         self._progress_callbacks.append(callback)
 
-    def leave(self) -> None:
-        """Drop this node's join key, its claim and its port. Best effort: they go with its lease."""
+    def leave(self, why: Departure | None, detail: str = "") -> None:
+        """Drop this node's join key, its claim and its port. Best effort: they go with its lease.
+
+        ``why``: the departure note left first, so the others can say why this node is gone
+        (None: none, e.g. the rendezvous is closed and nobody waits for it).
+        """
         self._membership.drop_port()
         self.release_claim()
         attempt, self.attempt = self.attempt, None
         if attempt is not None:
+            if why is not None:
+                say_departure(self._backend, self._keys, self._node.node_id, DepartureRecord(attempt.forming, why, detail))
             self._delete(attempt.key, "on leave")
 
     def release_claim(self) -> None:
@@ -128,14 +137,16 @@ class JoinLoop:
             self._delete(self._keys.closer(attempt.forming), "(it goes with our lease)")
 
     # -- the Waiter protocol of closing.Closer -------------------------------------------------
-    def note_wait(self, forming: int, joined: int | dict[str, Joiner] | None, deadline: float) -> None:
-        """Hand what this node knows of round ``forming`` (a count, or the joiners) to the reporter."""
+    def note_wait(self, forming: int, joined: int | dict[str, Joiner] | None, deadline: float,
+                  alive: set[str] | None = None) -> None:
+        """Hand what this node knows of round ``forming`` (a count, or the joiners) to the reporter;
+        ``alive``: the previous round's members whose key of it exists (None: not known)."""
         count = joined if joined is None or isinstance(joined, int) else len(joined)
-        expected = None
+        expected, lost = None, ()
         if self.last is not None and isinstance(joined, dict):
-            expected = tuple(m.node_id for m in self.last.record.members if m.node_id not in joined)
+            expected, lost = self._lost.split(self.last.record, forming, joined, alive)
         snapshot = WaitSnapshot(self._settings.run_id, self._node.node_id, forming, count, self._settings.min_nodes,
-                                self._settings.max_nodes, expected, deadline - self._clock())
+                                self._settings.max_nodes, expected, deadline - self._clock(), lost)
         self._set_progress(snapshot)
         self._reporter.update(snapshot)
 
@@ -384,7 +395,9 @@ class JoinLoop:
             if now >= deadline:
                 raise self.timeout(forming)
             if self._reporter.due():  # only the closer watches the joins: read them when a line is due
-                self.note_wait(forming, read_joiners(self._backend, self._keys, forming)[0], deadline)
+                # The last round's keys first: a member that rejoins in between is then among the joiners.
+                alive = read_alive(self._backend, self._keys, self.last.record) if self.last else None
+                self.note_wait(forming, read_joiners(self._backend, self._keys, forming)[0], deadline, alive)
             wake = min(deadline, self._reporter.next_due())
             batch = watch.get(timeout=max(min(wake - now, self._settings.lease_ttl), 0.0))
             for index, event in enumerate(batch):

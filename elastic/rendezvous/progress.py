@@ -4,7 +4,10 @@ A node that waits for others used to say nothing until the join timeout. The han
 takes a :class:`WaitSnapshot` as its counts change (and every interval, when it reads them)
 and hands it to a :class:`ProgressReporter`, which decides when a line is due
 (:func:`line_due`: after a short grace, on every change, at least every ``interval``) and
-emits :func:`format_progress` of it. Pure functions and an injectable clock; no I/O here.
+emits :func:`format_progress` of it. A member of the last round that is gone for good (its
+key vanished: see :mod:`elastic.rendezvous.departures`) is no longer expected: the first line
+after it is found names it as lost, with why, and the later ones do not. Pure functions and an
+injectable clock; no I/O here.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import AbstractSet, Callable
 
 PROGRESS_INTERVAL = 10.0
 """Seconds between lines while nothing changes."""
@@ -25,6 +28,14 @@ MAX_LISTED = 8
 
 
 @dataclass(frozen=True)
+class LostNode:
+    """A member of the last round that is gone for good, and why (a sentence)."""
+
+    node_id: str
+    why: str
+
+
+@dataclass(frozen=True)
 class WaitSnapshot:
     """What a waiting node knows about the round it waits for.
 
@@ -34,9 +45,11 @@ class WaitSnapshot:
         round: the round being formed.
         joined: nodes joined so far (None: not known to this node right now).
         min_nodes, max_nodes: the round closes at ``min_nodes`` (after the last call) to ``max_nodes``.
-        expected: members of the previous round that have not joined yet (None: unknown, e.g.
-            the first round, or a node that does not see the joiners).
+        expected: members of the previous round that have not joined yet and still may (their
+            key of that round exists; None: unknown, e.g. the first round, or a node that does
+            not see the joiners).
         seconds_left: until the join timeout (``math.inf``: none, e.g. a spare).
+        lost: members of the previous round whose key is gone (not expected any more).
     """
 
     run_id: str
@@ -47,20 +60,25 @@ class WaitSnapshot:
     max_nodes: int
     expected: tuple[str, ...] | None
     seconds_left: float
+    lost: tuple[LostNode, ...] = ()
 
     @property
-    def counts(self) -> tuple[int, int | None, tuple[str, ...] | None]:
+    def counts(self) -> tuple[int, int | None, tuple[str, ...] | None, frozenset[str]]:
         """What a change is judged on (not the time left, which always changes)."""
-        return self.round, self.joined, self.expected
+        return self.round, self.joined, self.expected, frozenset(node.node_id for node in self.lost)
 
     def counts_text(self) -> str:
         """``J of MIN`` (or ``? of MIN`` when the count is unknown)."""
         return f"{'?' if self.joined is None else self.joined} of {self.min_nodes}"
 
 
-def format_progress(snapshot: WaitSnapshot) -> str:
+def format_progress(snapshot: WaitSnapshot, named: AbstractSet[str] = frozenset()) -> str:
     """The progress line, e.g. ``Rendezvous job-1 round 0 (node a): waiting for nodes: 1 of at
-    least 2 nodes joined (at most 4); still expected: b; 587 s left before the join timeout``."""
+    least 2 nodes joined (at most 4); still expected: b; 587 s left before the join timeout``.
+
+    Lost members not in ``named`` (said by an earlier line) are named with why:
+    ``...; lost: c (its agent shut down); 587 s left ...``.
+    """
     s = snapshot
     size = f"{s.min_nodes}" if s.min_nodes == s.max_nodes else f"at least {s.min_nodes}"
     most = "" if s.min_nodes == s.max_nodes else f" (at most {s.max_nodes})"
@@ -72,9 +90,14 @@ def format_progress(snapshot: WaitSnapshot) -> str:
         counts = f"waiting for nodes: {s.joined} of {size} nodes joined{most}"
     parts = [f"Rendezvous {s.run_id} round {s.round} (node {s.node_id}): {counts}"]
     if s.expected:
-        named = ", ".join(s.expected[:MAX_LISTED])
+        listed = ", ".join(s.expected[:MAX_LISTED])
         more = f" and {len(s.expected) - MAX_LISTED} more" if len(s.expected) > MAX_LISTED else ""
-        parts.append(f"still expected: {named}{more}")
+        parts.append(f"still expected: {listed}{more}")
+    news = [node for node in s.lost if node.node_id not in named]
+    if news:
+        shown = ", ".join(f"{node.node_id} ({node.why})" for node in news[:MAX_LISTED])
+        more = f" and {len(news) - MAX_LISTED} more" if len(news) > MAX_LISTED else ""
+        parts.append(f"lost: {shown}{more}")
     if math.isinf(s.seconds_left):
         parts.append("no join timeout (a spare waits for room)")
     else:
@@ -116,6 +139,7 @@ class ProgressReporter:
         self._started = clock()
         self._last_line_at: float | None = None
         self._last_line_counts: tuple | None = None
+        self._named: set[str] = set()  # lost members a line already named
         self.last: WaitSnapshot | None = None
         """The latest snapshot given (also when no line was emitted)."""
 
@@ -129,7 +153,8 @@ class ProgressReporter:
             return False
         self._last_line_at = now
         self._last_line_counts = snapshot.counts
-        self._emit(format_progress(snapshot))
+        self._emit(format_progress(snapshot, self._named))
+        self._named.update(node.node_id for node in snapshot.lost)
         return True
 
     def next_due(self) -> float:

@@ -4,9 +4,14 @@
 ``tcp``: a running built-in store (``elastic-store``, or another node's embedded one).
 ``c10d``: the built-in store, hosted by the node whose address matches the endpoint (or
          ``is_host=1``), as torchrun users expect; the others connect to it. The host binds
-         the endpoint's address; off loopback it needs ``token_file=`` (every node the same)
-         or the explicit ``insecure_open_store=1``.
+         the endpoint's address when that is one of this machine's, else (``is_host=1`` with
+         another address, e.g. behind NAT) every interface, ``0.0.0.0``; off loopback it needs
+         ``token_file=`` (every node the same) or the explicit ``insecure_open_store=1``.
 ``static``: fixed ranks from ``--node-rank``, no elasticity, no backend.
+
+A node that connects to a built-in store may start before it listens: given a
+:class:`~elastic.rendezvous.store_wait.StoreWait` it keeps trying until the join timeout
+(:mod:`elastic.rendezvous.store_wait`).
 
 Nothing here parses a string: the spec carries typed values. Optional dependencies (the etcd
 client) are imported only when their backend is chosen.
@@ -29,6 +34,7 @@ from elastic.rendezvous.backend_spec import (
 from elastic.rendezvous.errors import RendezvousConfigError, RendezvousConnectionError
 from elastic.rendezvous.latency import Timing, describe, fit_to_round_trip, raised
 from elastic.rendezvous.settings import RendezvousSettings
+from elastic.rendezvous.store_wait import StoreWait, wait_for_store
 
 log = logging.getLogger(__name__)
 
@@ -50,18 +56,22 @@ class OpenedBackend:
     endpoint: str = ""
 
 
-def open_backend(spec: StoreBackedSpec) -> OpenedBackend:
+def open_backend(spec: StoreBackedSpec, wait: StoreWait | None = None) -> OpenedBackend:
     """Connect to the backend ``spec`` names (hosting the store first when this node is a c10d host).
+
+    ``wait``: how long to keep trying a built-in store that is not up yet (None: fail at once;
+    etcd is always tried once).
 
     Raises:
         RendezvousConfigError: a certificate file or secret file cannot be read, or the backend
             refuses a limit; a c10d host would serve its store open off loopback.
-        RendezvousConnectionError: the backend could not be reached or refused our credentials.
+        RendezvousConnectionError: the backend could not be reached (within ``wait``) or refused
+            our credentials.
     """
     try:
         if isinstance(spec, EtcdSpec):
             return _open_etcd(spec)
-        return _open_store(spec)
+        return _open_store(spec, wait)
     except EndpointError as error:
         raise RendezvousConfigError(f"--rdzv-endpoint / --rdzv-conf for backend {spec.name!r}: {error}") from error
     except BackendError as error:
@@ -107,13 +117,14 @@ def _open_etcd(spec: EtcdSpec) -> OpenedBackend:
     return OpenedBackend(backend, backend.close, round_trip=round_trip, raised=changes, endpoint=config.endpoint_list)
 
 
-def _open_store(spec: StoreSpec) -> OpenedBackend:
+def _open_store(spec: StoreSpec, wait: StoreWait | None) -> OpenedBackend:
     from backends.tcp.client import TcpStoreBackend, TcpStoreConfig
 
     address = spec.endpoint
     token = spec.token.read() if spec.token else None
     release_server: Callable[[], None] = lambda: None
     hosted = None
+    host_failed = False
     if _should_host(spec):
         from backends.tcp.server import start_server
 
@@ -124,13 +135,22 @@ def _open_store(spec: StoreSpec) -> OpenedBackend:
             release_server, hosted = server.stop, server.endpoint
             log.info("Hosting the built-in rendezvous store on %s", hosted)
         except OSError as error:
+            host_failed = True
             log.info("Not hosting the store on %s (%s); connecting to the existing one", address.netloc, error)
     config = TcpStoreConfig(address.netloc, token=token, connect_timeout=spec.timeouts.dial,
                             request_timeout=spec.timeouts.request)
-    try:
-        backend = TcpStoreBackend(config)
+    backend = TcpStoreBackend(config)
+
+    def connect() -> None:
         backend.get("/")
-    except BackendError:
+
+    try:
+        if wait is None or hosted is not None:
+            connect()
+        else:  # nodes start in any order: the store may not listen yet
+            wait_for_store(connect, store_subject(spec, host_failed), store_fix(spec), wait)
+    except (BackendError, RendezvousConnectionError):
+        backend.close()
         release_server()
         raise
 
@@ -139,6 +159,30 @@ def _open_store(spec: StoreSpec) -> OpenedBackend:
         release_server()
 
     return OpenedBackend(backend, release, hosted)
+
+
+def store_subject(spec: StoreSpec, host_failed: bool = False) -> str:
+    """What a node that connects to the built-in store waits for, e.g. ``the c10d store host at
+    h:29400 (is_host=0)``; ``host_failed``: this node tried to host it and the port was taken."""
+    where = spec.endpoint.netloc
+    if spec.name != "c10d":
+        return f"the elastic-store at {where}"
+    if host_failed:
+        why = "its port is taken on this node: another process hosts it"
+    elif spec.hosting is Hosting.CONNECT:
+        why = "is_host=0"
+    else:
+        why = f"{spec.endpoint.host} is not this node's address"
+    return f"the c10d store host at {where} ({why})"
+
+
+def store_fix(spec: StoreSpec) -> str:
+    """What to do when the built-in store at ``spec``'s endpoint never comes up."""
+    host, port = spec.endpoint.host, spec.endpoint.port
+    if spec.name != "c10d":
+        return f"Start it (elastic-store --host {host} --port {port}) or fix --rdzv-endpoint"
+    return (f"Start the node that hosts it (the one whose address is {host}, or with --rdzv-conf is_host=1) "
+            "or fix --rdzv-endpoint")
 
 
 def check_open_hosting(bind_host: str, port: int, token: str | None, allow_open: bool) -> None:
@@ -205,7 +249,7 @@ def create_handler(
                                        spec.master.host, spec.master.port)
     if isinstance(spec, StandaloneSpec):
         raise RendezvousConfigError("A --standalone store must be hosted before a handler can use it.")
-    opened = open_backend(spec)
+    opened = open_backend(spec, StoreWait(settings.run_id, node_addr, settings.join_timeout))
     settings = _fit_lease(settings, opened, node_addr)
     return RendezvousHandler(settings, opened.backend, node_addr, release=opened.release,
                              local_world_size=local_world_size, role=role)

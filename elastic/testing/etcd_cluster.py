@@ -42,12 +42,9 @@ import grpc
 from etcd3 import etcdrpc
 
 from elastic.testing.freeze import freeze
-from elastic.testing.etcd_server import (
-    NO_BINARY_HINT,
-    EtcdServerError,
-    _fast_tmpdir,
-    find_etcd_binary,
-)
+from elastic.testing.etcd_server.binaries import NO_BINARY_HINT, find_etcd_binary
+from elastic.testing.etcd_server.local import fast_tmpdir
+from elastic.testing.etcd_server.server import EtcdServerError
 from elastic.testing.ports import free_port
 
 log = logging.getLogger(__name__)
@@ -92,7 +89,7 @@ class EtcdCluster:
         self.client_hosts = (LOOPBACK, *[host for host in client_hosts if host != LOOPBACK])
         self.startup_timeout = startup_timeout
         self._timing = [f"--election-timeout={election_ms}", f"--heartbeat-interval={heartbeat_ms}", *extra_args]
-        self.workdir = Path(tempfile.mkdtemp(prefix="etcd-elastic-cluster-", dir=_fast_tmpdir()))
+        self.workdir = Path(tempfile.mkdtemp(prefix="etcd-elastic-cluster-", dir=fast_tmpdir()))
         self.token = f"etcd-elastic-chaos-{self.workdir.name}"
         self.members = tuple(
             MemberSpec(f"m{index}", free_port(), free_port(), self.workdir / f"m{index}",

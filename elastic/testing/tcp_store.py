@@ -10,7 +10,8 @@ from __future__ import annotations
 import secrets
 
 from backends.kvstate import KVState
-from backends.tcp.client import TcpStoreBackend, TcpStoreConfig
+from backends.tcp.client import TcpStoreBackend
+from backends.tcp.config import TcpStoreConfig
 from backends.tcp.server import StoreServerHandle, start_server
 from elastic.testing.harness import BackendHarness
 

@@ -154,7 +154,7 @@ def test_a_failure_is_not_counted_when_a_member_of_its_round_is_absent_from_the_
     assert len(rendezvous.failures) == 1  # reported: the closer decides
     assert loop.restarts() == [("membership_change", 0)]
     [lost] = loop.events("member_lost")
-    assert lost["reason"] == "worker failure not counted: a member of the previous round is absent from round 1"
+    assert lost["reason"] == "worker failure not counted: b, a member of the previous round, is absent from round 1"
     assert groups.made[1].restart_count == 0
     assert "restart 1 of" not in loop.console.getvalue()
 

@@ -330,7 +330,7 @@ def test_worker_environment_equals_torchruns_key_by_key(procs, tmp_path):
 
     for local_rank in (0, 1):
         theirs, ours = dumps["torchrun"][local_rank], dumps["elasticrun"][local_rank]
-        if PREWARM:  # a forked worker's /proc/<pid>/cmdline is its template's (README: --prewarm)
+        if PREWARM:  # a forked worker's /proc/<pid>/cmdline is its template's (docs/internals.md: --prewarm)
             assert ours["cmdline"][:3] == theirs["cmdline"][:2] + ["-c"]
             assert "elastic.agent.prewarm.template" in ours["cmdline"][3]
         else:
@@ -410,7 +410,7 @@ def test_sigkill_of_the_agent_kills_its_workers_and_their_grandchildren_within_1
 
 @pytest.mark.needs_torch
 def test_stock_torchrun_leaves_its_worker_and_grandchildren_running_when_killed(procs, reports):
-    """What the README's failure-behaviour section says of torchrun (and so of our torchrun plugin)."""
+    """What docs/failure-behaviour.md says of torchrun (and so of our torchrun plugin)."""
     torchrun = procs.torchrun("--standalone", "--nproc-per-node=1", script("grandchildren.py"), str(reports.path))
     started = grandchildren_started(procs, reports, torchrun, workers=1)
     torchrun.proc.kill()

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 import uuid
 from pathlib import Path
 
 import pytest
 
 from elastic.agent.errors import WorkerStartError
-from elastic.agent.processes.logs_specs import LogsSpecsError, LogsSpecsHost, shared_host
+from elastic.agent.groups import worker_groups
+from elastic.agent.processes.logs_specs import LogsSpecsError, LogsSpecsHost, logs_specs_host
 from elastic.agent.processes.output import RankDest
 from elastic.agent.processes.workers import GroupStatus, WorkerGroup
 from elastic.config import Entrypoint, LaunchConfig, Std, StdMask
@@ -183,13 +185,43 @@ def test_a_plugin_that_fails_starts_no_worker(environ, tmp_path):
         broken.close()
 
 
-def test_the_shared_host_is_one_per_plugin_settings_and_renewed_once_closed(environ, tmp_path):
+def test_each_launch_makes_its_own_helper_and_a_group_needs_the_one_it_is_given(environ, tmp_path):
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=1, entrypoint=Entrypoint("script", "t.py"),
                           logs_specs=f"flat-{uuid.uuid4().hex[:6]}", tee=StdMask(Std.NONE, {1: Std.ERR}))
-    first = shared_host(config, environ, sys.executable)
-    assert shared_host(config, environ, sys.executable) is first
-    first.close()
-    assert shared_host(config, environ, sys.executable) is not first
+    first, second = (logs_specs_host(config, environ, sys.executable) for _ in range(2))
+    assert first is not second and first.name == second.name == config.logs_specs  # no process-wide helper
     with pytest.raises(ValueError):
-        shared_host(LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=1, entrypoint=config.entrypoint),
-                    environ, sys.executable)
+        logs_specs_host(LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=1, entrypoint=config.entrypoint),
+                        environ, sys.executable)
+    info = RendezvousInfo(run_id="job", round=0, group_rank=0, group_world_size=1, master_addr="127.0.0.1",
+                          master_port=29999, members=())
+    with pytest.raises(ValueError, match=f"^--logs-specs {config.logs_specs}: the worker group was given no helper"):
+        WorkerGroup(config, info, attempt=0, environ=environ)
+
+
+def test_the_agents_group_factory_hands_every_group_the_helper_it_was_given(flat, environ, tmp_path):
+    plugin, logs = flat
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, entrypoint=Entrypoint("script", str(script)),
+                          logs_specs="flat", log_dir=str(tmp_path / "logs"), redirects=StdMask(Std.ALL))
+    info = RendezvousInfo(run_id="factory", round=0, group_rank=0, group_world_size=1, master_addr="127.0.0.1",
+                          master_port=29999, members=())
+    made = worker_groups(config, "node-a", None, plugin)(info, attempt=0, restart_count=0, use_agent_store=False)
+    run(made)
+    assert (logs / "flat" / "factory-r0-0.out").read_text() == "out 0 0\n"
+
+
+def test_closing_a_helper_that_still_imports_torch_kills_it_at_once(tmp_path):
+    slow = tmp_path / "slow-torch"
+    (slow / "torch").mkdir(parents=True)
+    (slow / "torch" / "__init__.py").write_text("import time\ntime.sleep(60)\n")
+    importing = LogsSpecsHost("flat", sys.executable, dict(os.environ, PYTHONPATH=str(slow)), log_dir=None,
+                              redirects=StdMask(), tee=StdMask(), local_ranks_filter=None)
+    importing.start()
+    proc = importing._proc
+    time.sleep(0.3)  # well into its import
+    started = time.monotonic()
+    importing.close()
+    assert time.monotonic() - started < 1.0  # not the 2 s a ready helper gets to exit
+    assert proc.returncode is not None  # reaped: no orphan left

@@ -369,6 +369,13 @@ def test_the_server_thread_is_a_daemon_and_ends_on_stop(agent_metrics):
     assert not thread.is_alive()
 
 
+def snapshot(joined: int | None):
+    from elastic.rendezvous.progress import WaitSnapshot
+
+    return None if joined is None else WaitSnapshot(run_id="r", node_id="n", round=1, joined=joined, min_nodes=2,
+                                                    max_nodes=2, expected=None, seconds_left=60.0)
+
+
 @pytest.mark.parametrize(
     ("healthy", "joined", "spares", "outage", "expected"),
     [
@@ -384,10 +391,47 @@ def test_the_server_thread_is_a_daemon_and_ends_on_stop(agent_metrics):
     ],
 )
 def test_healthz_says_an_outage_but_stays_healthy(healthy, joined, spares, outage, expected):
-    from elastic.launch.runner import health
-    from elastic.rendezvous.progress import WaitSnapshot
+    from elastic.agent.observe.standing import Standing, health
+    from elastic.rendezvous.api import MembershipStatus
 
-    progress = None if joined is None else WaitSnapshot(run_id="r", node_id="n", round=1, joined=joined, min_nodes=2, max_nodes=2,
-                                                       expected=None, seconds_left=60.0)
     full = outage == "full"
-    assert health(healthy, progress, spares, 0.0 if full else outage, full) == expected
+    membership = MembershipStatus(spares=spares, store_outage=0.0 if full else outage, store_full=full)
+    assert health(Standing(healthy, snapshot(joined), 2, membership)) == expected
+
+
+@pytest.mark.parametrize(
+    ("healthy", "joined", "members", "waiting", "spares", "expected"),
+    [
+        (True, None, 0, 0, 0, (0, 0, 0, 0)),  # before the first round
+        (True, None, 3, 1, 0, (3, 1, 0, 0)),  # running, a node waits to join
+        (True, None, 4, 0, 2, (4, 0, 2, 0)),  # running, full, two spares
+        (True, 1, 2, 1, 2, (0, 0, 0, 1)),  # waiting for a rendezvous: no round runs here
+        (True, 0, 2, 0, 0, (0, 0, 0, 0)),
+        (False, 1, 2, 1, 1, (0, 0, 0, 0)),  # stopped
+    ],
+)
+def test_the_membership_gauges_say_what_healthz_says(healthy, joined, members, waiting, spares, expected):
+    from elastic.agent.observe.standing import MembershipGauges, Standing, gauges
+    from elastic.rendezvous.api import MembershipStatus
+
+    standing = Standing(healthy, snapshot(joined), members, MembershipStatus(waiting=waiting, spares=spares))
+    assert gauges(standing) == MembershipGauges(*expected)
+
+
+def test_followed_gauges_are_read_from_the_look_at_each_scrape(agent_metrics):
+    from elastic.agent.observe.standing import Standing
+    from elastic.rendezvous.api import MembershipStatus
+
+    looks = [Standing(True, None, 2, MembershipStatus(waiting=1, spares=1))]
+    agent_metrics.round_joined(duration_s=0.1, members=2)
+    agent_metrics.follow(lambda: looks[-1])
+    agent_metrics.set_nodes_waiting(5, 5)  # no effect once followed
+    names = (MEMBERS, NODES_WAITING, SPARES, RENDEZVOUS_JOINED_NODES)
+
+    def scraped() -> tuple[float, ...]:
+        families = parse_exposition(render(agent_metrics.registry).decode())
+        return tuple(sample(families, name) for name in names)
+
+    assert scraped() == (2, 1, 1, 0)
+    looks.append(Standing(True, snapshot(1), 2, MembershipStatus()))  # the next rendezvous: waiting
+    assert scraped() == (0, 0, 0, 1)

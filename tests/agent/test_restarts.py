@@ -10,11 +10,11 @@ from elastic.rendezvous.records import Member, NodeLayout
 
 FAILURE, MEMBERSHIP, OUTAGE = PendingCause.FAILURE, PendingCause.MEMBERSHIP, PendingCause.OUTAGE
 COUNTED, CHANGE, STORE = RestartCause.WORKER_FAILURE, RestartCause.MEMBERSHIP_CHANGE, RestartCause.STORE_OUTAGE
-NOT_COUNTED = "worker failure not counted: a member of the previous round is absent from round 1"
+NOT_COUNTED = "worker failure not counted: b, a member of the previous round, is absent from round 1"
 
 
-def pending(cause: PendingCause) -> PendingRestart:
-    return PendingRestart(cause, GroupState(GroupStatus.FAILED), ("a", "b"), "why")
+def pending(cause: PendingCause, members: tuple[str, ...] = ("a", "b")) -> PendingRestart:
+    return PendingRestart(cause, GroupState(GroupStatus.FAILED), members, "why")
 
 
 def round_info(members: str, *, restart_count: int = 0, culprit: str | None = None, agreed: bool = True):
@@ -47,6 +47,15 @@ def round_info(members: str, *, restart_count: int = 0, culprit: str | None = No
 ])
 def test_settle(cause, info, used, in_a_row, expected):
     assert settle(pending(cause) if cause else None, info, used, in_a_row, "a") == expected
+
+
+@pytest.mark.parametrize("members, info, says", [
+    (("a", "b", "c"), round_info("a"), "worker failure not counted: b, c, members of the previous round, are absent "
+                                       "from round 1"),
+    (("a", "b"), round_info("ab"), "worker failure not counted: round 1's closer counted no failure restart"),
+])
+def test_an_uncounted_failure_names_the_absent_members(members, info, says):
+    assert settle(pending(FAILURE, members), info, 0, 0, "a").not_counted == says
 
 
 def test_an_outage_is_never_settled_as_a_membership_change():

@@ -79,3 +79,43 @@ def test_a_helper_that_cannot_start_is_a_store_host_error_and_the_socket_is_clos
     with pytest.raises(StoreHostError, match="could not take port"):
         host.serve(listener, "127.0.0.1")
     assert listener.fileno() == -1  # closed: rank 0's worker may bind the port itself
+
+
+def test_closing_a_helper_that_still_imports_torch_kills_it_at_once(tmp_path):
+    """The agent's exit does not wait out the helper's torch import: it serves nothing yet."""
+    slow = tmp_path / "slow-torch"
+    (slow / "torch" / "distributed").mkdir(parents=True)
+    (slow / "torch" / "__init__.py").write_text("import time\ntime.sleep(60)\n")
+    host = StoreHost(sys.executable, dict(os.environ, PYTHONPATH=str(slow)))
+    host.warm()
+    proc = host._proc
+    reservation = reserve_port("127.0.0.1")
+    host.serve(reservation.take(), "127.0.0.1")  # handed over mid-import: it waits unread
+    time.sleep(0.3)
+    started = time.monotonic()
+    host.close()
+    assert time.monotonic() - started < 1.0  # not the 2 s a ready helper gets to exit
+    assert proc is not None and proc.returncode is not None  # killed and reaped: no orphan
+
+
+@pytest.mark.needs_torch
+def test_a_helper_serving_a_store_stops_it_and_exits_by_itself_when_closed():
+    import torch.distributed as dist
+
+    host = StoreHost(sys.executable, os.environ)
+    reservation = reserve_port("127.0.0.1")
+    port = reservation.port
+    try:
+        host.serve(reservation.take(), "127.0.0.1")
+        dist.TCPStore("127.0.0.1", port, None, False, datetime.timedelta(seconds=60), wait_for_workers=False)
+        deadline = time.monotonic() + 30
+        while host.serving != port and time.monotonic() < deadline:
+            time.sleep(0.05)
+            host.poll()
+        assert host.serving == port
+    finally:
+        proc = host._proc
+        host.close()
+    assert proc is not None and proc.returncode == 0  # left on its own (EOF), not killed
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()  # its store stopped with it

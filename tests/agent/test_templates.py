@@ -25,7 +25,8 @@ import pytest
 from elastic.agent.prewarm.check import TemplateProbe, judge_template, probe_template
 from elastic.agent.prewarm.wire import (FrameReader, TemplateWireError, WorkerJob, encode, fork_request,
                                          read_fork_request)
-from elastic.agent.prewarm.pool import TemplatePool, TemplateState, worker_path0
+from elastic.agent.prewarm.control import TemplateState
+from elastic.agent.prewarm.pool import TemplatePool, worker_path0
 from elastic.agent.processes.workers import GroupStatus, WorkerGroup
 from elastic.config import Entrypoint, LaunchConfig, Std, StdMask
 from elastic.rendezvous.api import RendezvousInfo

@@ -20,7 +20,8 @@ import uuid
 import psutil
 import pytest
 
-from elastic.agent.prewarm.pool import ForkedWorker, TemplatePool
+from elastic.agent.prewarm.forked import ForkedWorker
+from elastic.agent.prewarm.pool import TemplatePool
 from elastic.testing.agents import wait_until
 from elastic.agent.processes.workers import (
     GroupState,

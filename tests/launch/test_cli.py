@@ -700,6 +700,12 @@ def test_help_lists_every_flag_with_its_twin_and_is_not_a_parse_error():
     assert text.count("accepted for torchrun compatibility") >= 1
 
 
+def test_help_shows_the_log_layout_with_its_node_level_and_no_removed_key():
+    text = " ".join(format_help().split())
+    assert "DIR/RUN_ID/NODE_ID/ attempt_K/LOCAL_RANK" in text or "DIR/RUN_ID/NODE_ID/attempt_K/LOCAL_RANK" in text
+    assert "etcd_transport" not in text
+
+
 def test_the_entry_point_prints_help_and_exits_0():
     result = run_cli("--help")
     assert result.returncode == 0 and result.stderr == ""

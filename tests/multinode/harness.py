@@ -1,4 +1,4 @@
-"""The multi-node differential harness: one scenario, several real agents, three launchers.
+"""The multi-node differential harness: one scenario, several real agents, several launchers.
 
 A :class:`Job` runs one scenario under one launcher: every agent is a separate process on
 loopback (``python -m elastic.run`` or ``python -m torch.distributed.run``) with a clean
@@ -39,6 +39,10 @@ PREWARMED = "elasticrun-prewarm"
 PLUGIN = "torchrun-etcd-v3"
 C10D = "torchrun-c10d"
 LAUNCHERS = (ELASTICRUN, PREWARMED, PLUGIN, C10D)
+ELASTICRUN_C10D = "elasticrun-c10d"
+"""elasticrun with ``--rdzv-backend=c10d``, for the scenarios about the c10d store itself."""
+C10D_LAUNCHERS = (ELASTICRUN_C10D, C10D)
+"""The launchers that need no etcd."""
 
 LEASE_TTL = 2
 LAST_CALL = 1
@@ -88,24 +92,30 @@ class Rendezvous:
 
 
 def launcher_argv(launcher: str, rdzv: Rendezvous, *, nnodes: str, nproc: str, max_restarts: int,
-                  log_dir: Path) -> list[str]:
-    """The command line of one agent of ``launcher`` (before the script and its arguments)."""
+                  log_dir: Path, conf: str = "") -> list[str]:
+    """The command line of one agent of ``launcher`` (before the script and its arguments);
+    ``conf``: more ``--rdzv-conf`` options for this agent (e.g. ``is_host=0``)."""
     common = [f"--nnodes={nnodes}", f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}",
               "--monitor-interval=0.2", f"--rdzv-id={rdzv.run_id}", f"--log-dir={log_dir}"]
     credentials = f"user={rdzv.etcd_user},password={rdzv.etcd_password}"
+    more = f",{conf}" if conf else ""
     if launcher in (ELASTICRUN, PREWARMED):
         return [sys.executable, "-m", "elastic.run", *common, "--rdzv-backend=etcd",
-                f"--rdzv-endpoint={rdzv.etcd_endpoints}", f"--rdzv-conf={OURS_CONF},{credentials}",
+                f"--rdzv-endpoint={rdzv.etcd_endpoints}", f"--rdzv-conf={OURS_CONF},{credentials}{more}",
                 "--local-addr=127.0.0.1", *(["--prewarm"] if launcher == PREWARMED else [])]
+    if launcher == ELASTICRUN_C10D:
+        return [sys.executable, "-m", "elastic.run", *common, "--rdzv-backend=c10d",
+                f"--rdzv-endpoint=127.0.0.1:{rdzv.c10d_port}", f"--rdzv-conf={OURS_CONF}{more}",
+                "--local-addr=127.0.0.1"]
     # Under with_stacks: an agent that does not exit can be asked for its Python stacks (SIGUSR1).
     torchrun = [*with_stacks.command("torch.distributed.run"), *common, "--local-addr=127.0.0.1"]
     if launcher == PLUGIN:
         endpoint = rdzv.etcd_endpoints.split(",")[0].split("://", 1)[-1]
         return [*torchrun, "--rdzv-backend=etcd-v3", f"--rdzv-endpoint={endpoint}",
-                f"--rdzv-conf={OURS_CONF},{credentials},join_timeout=60,read_timeout=30"]
+                f"--rdzv-conf={OURS_CONF},{credentials},join_timeout=60,read_timeout=30{more}"]
     if launcher == C10D:
         return [*torchrun, "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{rdzv.c10d_port}",
-                f"--rdzv-conf={C10D_CONF}"]
+                f"--rdzv-conf={C10D_CONF}{more}"]
     raise ValueError(f"Unknown launcher {launcher!r}.")
 
 
@@ -130,6 +140,7 @@ class Job:
 
     def __init__(self, launcher: str, workdir: Path, etcd_server, *, nnodes: str, max_restarts: int,
                  probe_args: Iterable[str] = ()) -> None:
+        """``etcd_server``: the session's etcd, or None for a job of c10d launchers only."""
         self.launcher = launcher
         self.workdir = workdir
         workdir.mkdir(parents=True, exist_ok=True)
@@ -138,9 +149,11 @@ class Job:
         self.nnodes = nnodes
         self.max_restarts = max_restarts
         self.probe_args = list(probe_args)
-        config = etcd_server.client_config()
-        self.rdzv = Rendezvous(f"mn-{uuid.uuid4().hex[:10]}", etcd_server.endpoints, config.user, config.password,
-                               free_port())
+        if etcd_server is None and launcher not in C10D_LAUNCHERS:
+            raise ValueError(f"The launcher {launcher!r} needs an etcd server.")
+        config = etcd_server.client_config() if etcd_server is not None else None
+        self.rdzv = Rendezvous(f"mn-{uuid.uuid4().hex[:10]}", etcd_server.endpoints if etcd_server else "",
+                               config.user if config else "", config.password if config else "", free_port())
         self.started = time.monotonic()
         self.phase_timeout = REFERENCE_TIMEOUT if launcher == C10D else JOB_TIMEOUT
         self.exit_timeout = REFERENCE_RUN_TIMEOUT if launcher == C10D else JOB_TIMEOUT
@@ -151,12 +164,13 @@ class Job:
         """The agents by label."""
         return self.processes.agents
 
-    def start(self, label: str, nproc: str | int, *, script: Path = PROBE,
+    def start(self, label: str, nproc: str | int, conf: str = "", *, script: Path = PROBE,
               probe_args: Iterable[str] | None = None) -> agents.Launched:
         """Start agent ``label`` running ``script`` (the probe, or one that runs it under another
-        name) with the job's probe arguments (or ``probe_args``)."""
+        name) with the job's probe arguments (or ``probe_args``); ``conf``: more ``--rdzv-conf``
+        options for this agent (e.g. ``is_host=0``)."""
         argv = launcher_argv(self.launcher, self.rdzv, nnodes=self.nnodes, nproc=str(nproc),
-                             max_restarts=self.max_restarts, log_dir=self.workdir / f"logs-{label}")
+                             max_restarts=self.max_restarts, log_dir=self.workdir / f"logs-{label}", conf=conf)
         argv += [str(script), str(self.table_path), *(self.probe_args if probe_args is None else probe_args)]
         # torch's agent logs each step (rendezvous, exit barrier, shutdown) at INFO: the failure
         # message's stderr tail then says where an agent that did not exit got to.

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import logging
+import re
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 import pytest
 
-from elastic.rendezvous.errors import RendezvousTimeoutError
+from elastic.rendezvous.errors import RendezvousClosedError, RendezvousTimeoutError
 from elastic.rendezvous.handler import RendezvousHandler
-from elastic.rendezvous.progress import ProgressReporter, WaitSnapshot, format_progress, line_due
+from elastic.rendezvous.progress import LostNode, ProgressReporter, WaitSnapshot, format_progress, line_due
 from elastic.rendezvous.settings import RendezvousSettings
+from elastic.testing.agents import wait_until
 from elastic.testing.fake_store import FakeHarness
 
 
@@ -80,6 +82,34 @@ def test_the_reporter_speaks_after_the_grace_on_changes_and_every_interval():
     assert reporter.last == snap(joined=3, left=500)
 
 
+LOST_B = LostNode("b", "its lease expired: its agent was killed, hung or cut off from the store")
+
+
+def test_a_lost_member_is_named_with_why_unless_a_line_named_it_already():
+    snapshot = replace(snap(expected=("c",)), lost=(LOST_B,))
+    assert format_progress(snapshot) == (
+        "Rendezvous job-1 round 0 (node a): waiting for nodes: 1 of at least 2 nodes joined (at most 4); "
+        "still expected: c; lost: b (its lease expired: its agent was killed, hung or cut off from the store); "
+        "587 s left before the join timeout")
+    assert format_progress(snapshot, named={"b"}) == (
+        "Rendezvous job-1 round 0 (node a): waiting for nodes: 1 of at least 2 nodes joined (at most 4); "
+        "still expected: c; 587 s left before the join timeout")
+
+
+def test_the_reporter_names_a_lost_member_once_as_soon_as_the_gap_allows():
+    clock = [100.0]
+    lines: list[str] = []
+    reporter = ProgressReporter(lines.append, clock=lambda: clock[0])
+    clock[0] = 102.0
+    assert reporter.update(snap(expected=("b",)))
+    clock[0] = 103.5
+    assert reporter.update(replace(snap(expected=()), lost=(LOST_B,)))  # a change: said after the gap
+    clock[0] = 113.5
+    assert reporter.update(replace(snap(expected=()), lost=(LOST_B,)))  # the interval: b is not named again
+    assert [bool(re.search(r"\bb\b", line.split("): ", 1)[1])) for line in lines] == [True, True, False]
+    assert "still expected: b" in lines[0] and "lost: b (its lease expired" in lines[1]
+
+
 def test_a_lone_node_says_what_it_waits_for_and_its_timeout_names_the_last_counts(caplog):
     """A real handler on the in-process store: one of two nodes waits, prints, and times out."""
     harness = FakeHarness()
@@ -101,26 +131,40 @@ def test_a_lone_node_says_what_it_waits_for_and_its_timeout_names_the_last_count
     assert seen[0].joined == 1 and seen[-1] is None and handler.progress() is None
 
 
-def test_a_survivor_names_the_members_of_the_last_round_it_still_expects(caplog):
+def test_a_survivor_expects_a_live_member_and_names_one_that_left_once_as_lost(caplog):
+    """b's key of round 0 lives while a waits in round 1: b is still expected. b shuts down:
+    one line names it as lost with why, and no later line expects or names it."""
     harness = FakeHarness()
     settings = RendezvousSettings("job", 2, 2, namespace=f"/progress-{uuid.uuid4().hex[:8]}",
-                                  lease_ttl=2.0, join_timeout=3.5, last_call_timeout=1.0)
+                                  lease_ttl=2.0, join_timeout=15.0, last_call_timeout=1.0)
     a, b = (RendezvousHandler(settings, harness.connect(), "127.0.0.1", node_id=name, owns_backend=True)
             for name in ("a", "b"))
+    seen: list = []
+    a.on_progress(seen.append)
     try:
         with ThreadPoolExecutor(2) as pool:
             assert {info.round for info in pool.map(lambda h: h.next_rendezvous(), (a, b))} == {0}
-        b.shutdown()
         with caplog.at_level(logging.INFO, logger="elastic.rendezvous.joining"):
-            with pytest.raises(RendezvousTimeoutError, match=r"\(last seen: 1 of 2 joined\)"):
-                a.next_rendezvous()
+            with ThreadPoolExecutor(1) as pool:
+                waiting = pool.submit(a.next_rendezvous)
+                wait_until(lambda: any(s is not None and s.expected == ("b",) for s in seen), 10, "a to expect b")
+                wait_until(lambda: "still expected: b" in caplog.text, 10, "a line that expects b")
+                b.shutdown()
+                wait_until(lambda: "lost: b" in caplog.text, 10, "a line that names b as lost")
+                a.shutdown()
+                with pytest.raises(RendezvousClosedError):
+                    waiting.result(timeout=10)
     finally:
         a.shutdown()
         b.shutdown()
         harness.close()
     lines = [r.getMessage() for r in caplog.records if "waiting for nodes" in r.getMessage()]
-    assert lines and "Rendezvous job round 1 (node a): waiting for nodes: 1 of 2 nodes joined; still expected: b; " \
-        in lines[0], lines
+    first_lost = next(i for i, line in enumerate(lines) if "lost: b" in line)
+    assert "Rendezvous job round 1 (node a): waiting for nodes: 1 of 2 nodes joined; still expected: b; " in lines[0]
+    assert "waiting for nodes: 1 of 2 nodes joined; lost: b (its agent shut down); " in lines[first_lost], lines
+    assert not any(re.search(r"\bb\b", line.split("(node a): ", 1)[1]) for line in lines[first_lost + 1:]), lines
+    last = next(s for s in reversed(seen) if s is not None)
+    assert last.expected == () and [node.node_id for node in last.lost] == ["b"]
 
 
 def test_the_closer_and_a_waiting_node_both_report_the_joins(caplog):

@@ -98,3 +98,13 @@ def test_the_valid_keys_list_ours_then_torchs():
     keys = valid_keys()
     assert len(keys) == len(set(keys))
     assert keys.index("join_timeout") < keys.index("ca_cert") and keys[-1] == "use_libuv"
+
+
+def test_a_removed_key_is_accepted_but_not_offered_in_the_unknown_key_message():
+    from elastic.rendezvous.conf import check_known_keys
+    from elastic.rendezvous.errors import RendezvousConfigError
+
+    check_known_keys({"etcd_transport": "grpcio"})
+    with pytest.raises(RendezvousConfigError) as raised:
+        check_known_keys({"bogus": "1"})
+    assert "etcd_transport" not in str(raised.value) and "join_timeout" in str(raised.value)

@@ -24,7 +24,7 @@ def test_importing_rpc_and_its_api_names_does_not_import_torch():
         import rpc
         names = [rpc.start, rpc.init, rpc.shutdown, rpc.RpcWorkerEnv, rpc.worker_name, rpc.WorkerEnvError]
         import rpc.env, rpc.errors, rpc.rendezvous, rpc.signals, rpc.bootstrap, rpc.lookup, rpc.training
-        import rpc.remote, rpc.pipeline, rpc.introspect, rpc.checkpoint
+        import rpc.remote, rpc.pipeline, rpc.introspect, rpc.graph, rpc.checkpoint
         print(json.dumps(sorted(m for m in sys.modules if m == "torch" or m.startswith("torch."))))
     """)
     assert result.returncode == 0, result.stderr

@@ -16,7 +16,8 @@ import threading
 import pytest
 
 from backends.errors import BackendError
-from backends.tcp.client import TcpStoreBackend, TcpStoreConfig
+from backends.tcp.client import TcpStoreBackend
+from backends.tcp.config import TcpStoreConfig
 from backends.tcp.protocol import MAGIC
 from elastic.testing.agents import wait_until
 from elastic.agent.processes.failures import read_error_file
@@ -77,12 +78,21 @@ def harness():
     harness.close()
 
 
+SERVER_LOGGERS = ("backends.tcp.store_server", "backends.tcp.peer")
+"""The store server's loggers: its own (peer-caused lines go through it) and its connections'."""
+
+
 def server_records(caplog):
-    return [record for record in caplog.records if record.name == "backends.tcp.server"]
+    return [record for record in caplog.records if record.name in SERVER_LOGGERS]
+
+
+def log_server_info(caplog) -> None:
+    for name in SERVER_LOGGERS:
+        caplog.set_level(logging.INFO, logger=name)
 
 
 def test_nested_json_before_the_handshake_is_one_warning_line_and_the_store_keeps_serving(harness, caplog):
-    caplog.set_level(logging.INFO, logger="backends.tcp.server")
+    log_server_info(caplog)
     with raw_socket(harness.port) as sock:
         sock.sendall(MAGIC + struct.pack("!II", 4 + len(SMALL_NESTED), len(SMALL_NESTED)) + SMALL_NESTED)
         assert closed_by_peer(sock)
@@ -101,7 +111,7 @@ def test_nested_json_before_the_handshake_is_one_warning_line_and_the_store_keep
 
 
 def test_nested_json_after_the_handshake_costs_only_that_connection_without_a_traceback(harness, caplog):
-    caplog.set_level(logging.INFO, logger="backends.tcp.server")
+    log_server_info(caplog)
     sock = handshake(harness.port, harness.token)
     sock.sendall(struct.pack("!II", 4 + len(NESTED), len(NESTED)) + NESTED)
     assert closed_by_peer(sock)

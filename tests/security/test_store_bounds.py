@@ -17,7 +17,8 @@ import struct
 import pytest
 
 from backends.errors import BackendConnectionError, LimitExceededError, ValueTooLargeError
-from backends.tcp.client import TcpStoreBackend, TcpStoreConfig
+from backends.tcp.client import TcpStoreBackend
+from backends.tcp.config import TcpStoreConfig
 from backends.tcp.protocol import PROTOCOL_VERSION, FrameDecoder, encode_frame
 from elastic.testing.agents import wait_until
 from hostile import StoreProcess, handshake, raw_socket

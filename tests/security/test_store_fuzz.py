@@ -22,7 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from backends.tcp.client import TcpStoreBackend, TcpStoreConfig
+from backends.tcp.client import TcpStoreBackend
+from backends.tcp.config import TcpStoreConfig
 from hostile import REPO, StoreProcess
 
 MiB = 1024 * 1024

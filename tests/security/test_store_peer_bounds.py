@@ -20,7 +20,8 @@ import pytest
 
 from backends.errors import LimitExceededError
 from backends.kvstate import KEY_OVERHEAD_BYTES, KVState
-from backends.tcp.client import TcpStoreBackend, TcpStoreConfig
+from backends.tcp.client import TcpStoreBackend
+from backends.tcp.config import TcpStoreConfig
 from backends.tcp.peerlog import PeerLog
 from backends.txn import Delete, Put, Txn
 from hostile import StoreProcess

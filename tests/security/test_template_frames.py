@@ -17,7 +17,8 @@ import threading
 
 import pytest
 
-from elastic.agent.prewarm.pool import TemplatePool, TemplateState
+from elastic.agent.prewarm.control import TemplateState
+from elastic.agent.prewarm.pool import TemplatePool
 from elastic.agent.prewarm.wire import MAX_NESTING, FrameReader, TemplateWireError, encode
 from elastic.config import Entrypoint, LaunchConfig
 

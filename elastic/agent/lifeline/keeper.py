@@ -39,7 +39,7 @@ prepared in the parent (``prctl`` through a ctypes function pointer resolved at 
 could hold (CPython disables the garbage collector around the fork, so no finalizer runs, and
 glibc resets malloc's locks in the child). An exec wrapper (util-linux's ``setpriv
 --pdeathsig``) costs an exec per worker and does not re-check the parent; a Python wrapper
-costs an interpreter start. The cost of ours: CPython forks instead of vforking (README).
+costs an interpreter start. The cost of ours: CPython forks instead of vforking (docs/failure-behaviour.md).
 """
 
 from __future__ import annotations

@@ -40,6 +40,7 @@ from prometheus_client.registry import Collector
 
 from elastic.agent.errors import MetricsServerError
 from elastic.agent.observe.events import RestartCause
+from elastic.agent.observe.standing import Standing, gauges
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +128,8 @@ class AgentMetrics:
             "Seconds from starting a rendezvous to being part of a closed round.",
             IDENTITY_LABELS, buckets=ROUND_DURATION_BUCKETS, registry=r,
         ).labels(**ids)
-        self.members = gauge(MEMBERS, "Nodes in the current round (0 before the first).").labels(**ids)
+        self.members = gauge(MEMBERS, "Nodes in the round this node runs in (0 before the first and while it "
+                             "waits in a rendezvous).").labels(**ids)
         self.nodes_waiting = gauge(NODES_WAITING, "Nodes waiting to join the next round.").labels(**ids)
         self.spares = gauge(SPARES, "Nodes waiting as spares beyond a full round (no restart for them).").labels(**ids)
         self.excluded = gauge(EXCLUDED, "1 while this node is excluded after failures in a row "
@@ -164,6 +166,15 @@ class AgentMetrics:
         self.rounds.inc()
         self.round_duration.observe(duration_s)
         self.members.set(members)
+
+    def follow(self, look: Callable[[], Standing]) -> None:
+        """Read the membership gauges (members, waiting nodes, spares, joined while waiting) from
+        ``look()`` at each scrape: the look ``/healthz`` answers from, so they always agree
+        (:mod:`elastic.agent.observe.standing`). Their setters have no effect from then on."""
+        self.members.set_function(lambda: gauges(look()).members)
+        self.nodes_waiting.set_function(lambda: gauges(look()).nodes_waiting)
+        self.spares.set_function(lambda: gauges(look()).spares)
+        self.rendezvous_joined.set_function(lambda: gauges(look()).joined)
 
     def watch_store_outage(self, seconds: Callable[[], float]) -> None:
         """Read ``elastic_store_outage_seconds`` from ``seconds()`` at each scrape (no polling thread)."""

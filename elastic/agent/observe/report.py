@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import IO
+from typing import TYPE_CHECKING, IO
 
 from elastic.agent.observe.events import Event, EventLog, RestartCause
-from elastic.agent.observe.metrics import AgentMetrics
 from elastic.agent.processes.failures import first_failure, signal_name
 from elastic.agent.processes.workers import GroupState
 from elastic.rendezvous.api import MembershipChange, MembershipStatus, RendezvousInfo
+
+if TYPE_CHECKING:
+    from elastic.agent.observe.metrics import AgentMetrics
 
 log = logging.getLogger(__name__)
 

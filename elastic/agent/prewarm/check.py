@@ -14,7 +14,7 @@ OpenBLAS's ``blas_thread_server`` (numpy's bundled OpenBLAS, which torch imports
 registers a ``pthread_atfork`` handler that stops its pool before every fork and restarts it
 lazily on the next BLAS call, so the fork itself runs single-threaded (the parent shows 1 task
 after it, the child 1). A thread that no atfork handler stops (a C extension's pthread, a used
-OpenMP pool) is still there after the trial fork, and the template is refused. The README has
+OpenMP pool) is still there after the trial fork, and the template is refused. docs/internals.md has
 the evidence.
 
 :func:`judge_template` is the pure decision; :func:`probe_template` collects its input inside the

@@ -317,5 +317,6 @@ def main() -> None:
         job = serve(chan)
     except OSError:  # the agent is gone (its end closed): nothing left to serve
         return
-    if job is not None:
-        run_job(job)
+    if job is None:  # the agent closed the socket: nothing to flush, skip tearing down its imports
+        os._exit(0)  # (torch's takes a few tenths of a second, which the agent's exit would wait)
+    run_job(job)

@@ -33,13 +33,15 @@ from elastic.config import LaunchConfig, StdMask
 
 log = logging.getLogger(__name__)
 
-__all__ = ["LOGS_SPECS_GROUP", "LogsPlan", "LogsSpecsError", "LogsSpecsHost", "shared_host"]
+__all__ = ["LOGS_SPECS_GROUP", "LogsPlan", "LogsSpecsError", "LogsSpecsHost", "logs_specs_host"]
 
 LOGS_SPECS_GROUP = "torchrun.logs_specs"
 READY_TIMEOUT_S = 120.0
 """How long the helper may take to import torch and construct the plugin (a loaded host is slow)."""
 REIFY_TIMEOUT_S = 60.0
 """How long one ``reify`` may take."""
+_STOP_TIMEOUT_S = 2.0
+"""How long a ready helper gets to exit once its stdin closes, before it is killed."""
 
 # The helper, run as ``python -c`` by the workers' interpreter (which has torch; it may not have
 # our package). argv[1]: the settings as JSON. Replies on its stdout, one JSON object per line;
@@ -88,6 +90,8 @@ for line in sys.stdin:
                "tee_stderrs": dest.tee_stderrs, "error_files": dest.error_files, "envs": envs})
     except BaseException as error:
         reply(failure(error))
+sys.stderr.flush()
+os._exit(0)  # EOF: the agent is done; tearing down torch would hold its exit a few tenths of a second
 """
 
 
@@ -190,14 +194,18 @@ class LogsSpecsHost:
         return _plan(reply, envs, root, self.name)
 
     def close(self) -> None:
-        """Stop the helper (idempotent): it reads EOF and exits, or is killed."""
+        """Stop the helper and reap it (idempotent). A helper that has not been found ready
+        (still importing torch) is killed at once; a ready one reads EOF and exits, or is killed
+        after 2 s."""
         self.closed = True
         proc, self._proc = self._proc, None
         if proc is None:
             return
+        if self._root_log_dir is None:
+            proc.kill()  # mid-import, or failed: the agent's exit must not wait out the import
         try:
             proc.stdin.close()
-            proc.wait(timeout=2.0)
+            proc.wait(timeout=_STOP_TIMEOUT_S)
         except (OSError, subprocess.TimeoutExpired):
             proc.kill()
             proc.wait()
@@ -255,27 +263,15 @@ def _plan(reply: dict, sent: Mapping[int, Mapping[str, str]], root: str, name: s
     return LogsPlan(dests, env, root)
 
 
-_shared: dict[str, LogsSpecsHost] = {}
-_shared_lock = threading.Lock()
-
-
-def shared_host(config: LaunchConfig, environ: Mapping[str, str], python: str) -> LogsSpecsHost:
-    """This agent process's helper for ``config``'s plugin, created (not started) on first use.
-
-    One per process and plugin settings, as torchrun constructs one ``LogsSpecs`` per launch: the
-    runner starts it at launch and every attempt's worker group reifies through it.
+def logs_specs_host(config: LaunchConfig, environ: Mapping[str, str], python: str) -> LogsSpecsHost:
+    """The helper for ``config``'s plugin (not started). The runner makes one per launch, as
+    torchrun constructs one ``LogsSpecs``, and hands it to the agent: every attempt's worker
+    group reifies through it.
 
     Raises:
         ValueError: ``config`` names no plugin.
     """
     if not config.logs_specs:
         raise ValueError("The launch config names no --logs-specs plugin.")
-    key = json.dumps(_settings(config.logs_specs, config.log_dir, config.redirects, config.tee,
-                               config.local_ranks_filter), sort_keys=True)
-    with _shared_lock:
-        host = _shared.get(key)
-        if host is None or host.closed:
-            host = _shared[key] = LogsSpecsHost(
-                config.logs_specs, python, environ, log_dir=config.log_dir, redirects=config.redirects,
-                tee=config.tee, local_ranks_filter=config.local_ranks_filter)
-        return host
+    return LogsSpecsHost(config.logs_specs, python, environ, log_dir=config.log_dir, redirects=config.redirects,
+                         tee=config.tee, local_ranks_filter=config.local_ranks_filter)

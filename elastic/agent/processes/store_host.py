@@ -8,7 +8,9 @@ once, and for each attempt on this node receives the listening socket over a Uni
 (``SCM_RIGHTS``) and serves a ``TCPStore`` on it (``master_listen_fd``). Workers then connect as
 clients (``TORCHELASTIC_USE_AGENT_STORE=True``, as under torchrun), so no worker ever meets a
 refused connection, and a restart does not wait for a store to bind. The helper dies with the
-agent: it exits when its end of the pair reads EOF.
+agent: it exits when its end of the pair reads EOF. The agent's exit never waits for the
+helper's torch import: a helper that has not imported torch yet serves nothing, and is killed.
+When the helper starts is the agent's choice (:mod:`elastic.agent.attempts`).
 """
 
 from __future__ import annotations
@@ -27,10 +29,15 @@ log = logging.getLogger(__name__)
 
 __all__ = ["StoreHost", "StoreHostError"]
 
+_STOP_TIMEOUT_S = 2.0
+"""How long a helper serving a store gets to exit after its pair closes, before it is killed."""
+
 # The helper's program, run as ``python -c`` by the workers' interpreter (it may not have our
 # package; it must have torch), without the agent's working directory on its path (safe_path). argv[1]: the fd of its end of the pair. Replies, one line each:
 # "ready" once torch is imported, then per socket received "serving <port>" or "error <text>";
-# a message without a socket drops the current store.
+# a message without a socket drops the current store. At EOF it drops the store (its port
+# closes) and leaves with os._exit: the interpreter's teardown of torch would hold the agent's
+# exit for a few tenths of a second.
 _HOST_PROGRAM = r"""
 import os, socket, sys
 from datetime import timedelta
@@ -44,9 +51,9 @@ chan.sendall(b"ready")
 store = None
 while True:
     message, fds, _, _ = socket.recv_fds(chan, 256, 1)
+    store = None  # the last attempt's store stops: its port closes
     if not message:
-        break
-    store = None
+        os._exit(0)
     if not fds:
         continue
     host, port = message.decode().split()
@@ -78,12 +85,24 @@ class StoreHost:
         self._environ = dict(environ)
         self._proc: subprocess.Popen | None = None
         self._chan: socket.socket | None = None
+        self._ready = False  # the helper said it imported torch (it may serve a store from then on)
         self.serving: int | None = None
         """The port whose store the helper last confirmed serving (for tests and logs)."""
 
+    @property
+    def pid(self) -> int | None:
+        """The helper's pid (None before it started or after it was closed)."""
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def ready(self) -> bool:
+        """Whether the helper said it imported torch (as of the last :meth:`poll`)."""
+        return self._ready
+
     def warm(self) -> None:
-        """Start the helper now, in the background, so it has imported torch by the time this
-        node first hosts a store (the master moves to a survivor after a node loss).
+        """Start the helper now (if it is not running), in the background, so it has imported
+        torch by the time this node first hosts a store (the master moves to a survivor after a
+        node loss).
 
         Raises nothing: a helper that cannot start is retried by :meth:`serve`.
         """
@@ -122,26 +141,45 @@ class StoreHost:
             self.close()
 
     def poll(self) -> None:
-        """Read the helper's replies so far without blocking; log its errors."""
+        """Read the helper's replies so far without blocking; log its errors.
+
+        Raises:
+            OSError: the helper exited.
+        """
         chan = self._chan
         while chan is not None and select.select([chan], [], [], 0)[0]:
             reply = chan.recv(4096).decode(errors="replace").strip()
             if not reply:
                 raise OSError("the store helper exited")
-            if reply.startswith("serving"):
+            if reply == "ready":
+                self._ready = True
+            elif reply.startswith("serving"):
                 self.serving = int(reply.split()[1])
             elif reply.startswith("error"):
                 log.warning("Store helper: %s", reply[len("error"):].strip())
 
     def close(self) -> None:
-        """Stop the helper (idempotent)."""
+        """Stop the helper and reap it (idempotent); never waits for its torch import.
+
+        A helper still importing torch serves nothing (a socket handed to it meanwhile waits
+        unread): it is killed at once, so the agent's exit does not wait out the import. A helper
+        that has imported torch may serve a store: it is told to stop (its end of the pair reads
+        EOF, it drops the store and exits) and killed only if it has not within 2 s.
+        """
+        try:
+            self.poll()  # a "ready" already sent counts
+        except OSError:
+            pass  # it exited: reaped below
         chan, self._chan = self._chan, None
+        proc, self._proc = self._proc, None
+        ready, self._ready = self._ready, False
+        if proc is not None and not ready:
+            proc.kill()  # mid-import, or failed to import: nothing of it is worth waiting for
         if chan is not None:
             chan.close()  # the helper reads EOF and exits
-        proc, self._proc = self._proc, None
         if proc is not None:
             try:
-                proc.wait(timeout=2.0)
+                proc.wait(timeout=_STOP_TIMEOUT_S)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()

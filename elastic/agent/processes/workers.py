@@ -43,7 +43,7 @@ from elastic.agent.processes.output import (
     console_prefix,
     resolve_log_root,
 )
-from elastic.agent.processes.logs_specs import LogsSpecsError, LogsSpecsHost, shared_host
+from elastic.agent.processes.logs_specs import LogsSpecsError, LogsSpecsHost
 from elastic.agent.processes.proctree import ProcessLister, WorkerTrees
 from elastic.agent.prewarm.pool import ForkedWorker, TemplatePool
 from elastic.agent.processes.worker_env import python_executable, worker_argv, worker_env, worker_ranks
@@ -140,11 +140,12 @@ class WorkerGroup:
         process_lister: the process table stop() reads (default: ``/proc``; tests inject one).
         templates: pre-warmed templates to fork workers from (``--prewarm``); a worker whose
             template cannot serve starts the normal way.
-        logs_specs: the ``--logs-specs`` plugin's helper that places the logs (default: this
-            process's shared one for ``config.logs_specs``, if it names a plugin; else our layout).
+        logs_specs: the ``--logs-specs`` plugin's helper that places the logs (required when
+            ``config.logs_specs`` names a plugin; None: our layout).
 
     Raises:
-        ValueError: bad counts, or ids that would put the logs outside the log root.
+        ValueError: bad counts, ids that would put the logs outside the log root, or a plugin
+            named without its helper.
     """
 
     def __init__(
@@ -183,7 +184,7 @@ class WorkerGroup:
                                  else line_prefix_template)
         self._templates = templates if templates is not None and templates.serves(config.entrypoint) else None
         if logs_specs is None and config.logs_specs:
-            logs_specs = shared_host(config, self._environ, self._python)
+            raise ValueError(f"--logs-specs {config.logs_specs}: the worker group was given no helper for the plugin.")
         self._logs_specs = logs_specs
         # Our layout's attempt directory; with a plugin, its root_log_dir once started.
         self.log_dir = "" if logs_specs is not None else attempt_log_dir(

@@ -1,0 +1,107 @@
+"""When an attempt's store goes to the store helper: after its workers are spawned, and not at all
+on a node that does not host it (unless templates need it warm). Fake groups, a fake helper."""
+
+from __future__ import annotations
+
+import io
+import socket
+
+import pytest
+
+from elastic.agent.attempts import Attempts
+from elastic.agent.errors import StoreHostError
+from elastic.agent.observe.events import EventLog
+from elastic.agent.observe.report import AgentReport
+from elastic.agent.waking import Waker
+from elastic.rendezvous.api import RendezvousInfo
+from elastic.rendezvous.records import Member, NodeLayout
+from elastic.testing.fake_workers import Fate, FakeGroups
+
+
+class FakeHelper:
+    """Records what the agent asks of its store helper, in order with the groups' starts."""
+
+    def __init__(self, log: list[str], fail: bool = False) -> None:
+        self.log = log
+        self.fail = fail
+
+    def serve(self, listener: socket.socket, host: str) -> None:
+        listener.close()
+        if self.fail:
+            raise StoreHostError("the store helper could not take port 1")
+        self.log.append("serve")
+
+    def warm(self) -> None:
+        self.log.append("warm")
+
+    def release(self) -> None:
+        self.log.append("release")
+
+    def close(self) -> None:
+        self.log.append("close")
+
+
+class FakeTemplates:
+    def wait_ready(self, timeout: float) -> bool:
+        return True
+
+
+def round_info(group_rank: int, listener: socket.socket | None) -> RendezvousInfo:
+    members = (Member("a", "h", 1), Member("b", "h", 2))
+    layout = NodeLayout(group_rank, 2, 1, group_rank, 2, "default", group_rank, 2)
+    return RendezvousInfo("job", 0, group_rank, 2, "h", 1, members, layout=layout, master_listener=listener)
+
+
+@pytest.fixture
+def attempts_of(tmp_path):
+    made = []
+
+    def make(helper: FakeHelper | None, templates: FakeTemplates | None = None, log: list[str] | None = None):
+        groups = FakeGroups([Fate.RUN], on_start=lambda group: log.append("workers") if log is not None else None)
+        events = EventLog(tmp_path / "events.jsonl", run_id="job", node="h")
+        report = AgentReport(events, None, io.StringIO(), run_id="job", host="h")
+        attempts = Attempts(groups, Waker(), report, run_id="job", host="h", shutdown_timeout=1.0,
+                            store_host=helper, templates=templates)
+        made.append((attempts, events))
+        return attempts, groups
+
+    yield make
+    for attempts, events in made:
+        attempts.stop()
+        events.close()
+
+
+def listening() -> socket.socket:
+    """A listening socket, as the master port's reservation hands one over."""
+    return socket.create_server(("127.0.0.1", 0))
+
+
+def test_the_master_hands_its_store_to_the_helper_after_its_workers_are_spawned(attempts_of):
+    log: list[str] = []
+    attempts, groups = attempts_of(FakeHelper(log), log=log)
+    listener = listening()
+    group = attempts.start(round_info(0, listener), 0, 0)
+    assert group is not None and group.use_agent_store
+    assert log == ["workers", "serve"]  # the helper's torch import does not slow the workers' start
+
+
+def test_a_node_that_does_not_host_starts_no_helper_unless_templates_need_it_warm(attempts_of):
+    log: list[str] = []
+    attempts, _ = attempts_of(FakeHelper(log), log=log)
+    assert attempts.start(round_info(1, None), 0, 0).use_agent_store  # its workers are the master's clients
+    assert log == ["workers"]
+
+    warm_log: list[str] = []
+    prewarmed, _ = attempts_of(FakeHelper(warm_log), FakeTemplates(), log=warm_log)
+    prewarmed.start(round_info(1, None), 0, 0)
+    assert warm_log == ["workers", "warm"]  # a master move later forks at once: the helper must be ready
+
+
+def test_a_helper_that_cannot_take_the_store_leaves_rank_0_to_host_it_from_the_next_attempt(attempts_of):
+    log: list[str] = []
+    attempts, _ = attempts_of(FakeHelper(log, fail=True), log=log)
+    assert attempts.start(round_info(0, listening()), 0, 0).use_agent_store
+    attempts.stop()
+    listener = listening()
+    assert not attempts.start(round_info(0, listener), 1, 0).use_agent_store
+    assert listener.fileno() == -1  # closed: rank 0's worker binds the port itself
