@@ -88,9 +88,10 @@ class EtcdBackend(KVBackend):
             BackendError: etcd could not be reached or refused (e.g. the credentials).
         """
         request = etcdrpc.RangeRequest(key=b"/", count_only=True)
-        self._connection.call("probe", lambda c, o: c.kv.Range(request, **o.kwargs), budget=budget)
+        what = "get '/'"  # what its errors say: a read, like any other (e.g. resolving a wrong host name)
+        self._connection.call(what, lambda c, o: c.kv.Range(request, **o.kwargs), budget=budget)
         started = time.monotonic()
-        self._connection.call("probe", lambda c, o: c.kv.Range(request, **o.kwargs), budget=budget)
+        self._connection.call(what, lambda c, o: c.kv.Range(request, **o.kwargs), budget=budget)
         return time.monotonic() - started
 
     # -- writes ------------------------------------------------------------------------------
