@@ -89,6 +89,10 @@ class LaunchConfig:
         dry_run: print the resolved config and exit.
         prewarm: fork workers from pre-warmed templates (:mod:`elastic.agent.prewarm.pool`).
         prewarm_modules: what the templates import (``--prewarm-modules``).
+        live_recovery: keep healthy workers across rounds, publishing each round to them
+            (:mod:`elastic.agent.live`); ``--live-recovery``.
+        live_recovery_timeout: seconds a live worker has to form a published round before the
+            node's group is restarted as without live recovery.
     """
 
     min_nodes: int
@@ -119,6 +123,8 @@ class LaunchConfig:
     dry_run: bool = False
     prewarm: bool = False
     prewarm_modules: tuple[str, ...] = ("torch",)
+    live_recovery: bool = False
+    live_recovery_timeout: float = 60.0
 
     def __post_init__(self) -> None:
         """Default the rendezvous settings, or check that they describe this run.

@@ -7,7 +7,8 @@ membership signal comes from the rendezvous watch, so survivors blocked in a col
 stopped within the lease TTL of a peer's death, not after a collective timeout. A worker
 failure restarts the group at once; this node's next join reports it, and the round's closer
 counts it against ``--max-restarts`` only if the next round still has every member of the last
-one (:mod:`elastic.agent.restarts`).
+one (:mod:`elastic.agent.restarts`). With ``--live-recovery`` those restarts keep the running
+workers and publish the next round to them (:mod:`elastic.agent.live`).
 
 Every wait is on one :class:`~elastic.agent.waking.Waker`: worker exits and membership changes
 wake it, and a handled signal is only recorded there and acted on at the next wait point (the
@@ -26,6 +27,7 @@ from elastic.agent.attempts import Attempts
 from elastic.agent.decisions import REJOIN_GRACE_S, AgentAction, AgentView, decide, should_exclude
 from elastic.agent.exclusion import ExclusionPolicy, exclusion_reason
 from elastic.agent.groups import GroupFactory, Workers, worker_groups
+from elastic.agent.live.decisions import keeps_workers
 from elastic.agent.lifeline.keeper import Lifeline
 from elastic.agent.observe.events import Event, EventLog
 from elastic.agent.observe.report import AgentReport
@@ -141,6 +143,8 @@ class ElasticAgent:
             AgentAction.RESTART_AFTER_FAILURE: self._restart_after_failure,
             AgentAction.RESTART_FOR_MEMBERSHIP: self._restart_for_membership,
             AgentAction.RESTART_FOR_OUTAGE: self._restart_for_outage,
+            AgentAction.RESTART_UNANSWERED: lambda verdict: self._pending(PendingCause.MEMBERSHIP, verdict, (
+                f"a live worker did not form the new round within {config.live_recovery_timeout:g}s")),
             AgentAction.EXCLUDE: self._sit_out,
             AgentAction.FINISH: self._finish,
             AgentAction.GIVE_UP: self._give_up,
@@ -225,6 +229,7 @@ class ElasticAgent:
         grace_deadline: float | None = None
         rejoin_deadline: float | None = None
         reported_exits = 0
+        live = self.config.live_recovery  # live workers wait for a round, they neither end nor are stopped
         while True:
             self._waker.check()
             state = group.poll()
@@ -233,7 +238,7 @@ class ElasticAgent:
             self._report.looked(state, membership)
             rejoin_pending = False
             if (membership.change is MembershipChange.NODES_WAITING and state.status is GroupStatus.RUNNING
-                    and 0 < membership.waiting <= membership.rejoining):
+                    and 0 < membership.waiting <= membership.rejoining and not live):
                 rejoin_deadline = rejoin_deadline or self._clock() + REJOIN_GRACE_S
                 rejoin_pending = self._clock() < rejoin_deadline
             grace_over = True
@@ -241,10 +246,12 @@ class ElasticAgent:
                 if grace_deadline is None:
                     # Only a peer's death can be a membership change in disguise; alone, there is no peer.
                     grace_deadline = self._clock() + (self.lease_ttl + 1.0 if group.rdzv.group_world_size > 1 else 0.0)
-                    group.stop()
+                    if not live:
+                        group.stop()
                 grace_over = self._clock() >= grace_deadline
             view = AgentView(state.status, membership.change, self.restarts_used, self.config.max_restarts, grace_over,
-                             self._would_exclude(group), self._in_store_outage(membership), rejoin_pending)
+                             self._would_exclude(group), self._in_store_outage(membership), rejoin_pending,
+                             live and self._attempts.unanswered())
             action = decide(view)
             if action is AgentAction.KEEP_RUNNING:
                 self._waker.wait(self.config.monitor_interval)
@@ -273,8 +280,11 @@ class ElasticAgent:
 
     # -- acting on a verdict: the group is stopped once, then one handler runs -----------------------
     def _act(self, verdict: Verdict) -> Step:
-        """Stop the workers, then apply the verdict; returns the result, a restart, or None (rejoin)."""
-        self._attempts.stop()
+        """Stop the workers (unless live recovery keeps them for the next round), then apply the
+        verdict; returns the result, a restart, or None (rejoin)."""
+        if not keeps_workers(self.config.live_recovery, verdict.action, self._attempts.unanswered(),
+                             self._attempts.silent()):
+            self._attempts.stop()
         return self._actions[verdict.action](verdict)
 
     def _restart_after_failure(self, verdict: Verdict) -> PendingRestart:

@@ -8,8 +8,9 @@ The store helper (:mod:`elastic.agent.processes.store_host`) is started when thi
 hosts a store, just after its workers are spawned: its torch import then overlaps the workers'
 own instead of slowing their start (the workers' connections wait on the listening socket
 meanwhile). A node that never hosts never starts one, unless its workers are forked from
-templates (``--prewarm``): there a restart that moves the master here forks its workers at once,
-so the helper is warmed after the first start, to be ready by then.
+templates (``--prewarm``) or kept live (``--live-recovery``): there a restart that moves the
+master here forks its workers at once, or needs no new worker at all, so the helper is warmed
+after the first start, to be ready by then.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import time
 
 from elastic.agent.errors import StoreHostError, WorkerStartError
 from elastic.agent.groups import GroupFactory, Workers
+from elastic.agent.live.decisions import RoundAnswer
+from elastic.agent.live.workers import LiveWorkers
 from elastic.agent.lifeline.keeper import Lifeline
 from elastic.agent.observe.report import AgentReport
 from elastic.agent.prewarm.pool import READY_TIMEOUT_S, TemplatePool
@@ -79,11 +82,14 @@ class Attempts:
     def start(self, info: RendezvousInfo, attempt: int, restart_count: int) -> Workers | None:
         """Start the workers of ``attempt`` in round ``info``; None (after one console line) when
         they cannot start. Call from the main thread: the workers' parent-death signal follows
-        the thread that forked them (:mod:`elastic.agent.lifeline.keeper`).
+        the thread that forked them (:mod:`elastic.agent.lifeline.keeper`). Live workers the agent
+        kept (``--live-recovery``) move to the round instead (:meth:`LiveWorkers.advance`).
 
         Raises:
             Interrupted: a signal arrived while waiting for the templates.
         """
+        if isinstance(self.running, LiveWorkers):
+            return self._advance(self.running, info, attempt, restart_count)
         templates = self._templates
         if templates is not None:  # a fork waits for its template: wait here, where a signal is seen
             self._waker.call(lambda: templates.wait_ready(READY_TIMEOUT_S), what="templates")
@@ -102,7 +108,7 @@ class Attempts:
             return None
         if listener is not None and use_agent_store:
             self._hand_over(listener, info)
-        if self._templates is not None and self._store_host is not None:
+        if (self._templates is not None or isinstance(group, LiveWorkers)) and self._store_host is not None:
             self._store_host.warm()  # ready when a restart moves the master here (see the module docstring)
         if self._lifeline is not None:
             self._lifeline.track(group.pids().values())
@@ -124,6 +130,37 @@ class Attempts:
             self._store_host.release()
         if self._lifeline is not None:
             self._lifeline.untrack(group.pids().values())
+
+    def unanswered(self) -> bool:
+        """Whether a live worker left the round published last unanswered past the deadline."""
+        return isinstance(self.running, LiveWorkers) and self.running.answer() is RoundAnswer.OVERDUE
+
+    def silent(self) -> bool:
+        """Whether a running worker never spoke the live protocol (or the group is not live)."""
+        return not isinstance(self.running, LiveWorkers) or self.running.silent()
+
+    def _advance(self, group: LiveWorkers, info: RendezvousInfo, attempt: int, restart_count: int) -> Workers | None:
+        """Move the kept live workers to round ``info`` (its store handed to the helper after, as at a start)."""
+        before = set(group.pids().values())
+        use_agent_store = self._use_agent_store(info)
+        listener = info.master_listener
+        if listener is not None and not use_agent_store:
+            listener.close()
+        try:
+            group.advance(info, attempt=attempt, restart_count=restart_count, use_agent_store=use_agent_store)
+        except WorkerStartError as error:
+            if listener is not None:
+                listener.close()
+            self._report.print(f"elasticrun: cannot restart the workers: {error}")
+            self.stop()
+            return None
+        if listener is not None and use_agent_store:
+            self._hand_over(listener, info)
+        after = set(group.pids().values())
+        if self._lifeline is not None:
+            self._lifeline.untrack(before - after)
+            self._lifeline.track(after - before)
+        return group
 
     def close(self) -> None:
         """Stop the store helper (the agent is done)."""

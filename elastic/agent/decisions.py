@@ -35,6 +35,8 @@ class AgentAction(enum.Enum):
     STOP_FINISHED: the job finished on another node (its workers all succeeded) and this node's
     workers failed or stopped after that, or run in a round that formed without the finisher:
     stop them and exit 0 without training again.
+    RESTART_UNANSWERED (``--live-recovery``): a live worker did not form the round published to
+    it within ``--live-recovery-timeout``: restart the whole group, not counted.
     """
 
     KEEP_RUNNING = "keep_running"
@@ -48,6 +50,7 @@ class AgentAction(enum.Enum):
     STOP_BLIND = "stop_blind"
     RESTART_FOR_OUTAGE = "restart_for_outage"
     STOP_FINISHED = "stop_finished"
+    RESTART_UNANSWERED = "restart_unanswered"
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,8 @@ class AgentView:
     rejoin_pending: bool = False
     """Only members of this round wait (their workers failed, they rejoined) and the rejoin grace
     (:data:`REJOIN_GRACE_S`) runs: this node's workers get it to show their own outcome first."""
+    unanswered: bool = False
+    """A live worker left the round published to it unanswered past ``--live-recovery-timeout``."""
 
 
 REJOIN_GRACE_S = 3.0
@@ -108,6 +113,8 @@ def decide(view: AgentView) -> AgentAction:
         return AgentAction.STOP_CLOSED
     if view.membership is MembershipChange.NODES_WAITING and view.rejoin_pending:
         return AgentAction.AWAIT_MEMBERSHIP
+    if view.unanswered:
+        return AgentAction.RESTART_UNANSWERED
     if view.membership is not None:
         return AgentAction.RESTART_FOR_MEMBERSHIP
     return AgentAction.KEEP_RUNNING

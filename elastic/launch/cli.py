@@ -38,6 +38,7 @@ from elastic.launch.flags import (
 )
 from elastic.launch.rendezvous_flags import rendezvous_fields
 from elastic.launch.scan import HelpRequested, split_command_line
+from elastic.rendezvous.backend_spec import StaticSpec
 from elastic.rendezvous.job import job_identity
 
 __all__ = ["ConfigError", "HelpRequested", "config_from_args", "installed_logs_specs", "parse_or_exit",
@@ -262,6 +263,7 @@ def config_from_args(
     if entrypoint.kind == "command" and sources.switch("prewarm"):
         pending.append(f"{as_given(sources, 'prewarm')} is ignored with --no-python: the workers are not "
                        "Python, so they start as usual")
+    live_recovery = _live_recovery(sources, rendezvous)
     config = LaunchConfig(
         min_nodes=min_nodes,
         max_nodes=max_nodes,
@@ -288,12 +290,28 @@ def config_from_args(
         dry_run=sources.switch("dry_run"),
         prewarm=sources.switch("prewarm"),
         prewarm_modules=_modules(*sources.text("prewarm_modules")),
+        live_recovery=live_recovery,
+        live_recovery_timeout=seconds(*sources.text("live_recovery_timeout")),
         **rendezvous,
     )
     config = _with_job_identity(config)
     for message in pending:
         (warn or _log_warning)(message)
     return config
+
+
+def _live_recovery(sources: Sources, rendezvous: Mapping[str, Any]) -> bool:
+    """``--live-recovery``, refused where the agent cannot publish rounds to its workers.
+
+    Raises:
+        ConfigError: with the static rendezvous (no rounds, and no agent-hosted store for a new round).
+    """
+    if not sources.switch("live_recovery"):
+        return False
+    if isinstance(rendezvous.get("backend"), StaticSpec):
+        raise fail(as_given(sources, "live_recovery"), "needs a rendezvous with rounds (etcd, c10d/tcp or "
+                   "--standalone), not the static backend")
+    return True
 
 
 def _with_job_identity(config: LaunchConfig) -> LaunchConfig:

@@ -45,6 +45,8 @@ def describe(config: LaunchConfig) -> str:
         ("event_log", config.event_log or "off"),
         ("prewarm", _yes_no(config.prewarm)),
         ("prewarm_modules", ",".join(config.prewarm_modules)),
+        ("live_recovery", _yes_no(config.live_recovery)),
+        ("live_recovery_timeout", f"{config.live_recovery_timeout:g}s"),
         ("dry_run", _yes_no(config.dry_run)),
     ]
     width = max(len(key) for key, _ in rows) + 1

@@ -159,6 +159,13 @@ OPTIONS: tuple[Option, ...] = (
             "or started threads is refused and its workers start normally."),
     _option("--prewarm-modules", ADDITIONS, "Comma-separated modules the --prewarm templates import.",
             metavar="MODULE,...", default="torch"),
+    _option("--live-recovery", ADDITIONS, "Keep healthy workers running through a peer's failure or a "
+            "membership change: the agent publishes each new round to its workers (ELASTIC_ROUND_FD) and "
+            "restarts only those that died; for scripts that use elastic.worker.LiveTraining "
+            "(docs/live-recovery.md). Not with the static rendezvous."),
+    _option("--live-recovery-timeout", ADDITIONS, "Seconds a live worker has to form a new round before "
+            "the agent restarts the node's whole group as without --live-recovery.", metavar="SECONDS",
+            default="60"),
     _option("--dry-run", ADDITIONS, "Print the resolved configuration and exit without starting anything "
             "(no PET_ twin: a dry run is asked for each time).", env=False),
     _option("--event-log-handler", COMPAT, f"{_NO_EFFECT}: torch's event handlers need torch; use "

@@ -23,6 +23,7 @@ import psutil
 import pytest
 
 from elastic.agent.prewarm.check import TemplateProbe, judge_template, probe_template
+from elastic.agent.prewarm.template import _job as template_job
 from elastic.agent.prewarm.wire import (FrameReader, TemplateWireError, WorkerJob, encode, fork_request,
                                          read_fork_request)
 from elastic.agent.prewarm.control import TemplateState
@@ -75,6 +76,16 @@ def test_a_fork_request_carries_the_job_through_a_frame_unchanged():
     (message,) = FrameReader().feed(encode(fork_request(job, 2)))
     assert message["op"] == "fork" and message["fds"] == 2
     assert read_fork_request(message) == job
+
+
+def test_a_fork_request_names_the_variables_of_the_descriptors_it_hands_on():
+    job = WorkerJob("script", "t.py", (), {"ELASTIC_ROUND_FD": "9"}, "/", "/", inherited=("ELASTIC_ROUND_FD",))
+    (message,) = FrameReader().feed(encode(fork_request(job, 3)))
+    assert read_fork_request(message) == job
+    with pytest.raises(TemplateWireError, match="carries 2 descriptors; stdout, stderr and 1 inherited need 3"):
+        template_job(message, [10, 11])  # the descriptor it names is missing
+    forked = template_job(message, [10, 11, 12])
+    assert (forked.stdout_fd, forked.stderr_fd, forked.inherited) == (10, 11, (("ELASTIC_ROUND_FD", 12),))
 
 
 @pytest.mark.parametrize("change, says", [

@@ -160,6 +160,8 @@ SPELLINGS = [
     ("--event-log", "/tmp/events.jsonl", (), "event_log", "/tmp/events.jsonl"),
     ("--dry-run", None, (), "dry_run", True),
     ("--prewarm-modules", "torch,numpy", (), "prewarm_modules", ("torch", "numpy")),
+    ("--live-recovery", None, (), "live_recovery", True),
+    ("--live-recovery-timeout", "12.5", (), "live_recovery_timeout", 12.5),
     ("--event-log-handler", "console", (), "event_log", None),
     ("--logs-specs", "default", (), "logs_specs", "default"),  # torch registers its DefaultLogsSpecs
     ("--numa-binding", "node", (), "event_log", None),
@@ -240,6 +242,8 @@ TWINS = [
     ("PET_EVENT_LOG", "/e.jsonl", (), "event_log", "/e.jsonl"),
     ("PET_PREWARM", "1", (), "prewarm", True),
     ("PET_PREWARM_MODULES", "torch.distributed", (), "prewarm_modules", ("torch.distributed",)),
+    ("PET_LIVE_RECOVERY", "1", (), "live_recovery", True),
+    ("PET_LIVE_RECOVERY_TIMEOUT", "30", (), "live_recovery_timeout", 30.0),
 ]
 
 
@@ -594,6 +598,9 @@ BAD = [
     (("--prewarm-modules", ",", "t.py"), {}, "--prewarm-modules: name at least one module"),
     (("--prewarm-modules", "torch,os.path;rm", "t.py"), {}, "--prewarm-modules: 'os.path;rm' is not a module name"),
     (("t.py",), {"PET_PREWARM": "sure"}, "--prewarm (from PET_PREWARM): 'sure' is not 1 or 0"),
+    (("--live-recovery-timeout", "0", "t.py"), {}, "--live-recovery-timeout: '0' is not a positive number"),
+    (("--nnodes", "2", "--node-rank", "0", "--master-addr", "h", "--live-recovery", "t.py"), {},
+     "--live-recovery: needs a rendezvous with rounds (etcd, c10d/tcp or --standalone), not the static backend"),
     (("--bogus", "t.py"), {}, "--bogus: unknown flag (see elasticrun --help)"),
     (("--nproc", "2", "t.py"), {}, "--nproc: ambiguous abbreviation, could match --nproc-per-node, "
                                    "--nproc_per_node; did you mean --nproc-per-node?"),  # as torchrun's argparse
@@ -623,6 +630,12 @@ def test_prewarm_is_off_by_default_and_imports_torch_when_on():
     config = parse("t.py")
     assert (config.prewarm, config.prewarm_modules) == (False, ("torch",))
     assert parse("--prewarm", "t.py").prewarm_modules == ("torch",)
+
+
+def test_live_recovery_is_off_by_default_with_a_60_s_answer_deadline():
+    config = parse("t.py")
+    assert (config.live_recovery, config.live_recovery_timeout) == (False, 60.0)
+    assert parse("--live-recovery", "--prewarm", "t.py").prewarm  # forked workers get the pipes too
 
 
 def test_prewarm_with_no_python_is_accepted_with_one_warning():

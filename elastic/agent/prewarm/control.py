@@ -124,10 +124,11 @@ class Template:
             return self.state
 
     def fork(self, job: WorkerJob, stdio: Mapping[str, object], *, argv: list[str],
-             timeout: float = FORK_TIMEOUT_S) -> ForkedWorker:
+             timeout: float = FORK_TIMEOUT_S, inherited: tuple[int, ...] = ()) -> ForkedWorker:
         """Fork a worker for ``job``. ``stdio`` holds ``Popen``-style ``stdout``/``stderr``
         values (a file, a descriptor, ``subprocess.DEVNULL`` or ``subprocess.PIPE``); ``argv``
-        is the command line a normal start would have used (for messages).
+        is the command line a normal start would have used (for messages); ``inherited`` the
+        descriptors named by ``job.inherited``, in its order (sent, not closed here).
 
         Raises:
             TemplateError: the template is not ready, died, refused the request, or did not
@@ -136,7 +137,10 @@ class Template:
         with self._fork_lock:
             if self.state is not TemplateState.READY or self._chan is None:
                 raise TemplateError(f"{self.label}: the template is {self.state.value}")
+            if len(inherited) != len(job.inherited):
+                raise TemplateError(f"{self.label}: {len(inherited)} descriptors for {len(job.inherited)} inherited names")
             fds, mine, parent_ends = self._stdio_fds(stdio)
+            fds = [*fds, *inherited]
             worker = ForkedWorker(argv, parent_ends.get("stdout"), parent_ends.get("stderr"))
             message = fork_request(job, len(fds))
             try:

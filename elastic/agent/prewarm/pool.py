@@ -97,7 +97,8 @@ class TemplatePool:
         entry = self.config.entrypoint
         return WorkerJob(entry.kind, entry.target, tuple(args), dict(env), self.cwd, self._path0)
 
-    def fork(self, local_rank: int, job: WorkerJob, stdio: Mapping[str, object], argv: list[str]) -> ForkedWorker | None:
+    def fork(self, local_rank: int, job: WorkerJob, stdio: Mapping[str, object], argv: list[str],
+             inherited: tuple[int, ...] = ()) -> ForkedWorker | None:
         """A worker forked from ``local_rank``'s template, or None (after one warning line) when
         that worker must start the normal way. A dead template is replaced in the background."""
         template = self._templates.get(local_rank)
@@ -106,7 +107,7 @@ class TemplatePool:
         state = template.wait_ready(self._ready_timeout)
         if state is TemplateState.READY:
             try:
-                return template.fork(job, stdio, argv=argv)
+                return template.fork(job, stdio, argv=argv, inherited=inherited)
             except TemplateError as error:
                 state = template.state
                 if state is not TemplateState.DEAD:  # a dead one is reported below, once

@@ -45,17 +45,19 @@ RUN_PATH_BOOTSTRAP = (
     "import runpy, sys; del sys.argv[0]; runpy.run_path(sys.argv[0], run_name='__main__')"
 )
 _RECV_BYTES = 1 << 16
-_MAX_FDS = 4
+_MAX_FDS = 8
 _WAIT_POLL_S = 0.1  # without pidfd_open: how often to look for exited children
 
 
 @dataclass(frozen=True)
 class Job:
-    """One worker to become: the ``fork`` request's job and the worker's received stdio fds."""
+    """One worker to become: the ``fork`` request's job, the worker's received stdio fds, and
+    the descriptors it inherits by the environment variable that names each."""
 
     worker: WorkerJob
     stdout_fd: int
     stderr_fd: int
+    inherited: tuple[tuple[str, int], ...] = ()
 
 
 _set_pdeathsig = load_prctl()
@@ -96,9 +98,11 @@ def _job(message: dict[str, Any], fds: list[int]) -> Job:
     Raises:
         TemplateWireError: a field is missing or of the wrong type, or the fds are missing.
     """
-    if len(fds) < 2:
-        raise TemplateWireError(f"A fork request carries {len(fds)} descriptors; stdout and stderr need 2.")
-    return Job(read_fork_request(message), stdout_fd=fds[0], stderr_fd=fds[1])
+    worker = read_fork_request(message)
+    if len(fds) != 2 + len(worker.inherited):
+        raise TemplateWireError(f"A fork request carries {len(fds)} descriptors; stdout, stderr and "
+                                f"{len(worker.inherited)} inherited need {2 + len(worker.inherited)}.")
+    return Job(worker, stdout_fd=fds[0], stderr_fd=fds[1], inherited=tuple(zip(worker.inherited, fds[2:])))
 
 
 def serve(chan: socket.socket) -> Job | None:
@@ -214,6 +218,7 @@ def _reset_process(job: Job) -> None:
     os.chdir(job.worker.cwd)
     os.environ.clear()
     os.environ.update(job.worker.env)
+    os.environ.update({name: str(fd) for name, fd in job.inherited})  # its own numbers for them
     signal.pthread_sigmask(signal.SIG_SETMASK, ())
     for signum in signal.valid_signals():
         if signum in (signal.SIGKILL, signal.SIGSTOP):

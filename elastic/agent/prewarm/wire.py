@@ -109,7 +109,9 @@ def _nested_deeper(value: Any, limit: int) -> bool:
 @dataclass(frozen=True)
 class WorkerJob:
     """What a forked worker becomes: the entrypoint (``${local_rank}`` already substituted),
-    its full environment, working directory and ``sys.path[0]``."""
+    its full environment, working directory and ``sys.path[0]``, and the environment variables
+    that name a descriptor it inherits (live recovery's round pipes): those descriptors ride
+    along after stdout and stderr, and the child sets each variable to its own number."""
 
     kind: str
     target: str
@@ -117,12 +119,14 @@ class WorkerJob:
     env: Mapping[str, str]
     cwd: str
     path0: str
+    inherited: tuple[str, ...] = ()
 
 
 def fork_request(job: WorkerJob, fds: int) -> dict[str, Any]:
-    """The ``fork`` message for ``job``, whose stdout and stderr ride along as ``fds`` descriptors."""
+    """The ``fork`` message for ``job``, whose stdout, stderr and inherited descriptors ride along
+    as ``fds`` descriptors."""
     return {"op": "fork", "kind": job.kind, "target": job.target, "args": list(job.args), "env": dict(job.env),
-            "cwd": job.cwd, "path0": job.path0, "fds": fds}
+            "cwd": job.cwd, "path0": job.path0, "fds": fds, "inherit": list(job.inherited)}
 
 
 def read_fork_request(message: Mapping[str, Any]) -> WorkerJob:
@@ -135,7 +139,8 @@ def read_fork_request(message: Mapping[str, Any]) -> WorkerJob:
         job = WorkerJob(kind=str(message["kind"]), target=str(message["target"]),
                         args=tuple(str(a) for a in message["args"]),
                         env={str(k): str(v) for k, v in dict(message["env"]).items()},
-                        cwd=str(message["cwd"]), path0=str(message["path0"]))
+                        cwd=str(message["cwd"]), path0=str(message["path0"]),
+                        inherited=tuple(str(name) for name in message.get("inherit", ())))
     except (KeyError, TypeError, ValueError) as error:
         raise TemplateWireError(f"A fork request is malformed: {error!r}") from error
     if job.kind not in ENTRYPOINT_KINDS:

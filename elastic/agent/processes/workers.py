@@ -16,6 +16,7 @@ it also reaps grandchildren a finished worker left behind.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import logging
 import os
@@ -59,11 +60,22 @@ __all__ = [
     "GroupStatus",
     "WorkerGroup",
     "WorkerLogs",
+    "WorkerExtras",
     "WorkerStartError",
     "attempt_log_dir",
     "console_prefix",
     "resolve_log_root",
 ]
+
+
+@dataclass(frozen=True)
+class WorkerExtras:
+    """What one worker gets beyond torchrun's environment (live recovery's round pipes): more
+    variables, and descriptors it inherits, each named by the variable that carries its number
+    (a forked worker gets them under other numbers, and the variables say which)."""
+
+    env: Mapping[str, str] = field(default_factory=dict)
+    fds: Mapping[str, int] = field(default_factory=dict)
 
 
 class GroupStatus(enum.Enum):
@@ -142,6 +154,9 @@ class WorkerGroup:
             template cannot serve starts the normal way.
         logs_specs: the ``--logs-specs`` plugin's helper that places the logs (required when
             ``config.logs_specs`` names a plugin; None: our layout).
+        local_ranks: the local ranks this group runs (default: all ``nproc_per_node``; live
+            recovery restarts only those that died).
+        extras: per local rank, what its worker gets beyond the usual.
 
     Raises:
         ValueError: bad counts, ids that would put the logs outside the log root, or a plugin
@@ -166,6 +181,8 @@ class WorkerGroup:
         process_lister: ProcessLister | None = None,
         templates: TemplatePool | None = None,
         logs_specs: LogsSpecsHost | None = None,
+        local_ranks: tuple[int, ...] | None = None,
+        extras: Callable[[int], WorkerExtras] | None = None,
     ) -> None:
         if config.nproc_per_node < 1:
             raise ValueError(f"The number of workers ({config.nproc_per_node}) must be positive.")
@@ -190,7 +207,11 @@ class WorkerGroup:
         self.log_dir = "" if logs_specs is not None else attempt_log_dir(
             log_root or resolve_log_root(config.log_dir), rdzv.run_id, attempt, node_id
         )
-        self._workers = [self._plan(local_rank) for local_rank in range(config.nproc_per_node)]
+        ranks = range(config.nproc_per_node) if local_ranks is None else local_ranks
+        if any(not 0 <= rank < config.nproc_per_node for rank in ranks):
+            raise ValueError(f"The local ranks {tuple(ranks)} must be in [0, {config.nproc_per_node}).")
+        self._extras = extras
+        self._workers = [self._plan(local_rank) for local_rank in ranks]
         self._cond = threading.Condition()
         self._exits = 0
         self._exit_callbacks: list[Callable[[], None]] = []
@@ -423,8 +444,10 @@ class WorkerGroup:
         if output is None:
             raise RuntimeError(f"Run {self.rdzv.run_id}: local rank {worker.local_rank} has no output placed.")
         env = self._env(worker, error_file=worker.logs.error_file)
+        extras = self._extras(worker.local_rank) if self._extras is not None else WorkerExtras()
+        env.update({**extras.env, **{name: str(fd) for name, fd in extras.fds.items()}})
         with output.stdio() as std:
-            proc = self._fork(worker, env, std)
+            proc = self._fork(worker, env, std, extras)
             if proc is None:
                 proc = subprocess.Popen(
                     self._argv(worker),
@@ -434,6 +457,7 @@ class WorkerGroup:
                     stderr=std["stderr"],
                     start_new_session=True,
                     close_fds=True,
+                    pass_fds=tuple(extras.fds.values()),
                     # Linux: SIGKILL when this thread's process dies (see elastic.agent.lifeline.keeper).
                     preexec_fn=parent_death_preexec(),
                 )
@@ -451,13 +475,15 @@ class WorkerGroup:
         forked = sum(isinstance(w.proc, ForkedWorker) for w in self._workers)
         return f" ({forked} forked from pre-warmed templates)" if self._templates is not None else ""
 
-    def _fork(self, worker: _Worker, env: dict[str, str], std: dict[str, object]) -> ForkedWorker | None:
+    def _fork(self, worker: _Worker, env: dict[str, str], std: dict[str, object],
+              extras: WorkerExtras) -> ForkedWorker | None:
         """The worker forked from its pre-warmed template, or None: start it normally."""
         if self._templates is None:
             return None
         args = self._argv(worker)
         substituted = args[len(args) - len(self.config.entrypoint.args):]  # every argv ends with them
-        return self._templates.fork(worker.local_rank, self._templates.job(env, substituted), std, args)
+        job = dataclasses.replace(self._templates.job(env, substituted), inherited=tuple(extras.fds))
+        return self._templates.fork(worker.local_rank, job, std, args, inherited=tuple(extras.fds.values()))
 
     def _watch(self, worker: _Worker, proc: subprocess.Popen | ForkedWorker) -> None:
         code = proc.wait()

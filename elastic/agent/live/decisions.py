@@ -1,0 +1,65 @@
+"""Live recovery's pure decisions: keep the workers or stop them, and whether they answered a round.
+
+Tested with case tables in ``tests/agent/test_live_decisions.py``; no processes, no clocks.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from elastic.agent.decisions import AgentAction
+
+KEPT_ACTIONS = frozenset({AgentAction.RESTART_AFTER_FAILURE, AgentAction.RESTART_FOR_MEMBERSHIP})
+"""The restarts live recovery turns into a rejoin with the workers kept: a peer's failure, a lost
+or a new node, this node's own dead workers (the others keep training, the dead restart)."""
+
+
+def keeps_workers(live: bool, action: AgentAction, unanswered: bool, silent: bool) -> bool:
+    """Whether the agent rejoins without stopping its workers.
+
+    Only for a job that opted in, only for a failure or membership restart, and never when a
+    worker left the last published round unanswered (a worker stuck outside the live protocol
+    cannot be trusted to follow the next round either) or has never written a line on its ready
+    pipe (``silent``: a script without LiveTraining, or one still importing): those get today's
+    whole-group restart. Publishing to a worker that never answers would only wait out the
+    deadline, and its restart would make the peers publish to theirs, round after round.
+    """
+    return live and action in KEPT_ACTIONS and not unanswered and not silent
+
+
+class RoundAnswer(enum.Enum):
+    """Where the workers stand on the round the agent published last.
+
+    NONE_DUE: nothing published since the workers started (or every answer came) → nothing to
+    wait for. WAITING: a live worker has not yet formed the round, the deadline runs. ANSWERED:
+    every live worker formed it (or a newer one). OVERDUE: the deadline passed first → restart the
+    group as without live recovery.
+    """
+
+    NONE_DUE = "none_due"
+    WAITING = "waiting"
+    ANSWERED = "answered"
+    OVERDUE = "overdue"
+
+
+@dataclass(frozen=True)
+class AnswerView:
+    """The published round, and per live local rank the newest round it formed (-1: none)."""
+
+    published: int | None
+    formed: dict[int, int]
+    deadline_over: bool
+
+
+def decide_answer(view: AnswerView) -> RoundAnswer:
+    """Whether the live workers answered the round published last.
+
+    A worker that exited is not waited for (its exit is the agent's to handle); a worker that
+    formed a newer round than the published one answered it (the rounds raced on the pipe).
+    """
+    if view.published is None:
+        return RoundAnswer.NONE_DUE
+    if all(formed >= view.published for formed in view.formed.values()):
+        return RoundAnswer.ANSWERED
+    return RoundAnswer.OVERDUE if view.deadline_over else RoundAnswer.WAITING

@@ -1,0 +1,218 @@
+"""A node's live workers across rounds: the :class:`~elastic.agent.groups.Workers` the agent keeps
+when a job runs with ``--live-recovery``.
+
+Each local rank runs one worker process at a time, started with its round pipes
+(:mod:`elastic.agent.live.pipes`). When the agent joins a new round without stopping them,
+:meth:`LiveWorkers.advance` writes the round to every worker still running and starts a new
+worker (a :class:`~elastic.agent.processes.workers.WorkerGroup` of just those ranks, under the
+new attempt's log directory) for each local rank whose worker exited; the new one heals from a
+live peer. :meth:`LiveWorkers.answer` tells whether every live worker formed the published
+round in time (:func:`elastic.agent.live.decisions.decide_answer`). Torch-free.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Callable, Protocol
+
+from elastic.agent.live.decisions import AnswerView, RoundAnswer, decide_answer
+from elastic.agent.live.pipes import RoundPipes
+from elastic.agent.processes.failures import root_cause_summary
+from elastic.agent.processes.worker_env import worker_ranks
+from elastic.agent.processes.workers import GroupState, GroupStatus, WorkerExtras, WorkerGroup
+from elastic.config import LaunchConfig
+from elastic.rendezvous.api import RendezvousInfo
+from elastic.worker.rounds import Round, default_store_prefix
+
+log = logging.getLogger(__name__)
+
+__all__ = ["LiveWorkers", "round_for"]
+
+
+class GroupMaker(Protocol):
+    def __call__(self, config: LaunchConfig, info: RendezvousInfo, *, attempt: int, restart_count: int,
+                 use_agent_store: bool, node_id: str, local_ranks: tuple[int, ...],
+                 extras: Callable[[int], WorkerExtras]) -> WorkerGroup: ...
+
+
+def round_for(config: LaunchConfig, info: RendezvousInfo, local_rank: int, restart_count: int) -> Round:
+    """The round line of local rank ``local_rank`` in round ``info`` (what its worker reads)."""
+    ranks = worker_ranks(config, info, local_rank)
+    return Round(round=info.round, rank=ranks.rank, world_size=ranks.world_size, local_rank=local_rank,
+                 local_world_size=config.nproc_per_node, group_rank=info.group_rank, master_addr=info.master_addr,
+                 master_port=info.master_port, restart_count=restart_count,
+                 store_prefix=default_store_prefix(info.run_id, info.round))
+
+
+class LiveWorkers:
+    """The ``nproc_per_node`` workers of this node, kept across rounds.
+
+    Args:
+        config: the launch configuration (``live_recovery_timeout`` is the answer deadline).
+        info: the round they start in.
+        attempt, restart_count, use_agent_store: as for :class:`WorkerGroup`.
+        node_id: this node's id (names the log directories).
+        make_group: makes the worker group of some local ranks (default: :class:`WorkerGroup`).
+        clock: monotonic seconds (the answer deadline).
+    """
+
+    def __init__(self, config: LaunchConfig, info: RendezvousInfo, *, attempt: int, restart_count: int,
+                 use_agent_store: bool, node_id: str, make_group: GroupMaker = WorkerGroup,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.config = config
+        self.rdzv = info
+        self._first = (attempt, restart_count, use_agent_store)
+        self._node_id = node_id
+        self._make_group = make_group
+        self._clock = clock
+        self._groups: list[WorkerGroup] = []
+        self._current: dict[int, WorkerGroup] = {}
+        self._pipes: dict[int, RoundPipes] = {}
+        self._formed: dict[int, int] = {}
+        self._spoke: set[int] = set()  # local ranks whose current worker wrote a ready line
+        self._callbacks: list[Callable[[], None]] = []
+        self._published: int | None = None
+        self._deadline = 0.0
+        self._stopping = False
+
+    # -- the Workers protocol ----------------------------------------------------------------------
+    @property
+    def world_size(self) -> int:
+        return worker_ranks(self.config, self.rdzv, 0).world_size
+
+    def start(self) -> None:
+        """Start every local rank's worker in the first round.
+
+        Raises:
+            WorkerStartError: a worker could not be started; those already started are stopped.
+        """
+        attempt, restart_count, use_agent_store = self._first
+        self._spawn(self.rdzv, tuple(range(self.config.nproc_per_node)), attempt, restart_count, use_agent_store)
+
+    def poll(self) -> GroupState:
+        """The state of the current worker of every local rank (replaced workers are forgotten)."""
+        failures, running = [], set()
+        for group in self._groups:
+            state = group.poll()
+            mine = {rank for rank, current in self._current.items() if current is group}
+            failures.extend(failure for failure in state.failures if failure.local_rank in mine)
+            running.update(state.running & mine)
+        failures.sort(key=lambda failure: failure.exit_monotonic)
+        if any(not failure.during_stop for failure in failures):
+            status = GroupStatus.FAILED
+        elif not running and not failures:
+            status = GroupStatus.SUCCEEDED
+        elif self._stopping:
+            status = GroupStatus.STOPPED
+        else:
+            status = GroupStatus.RUNNING
+        return GroupState(status, tuple(failures), frozenset(running))
+
+    def on_exit(self, callback: Callable[[], None]) -> None:
+        self._callbacks.append(callback)
+        for group in self._groups:
+            group.on_exit(callback)
+
+    def send_signal(self, sig: int) -> None:
+        for group in self._groups:
+            group.send_signal(sig)
+
+    def stop(self, timeout: float | None = None) -> GroupState:
+        """Stop every worker (SIGTERM, ``timeout``, SIGKILL) and close the pipes; idempotent."""
+        self._stopping = True
+        for group in self._groups:
+            group.stop(timeout)
+        for pipes in self._pipes.values():
+            pipes.close()
+        return self.poll()
+
+    def pids(self) -> dict[int, int]:
+        return {rank: group.pids()[rank] for rank, group in sorted(self._current.items()) if rank in group.pids()}
+
+    def global_ranks(self) -> list[int]:
+        return [worker_ranks(self.config, self.rdzv, rank).rank for rank in range(self.config.nproc_per_node)]
+
+    def failure_report(self, host: str) -> str:
+        tails = {rank: tail for group in self._groups for rank, tail in group.stderr_tails().items()
+                 if self._current.get(rank) is group}
+        return root_cause_summary(self.poll().failures, host, self.config.role, stderr_tails=tails)
+
+    # -- live recovery ------------------------------------------------------------------------------
+    def advance(self, info: RendezvousInfo, *, attempt: int, restart_count: int, use_agent_store: bool) -> None:
+        """Move to round ``info``: publish it to the running workers, restart the exited ones in it.
+
+        Raises:
+            WorkerStartError: a replacement could not be started (the caller stops the group).
+        """
+        running = self.poll().running
+        dead = tuple(rank for rank in range(self.config.nproc_per_node) if rank not in running)
+        self.rdzv = info
+        for rank in sorted(running):
+            if not self._pipes[rank].publish(round_for(self.config, info, rank, restart_count)):
+                log.warning("Run %s node %s: could not publish round %d to local rank %d; waiting for its exit "
+                            "or the answer deadline", info.run_id, self._node_id, info.round, rank)
+        self._published, self._deadline = info.round, self._clock() + self.config.live_recovery_timeout
+        if dead:
+            self._spawn(info, dead, attempt, restart_count, use_agent_store)
+        self._forget_replaced()
+        log.info("Run %s node %s: round %d published to local ranks %s, restarted %s", info.run_id, self._node_id,
+                 info.round, sorted(running) or "none", list(dead) or "none")
+
+    def silent(self) -> bool:
+        """Whether a running worker has never written a line on its ready pipe (it does not
+        speak the live protocol, or has not started it yet)."""
+        running = self.poll().running
+        self._read_answers(running)
+        return not running <= self._spoke
+
+    def answer(self) -> RoundAnswer:
+        """Whether every running worker formed the round published last (see :class:`RoundAnswer`)."""
+        running = self.poll().running
+        self._read_answers(running)
+        view = AnswerView(self._published, {rank: self._formed[rank] for rank in running},
+                          self._clock() >= self._deadline)
+        result = decide_answer(view)
+        if result is RoundAnswer.ANSWERED:
+            log.info("Run %s node %s: every live worker formed round %s", self.rdzv.run_id, self._node_id,
+                     self._published)
+            self._published = None
+        return result
+
+    def _read_answers(self, running: frozenset[int]) -> None:
+        for rank in running:
+            for answer in self._pipes[rank].answers():
+                self._spoke.add(rank)
+                if answer.event == "formed":
+                    self._formed[rank] = max(self._formed[rank], answer.round)
+
+    def _spawn(self, info: RendezvousInfo, ranks: tuple[int, ...], attempt: int, restart_count: int,
+               use_agent_store: bool) -> None:
+        label = f"Run {info.run_id} node {self._node_id}"
+        pipes = {rank: RoundPipes(label) for rank in ranks}
+        first = {rank: round_for(self.config, info, rank, restart_count) for rank in ranks}
+        group = self._make_group(self.config, info, attempt=attempt, restart_count=restart_count,
+                                 use_agent_store=use_agent_store, node_id=self._node_id, local_ranks=ranks,
+                                 extras=lambda rank: pipes[rank].extras(first[rank]))
+        for callback in self._callbacks:
+            group.on_exit(callback)
+        try:
+            group.start()
+        except BaseException:
+            for end in pipes.values():
+                end.close()
+            raise
+        for rank, end in pipes.items():
+            end.started()
+            old = self._pipes.get(rank)
+            if old is not None:
+                old.close()
+            self._pipes[rank], self._current[rank], self._formed[rank] = end, group, -1
+            self._spoke.discard(rank)
+        self._groups.append(group)
+
+    def _forget_replaced(self) -> None:
+        """Reap the groups none of whose workers is current any more (their threads, leftovers)."""
+        for group in [group for group in self._groups if group not in self._current.values()]:
+            group.stop(0.0)
+            self._groups.remove(group)

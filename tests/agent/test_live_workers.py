@@ -1,0 +1,241 @@
+"""Live recovery in the agent: the decisions (case tables), the round pipes, and
+:class:`LiveWorkers` over real worker processes (a small script that answers every round it
+reads, no torch)."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import signal
+import sys
+import time
+
+import pytest
+
+from elastic.agent.decisions import AgentAction, AgentView, decide
+from elastic.agent.live.decisions import AnswerView, RoundAnswer, decide_answer, keeps_workers
+from elastic.agent.live.pipes import RoundPipes
+from elastic.agent.live.workers import LiveWorkers, round_for
+from elastic.agent.prewarm.pool import ForkedWorker, TemplatePool
+from elastic.agent.processes.workers import GroupStatus, WorkerGroup
+from elastic.config import Entrypoint, LaunchConfig, Std, StdMask
+from elastic.rendezvous.api import MembershipChange, RendezvousInfo
+from elastic.worker.rounds import READY_FD_VAR, ROUND_FD_VAR, ROUND_VAR, STORE_PREFIX_VAR, parse_round_line
+
+A = AgentAction
+RUN, FAIL = GroupStatus.RUNNING, GroupStatus.FAILED
+WAIT, LOST = MembershipChange.NODES_WAITING, MembershipChange.MEMBER_LOST
+
+
+# -- decisions -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("live, action, unanswered, silent, keeps", [
+    (True, A.RESTART_FOR_MEMBERSHIP, False, False, True),   # a peer failed, a node was lost or joined
+    (True, A.RESTART_AFTER_FAILURE, False, False, True),    # our own worker died: the others keep training
+    (False, A.RESTART_FOR_MEMBERSHIP, False, False, False),  # not opted in: today's group restart
+    (False, A.RESTART_AFTER_FAILURE, False, False, False),
+    (True, A.RESTART_FOR_MEMBERSHIP, True, False, False),   # a worker ignored the last round: group restart
+    (True, A.RESTART_AFTER_FAILURE, True, False, False),
+    (True, A.RESTART_FOR_MEMBERSHIP, False, True, False),   # a worker never spoke the protocol: group restart
+    (True, A.RESTART_AFTER_FAILURE, False, True, False),
+    (True, A.RESTART_UNANSWERED, True, False, False),
+    (True, A.RESTART_FOR_OUTAGE, False, False, False),      # the store is away: nothing to publish
+    (True, A.FINISH, False, False, False),
+    (True, A.GIVE_UP, False, False, False),
+    (True, A.STOP_CLOSED, False, False, False),
+    (True, A.EXCLUDE, False, False, False),
+    (True, A.STOP_FINISHED, False, False, False),
+])
+def test_keeps_workers(live, action, unanswered, silent, keeps):
+    assert keeps_workers(live, action, unanswered, silent) is keeps
+
+
+@pytest.mark.parametrize("published, formed, over, expected", [
+    (None, {0: -1}, True, RoundAnswer.NONE_DUE),     # nothing published since the start
+    (3, {0: 3, 1: 3}, False, RoundAnswer.ANSWERED),
+    (3, {0: 3, 1: 4}, False, RoundAnswer.ANSWERED),  # a newer round formed answers an older one
+    (3, {0: 3, 1: 2}, False, RoundAnswer.WAITING),
+    (3, {0: 3, 1: -1}, True, RoundAnswer.OVERDUE),
+    (3, {0: 3, 1: 3}, True, RoundAnswer.ANSWERED),  # answered, however late we look
+    (3, {}, True, RoundAnswer.ANSWERED),             # every worker exited: their exits are handled
+])
+def test_decide_answer(published, formed, over, expected):
+    assert decide_answer(AnswerView(published, formed, over)) is expected
+
+
+@pytest.mark.parametrize("group, membership, expected", [
+    (RUN, None, A.RESTART_UNANSWERED),
+    (RUN, WAIT, A.RESTART_UNANSWERED),  # the membership restart would keep a worker that ignores rounds
+    (FAIL, None, A.RESTART_AFTER_FAILURE),  # and keeps_workers says no: a group restart
+    (FAIL, LOST, A.RESTART_FOR_MEMBERSHIP),
+    (GroupStatus.SUCCEEDED, None, A.FINISH),
+])
+def test_an_unanswered_round_restarts_the_group(group, membership, expected):
+    assert decide(AgentView(group, membership, 0, 3, unanswered=True)) is expected
+
+
+# -- the pipes -----------------------------------------------------------------------------------
+def _info(round_: int, group_rank: int = 0, group_world_size: int = 1, port: int = 29999) -> RendezvousInfo:
+    return RendezvousInfo(run_id="live-unit", round=round_, group_rank=group_rank, group_world_size=group_world_size,
+                          master_addr="127.0.0.1", master_port=port, members=())
+
+
+def _config(nproc: int = 2, script: str = "", timeout: float = 60.0) -> LaunchConfig:
+    return LaunchConfig(min_nodes=1, max_nodes=4, nproc_per_node=nproc, entrypoint=Entrypoint("script", script),
+                        redirects=StdMask(Std.ALL), live_recovery=True, live_recovery_timeout=timeout)
+
+
+def test_the_pipes_carry_round_lines_one_way_and_answers_the_other():
+    pipes = RoundPipes("test")
+    first = round_for(_config(), _info(4, 1, 2), 1, restart_count=2)
+    extras = pipes.extras(first)
+    round_r, ready_w = extras.fds[ROUND_FD_VAR], extras.fds[READY_FD_VAR]
+    assert (extras.env[ROUND_VAR], extras.env[STORE_PREFIX_VAR]) == ("4", "etcd-elastic/live/live-unit/round-4")
+    reader, writer = os.dup(round_r), os.dup(ready_w)  # the worker's ends, as it inherits them
+    pipes.started()  # the agent's copies of the child ends are closed
+    try:
+        assert pipes.publish(first)
+        assert parse_round_line(os.read(reader, 65536)) == first
+        assert (first.rank, first.world_size, first.group_rank, first.restart_count) == (3, 4, 1, 2)
+        os.write(writer, b'{"v":1,"event":"joining","round":4,"rank":3,"step":0}\ngarbage\n{"v":1,"event":"for')
+        assert [(a.event, a.round) for a in pipes.answers()] == [("joining", 4)]
+        os.write(writer, b'med","round":4,"rank":3,"step":7}\n')
+        assert [(a.event, a.round, a.step) for a in pipes.answers()] == [("formed", 4, 7)]
+        os.close(reader)
+        reader = -1
+        assert not pipes.publish(first)  # the worker is gone: no exception, False
+    finally:
+        for fd in (reader, writer):
+            if fd >= 0:
+                os.close(fd)
+        pipes.close()
+    pipes.close()  # idempotent
+    assert not pipes.publish(first)
+
+
+# -- LiveWorkers over real processes ------------------------------------------------------------
+ANSWERING = """
+import json, os, sys
+out = os.environ["TEST_OUT"]
+ready = int(os.environ["ELASTIC_READY_FD"])
+mute = os.environ.get("TEST_MUTE") == os.environ["LOCAL_RANK"]
+
+def note(**event):
+    with open(out, "a") as f:
+        f.write(json.dumps(dict(event, pid=os.getpid(), local_rank=int(os.environ["LOCAL_RANK"]))) + "\\n")
+
+def answer(round_):
+    if not mute:
+        os.write(ready, (json.dumps({"v": 1, "event": "formed", "round": round_, "rank": 0, "step": 0}) + "\\n").encode())
+
+note(ev="start", round=int(os.environ["ELASTIC_ROUND"]), rank=int(os.environ["RANK"]))
+answer(int(os.environ["ELASTIC_ROUND"]))
+for line in os.fdopen(int(os.environ["ELASTIC_ROUND_FD"]), "rb"):
+    value = json.loads(line)
+    note(ev="round", round=value["round"], rank=value["rank"], world=value["world_size"])
+    answer(value["round"])
+"""
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture(params=["spawned", "forked"])
+def live(request, tmp_path):
+    """``live(mute="")``: LiveWorkers of 2 local ranks running the answering script in round 0,
+    started normally or forked from pre-warmed templates (``--prewarm``: the pipes ride along)."""
+    made: list[LiveWorkers] = []
+    pools: list[TemplatePool] = []
+    script = tmp_path / "answering.py"
+    script.write_text(ANSWERING)
+    out = tmp_path / "out.jsonl"
+
+    def make(mute: str = "", timeout: float = 5.0) -> tuple[LiveWorkers, Clock]:
+        clock = Clock()
+        environ = dict(os.environ, TEST_OUT=str(out), TEST_MUTE=mute)
+        config = _config(script=str(script), timeout=timeout)
+        pool = None
+        if request.param == "forked":
+            pool = TemplatePool(dataclasses.replace(config, prewarm=True, prewarm_modules=("json",)), environ,
+                                sys.executable)
+            pools.append(pool)
+            pool.start()
+            assert pool.wait_ready(30)
+        group_maker = functools.partial(WorkerGroup, log_root=str(tmp_path / "logs"), environ=environ,
+                                        python=sys.executable, templates=pool)
+        workers = LiveWorkers(config, _info(0), attempt=0, restart_count=0, use_agent_store=True, node_id="n0",
+                              make_group=group_maker, clock=clock)
+        made.append(workers)
+        workers.start()
+        forked = [isinstance(w.proc, ForkedWorker) for group in workers._groups for w in group._workers]
+        assert forked == [request.param == "forked"] * 2
+        return workers, clock
+
+    make.events = lambda: [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
+    try:
+        yield make
+    finally:
+        for workers in made:
+            workers.stop(timeout=2.0)
+        for pool in pools:
+            pool.close()
+
+
+def _until(condition, what: str, timeout: float = 15.0):
+    deadline = time.monotonic() + timeout
+    while not (value := condition()):
+        assert time.monotonic() < deadline, f"not within {timeout}s: {what}"
+        time.sleep(0.02)
+    return value
+
+
+def test_a_new_round_is_published_to_running_workers_with_their_new_ranks(live):
+    workers, clock = live()
+    _until(lambda: len(live.events()) == 2, "both workers started")
+    pids = workers.pids()
+    workers.advance(_info(1, group_rank=1, group_world_size=2, port=30001), attempt=1, restart_count=0,
+                    use_agent_store=True)
+    rounds = _until(lambda: [e for e in live.events() if e["ev"] == "round"] if len(live.events()) == 4 else None,
+                    "both workers read round 1")
+    assert sorted((e["local_rank"], e["round"], e["rank"], e["world"]) for e in rounds) == [(0, 1, 2, 4), (1, 1, 3, 4)]
+    assert workers.pids() == pids  # nobody restarted
+    _until(lambda: workers.answer() is RoundAnswer.ANSWERED, "both formed round 1")
+    assert workers.answer() is RoundAnswer.NONE_DUE and workers.poll().status is RUN
+    assert not workers.silent()
+    assert workers.global_ranks() == [2, 3]
+
+
+def test_only_the_dead_worker_restarts_and_it_starts_in_the_new_round(live):
+    workers, clock = live()
+    _until(lambda: len(live.events()) == 2, "both workers started")
+    pids = workers.pids()
+    os.kill(pids[1], signal.SIGKILL)
+    state = _until(lambda: (s := workers.poll()).status is FAIL and s, "the kill seen")
+    assert [failure.local_rank for failure in state.failures] == [1] and state.running == {0}
+    workers.advance(_info(1), attempt=1, restart_count=1, use_agent_store=True)
+    assert workers.pids()[0] == pids[0] and workers.pids()[1] != pids[1]
+    assert workers.poll() == type(state)(RUN, (), frozenset({0, 1}))  # the replaced failure is forgotten
+    started = _until(lambda: [e for e in live.events() if e["ev"] == "start" and e["pid"] == workers.pids()[1]],
+                     "the replacement started")
+    assert started[0]["round"] == 1
+    _until(lambda: workers.answer() is RoundAnswer.ANSWERED, "both formed round 1")
+
+
+def test_a_worker_that_does_not_answer_is_overdue_after_the_deadline(live):
+    workers, clock = live(mute="1", timeout=5.0)
+    _until(lambda: len(live.events()) == 2, "both workers started")
+    _until(lambda: workers.silent() and 0 in workers._spoke, "rank 0's first answer")
+    assert 1 not in workers._spoke  # the mute one never spoke: a restart would not keep it
+    assert workers.answer() is RoundAnswer.NONE_DUE  # the first round needs no answer
+    workers.advance(_info(1), attempt=1, restart_count=0, use_agent_store=True)
+    _until(lambda: len(live.events()) == 4, "both workers read round 1")
+    assert workers.answer() is RoundAnswer.WAITING
+    clock.now += 5.0
+    assert workers.answer() is RoundAnswer.OVERDUE
+    assert workers.stop(timeout=2.0).status is GroupStatus.STOPPED
