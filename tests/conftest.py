@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +15,8 @@ import tiers
 # can start, the tests using it fail, never skip: each with one line, and the full reason is
 # printed once at the end of the session.
 _etcd_failures: list[str] = []
+ETCD_FAILURE = "etcd_could_not_start"
+"""The name of the report property that carries a full reason."""
 
 
 def _etcd_failure_line(error: BaseException) -> str:
@@ -44,13 +47,16 @@ def etcd_server():
         server.close()
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's worker reads the groups into the test ids
 def pytest_collection_modifyitems(config, items):
     """Mark every test that takes the etcd fixture ``etcd`` (parametrized ones mark their param),
-    then keep the tests of the tiers the command line runs."""
+    then keep the tests of the tiers the command line runs; with ``--dist loadgroup``, group the
+    whole-job tests (see the parallel section)."""
     for item in items:
         if "etcd_server" in getattr(item, "fixturenames", ()) and item.get_closest_marker("etcd") is None:
             item.add_marker(pytest.mark.etcd)
     _select_tiers(config, items)
+    _group_whole_jobs(config, items)
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -66,10 +72,41 @@ def pytest_runtest_makereport(item, call):
         if str(call.excinfo.value) not in _etcd_failures:
             _etcd_failures.append(str(call.excinfo.value))
         report.longrepr = _etcd_failure_line(call.excinfo.value)
+    # The full reasons travel with the report: under pytest-xdist the summary is printed by the
+    # controller, which did not run the test.
+    report.user_properties.extend((ETCD_FAILURE, failure) for failure in _etcd_failures)
+
+
+# -- the session's summaries -------------------------------------------------------------------
+# What a test reports for the end of the session travels in its report's user_properties, so
+# the summary is whole under pytest-xdist too (the controller prints it; workers ran the tests).
+CHAOS_FIGURES = "chaos_figures"
+_figures: list[str] = []
+
+
+@pytest.fixture
+def report_figures(request):
+    """``report_figures(line)``: keep a scenario's figures for the session's "chaos figures"
+    summary (tests/chaos)."""
+    return lambda line: request.node.user_properties.append((CHAOS_FIGURES, line))
+
+
+def pytest_runtest_logreport(report):
+    """Gather the chaos figures (from the call) and the full reasons etcd could not start."""
+    for name, value in report.user_properties:
+        if name == ETCD_FAILURE and value not in _etcd_failures:
+            _etcd_failures.append(value)
+        elif name == CHAOS_FIGURES and report.when == "call":
+            _figures.append(value)
 
 
 def pytest_terminal_summary(terminalreporter):
-    """The full reason etcd could not start, once per session (each test showed one line)."""
+    """Every chaos scenario's figures, quotable from a run's output; the full reason etcd could
+    not start, once per session (each test showed one line)."""
+    if _figures:
+        terminalreporter.section("chaos figures")
+        for line in _figures:
+            terminalreporter.write_line(line)
     if _etcd_failures:
         terminalreporter.section("etcd could not start")
         for failure in _etcd_failures:
@@ -118,6 +155,40 @@ def _select_tiers(config, items) -> None:
     if deselected:
         config.hook.pytest_deselected(items=deselected)
         items[:] = kept
+
+
+# -- parallel runs (pytest-xdist) ----------------------------------------------------------------
+# CI runs every tier with `-n 2 --dist loadgroup`. The tests that drive whole jobs (tests/chaos:
+# etcd clusters under faults; tests/multinode: every launcher side by side; the 64-node
+# rendezvous) form one group: they run one after the other on one worker, so no two of them
+# ever run at once (each loads the machine), and they are scheduled first, being the longest
+# chain; the other worker runs everything else meanwhile.
+WHOLE_JOB_DIRS = frozenset({"chaos", "multinode"})
+WHOLE_JOB_TESTS = frozenset({
+    # 64 handlers' joins and watches at once on one etcd: beside a whole job on a loaded 2-core
+    # machine, etcd missed the 5 s watch confirm and the round held the test until its timeout.
+    "rendezvous/test_handler.py::test_concurrent_nodes_get_unique_ranks_and_agree_on_the_round[etcd-64]",
+})
+WHOLE_JOBS = "whole-jobs"
+_TESTS = Path(__file__).resolve().parent
+
+
+def _is_whole_job(item) -> bool:
+    try:
+        path = item.path.resolve().relative_to(_TESTS)
+    except ValueError:  # a test outside tests/
+        return False
+    return path.parts[0] in WHOLE_JOB_DIRS or f"{path.as_posix()}::{item.name}" in WHOLE_JOB_TESTS
+
+
+def _group_whole_jobs(config, items) -> None:
+    # Workers collect (the controller does not); xdist tells them the mode in option.loadgroup.
+    if not config.getoption("loadgroup", False):
+        return
+    whole = [item for item in items if _is_whole_job(item)]
+    for item in whole:
+        item.add_marker(pytest.mark.xdist_group(WHOLE_JOBS))
+    items[:] = whole + [item for item in items if not _is_whole_job(item)]  # the same order on every worker
 
 
 # -- torch -------------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from backends.api import ABSENT, EventType, KeyValue, KVBackend
 from backends.errors import BackendError, CompactedError, LeaseNotFoundError, StoreFullError
 from backends.retry import RETRYABLE_ERRORS, RetryPolicy
 from backends.session import OUTAGE_LOG_INTERVAL
+from elastic.console import CONSOLE
 from elastic.rendezvous import records
 from elastic.rendezvous.attempt import Claim, ClosedRound, FailureReport, Included, JoinAttempt, StateView
 from elastic.rendezvous.closing import Closer, JoinKeyLost
@@ -39,6 +40,7 @@ from elastic.rendezvous.transactions import JoinOutcome, join_txn, read_join
 __all__ = ["JOIN_RETRY", "JoinLoop", "NodeSpec", "START_OVER"]
 
 log = logging.getLogger(__name__)
+
 
 JOIN_RETRY = RetryPolicy(max_attempts=2**31, initial_backoff=0.2, max_backoff=2.0)
 """Backoff between tries of a join the store interrupted; the join timeout bounds them."""
@@ -78,7 +80,7 @@ class JoinLoop:
         self._clock = clock
         self._retry = retry
         self._closer = Closer(settings, backend, keys, node.node_id, membership, clock)
-        self._reporter = ProgressReporter(log.info, clock=clock)
+        self._reporter = ProgressReporter(_progress_line, clock=clock)
         self._lost = LostNodes(backend, keys)
         self._progress_callbacks: list[Callable[[WaitSnapshot | None], None]] = []
         self._spare_of: int | None = None  # the full round this node last logged it is a spare of
@@ -97,7 +99,7 @@ class JoinLoop:
             BackendError: the store failed for the whole join timeout, or refused.
         """
         deadline = self._clock() + self._settings.join_timeout
-        self._reporter = ProgressReporter(log.info, clock=self._clock)
+        self._reporter = ProgressReporter(_progress_line, clock=self._clock)
         self._lost.reset()
         try:
             return self._join_with_retries(deadline)
@@ -251,7 +253,7 @@ class JoinLoop:
             if closed.record.rank_of(self._node.node_id) is not None:
                 return self._included(closed)
             log.info("Rendezvous %s: round %d closed without node %s; waiting for round %d", self._settings.run_id,
-                     closed.record.round, self._node.node_id, closed.record.round + 1)
+                     closed.record.round, self._node.node_id, closed.record.round + 1, extra=CONSOLE)
             state, attempt = read_state(self._backend, self._keys), None
 
     def _included(self, closed: ClosedRound) -> Included:
@@ -272,7 +274,7 @@ class JoinLoop:
             log.info("Rendezvous %s: node %s waits as a spare: round %d is full (%d of at most %d nodes) and every "
                      "member is alive; it joins the first round with room (when a member is lost)",
                      self._settings.run_id, self._node.node_id, record.round, record.group_world_size,
-                     self._settings.max_nodes)
+                     self._settings.max_nodes, extra=CONSOLE)
         return True
 
     def _closed_with_us(self, state: StateView) -> ClosedRound | None:
@@ -426,3 +428,8 @@ class JoinLoop:
         except BackendError as error:
             log.warning("Rendezvous %s: node %s could not delete %s %s: %s", self._settings.run_id,
                         self._node.node_id, key, why, error)
+
+
+def _progress_line(line: str) -> None:
+    """A waiting node's progress is for the default console (a wait that says nothing looks hung)."""
+    log.info("%s", line, extra=CONSOLE)

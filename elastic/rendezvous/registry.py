@@ -83,6 +83,8 @@ def open_backend(spec: StoreBackedSpec, wait: StoreWait | None = None) -> Opened
 def _open_etcd(spec: EtcdSpec) -> OpenedBackend:
     try:
         from backends.etcd import EtcdBackend, EtcdConfig
+        from backends.etcd.diagnose import second_look
+        from backends.etcd.translate import RequestNotSent
     except ImportError as error:
         raise RendezvousConfigError(
             f"The etcd backend's client is missing ({error}); reinstall etcd-elastic: it depends on "
@@ -105,6 +107,9 @@ def _open_etcd(spec: EtcdSpec) -> OpenedBackend:
     # the timeouts to the link (elastic.rendezvous.latency): the probe gets dial + request time.
     try:
         round_trip = backend.round_trip(budget=config.dial_timeout + config.request_timeout)
+    except RequestNotSent as error:
+        backend.close()
+        raise second_look(error, config) or error
     except BaseException:
         backend.close()
         raise

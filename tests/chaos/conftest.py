@@ -1,4 +1,5 @@
-"""Fixtures of the chaos suite: real etcd clusters, a network namespace, jobs, and the figures.
+"""Fixtures of the chaos suite: real etcd clusters, a network namespace, jobs (``report_figures``
+is in tests/conftest.py).
 
 Each fixture stops what it started by PID (or deletes what it created) in its finalizer, also
 when the test fails. When etcd cannot start, the test fails with one line (tests/conftest.py
@@ -19,15 +20,6 @@ import chaoslib  # noqa: E402
 
 from elastic.testing.etcd_cluster import EtcdCluster  # noqa: E402
 from elastic.testing.netns import NamespaceError, NamespaceLink  # noqa: E402
-
-_FIGURES: list[str] = []
-
-
-@pytest.fixture
-def report_figures():
-    """``report_figures(line)``: keep a scenario's figures for the session's summary."""
-    return _FIGURES.append
-
 
 @pytest.fixture
 def etcd_cluster_factory():
@@ -71,11 +63,3 @@ def job_factory(tmp_path):
     yield make
     for job in jobs:
         job.close()
-
-
-def pytest_terminal_summary(terminalreporter):
-    """Every scenario's figures, quotable from a run's output."""
-    if _FIGURES:
-        terminalreporter.section("chaos figures")
-        for line in _FIGURES:
-            terminalreporter.write_line(line)

@@ -67,6 +67,25 @@ def test_changes_arrive_through_listeners_without_a_thread_of_the_monitors_own(b
     monitor.stop()
 
 
+@pytest.mark.parametrize("waiter, rejoining", [("b", 1), ("c", 0)])  # a member that restarted; a newcomer
+def test_the_change_wakes_the_agent_with_its_counts_already_published(backend, waiter, rejoining):
+    # The agent reads the status the moment it is woken: a member's rejoin seen there without
+    # its count looked like a newcomer's and restarted workers that were finishing the job.
+    view, state_watch = _closed_round(backend)
+    seen = []
+    woken = threading.Event()
+
+    def on_change():
+        seen.append(monitor.status)
+        woken.set()
+
+    monitor = MembershipMonitor.open(backend, view, state_watch, on_change=lambda: on_change())
+    backend.put(KEYS.node(1, waiter), b"{}")
+    assert _wait(woken)
+    assert (seen[0].change, seen[0].waiting, seen[0].rejoining) == (MembershipChange.NODES_WAITING, 1, rejoining)
+    monitor.stop()
+
+
 def test_a_member_that_leaves_is_lost_even_when_the_monitor_starts_after_it_left(backend):
     view, state_watch = _closed_round(backend)
     monitor = MembershipMonitor.open(backend, view, state_watch)
@@ -189,3 +208,18 @@ def test_a_re_read_that_finds_corrupt_state_reports_it_once_and_watching_goes_on
     backend.delete(KEYS.node(0, "b"))  # watched from the re-read on
     assert _wait(monitor.changed) and monitor.change is MembershipChange.MEMBER_LOST
     monitor.stop()
+
+
+@pytest.mark.parametrize(("change", "key", "reason"), [
+    (MembershipChange.MEMBER_LOST, "/elastic/job/rounds/3/nodes/host-a-12-ab",
+     "member lost: host-a-12-ab (its key in round 3 vanished: its lease expired, or it left)"),
+    (MembershipChange.NODES_WAITING, "/elastic/job/rounds/4/nodes/host-b-34-cd",
+     "a node is waiting to join: host-b-34-cd (round 4)"),
+    (MembershipChange.MEMBER_LOST, "/elastic/job/other", "member lost (/elastic/job/other vanished)"),
+])
+def test_a_change_seen_on_a_node_key_names_the_node_and_the_round(change, key, reason):
+    from elastic.rendezvous.decisions import MonitorState
+    from elastic.rendezvous.monitor import _describe
+
+    node = records.RendezvousKeys("/elastic", "job").parse_node_key(key)
+    assert _describe(change, key, MonitorState(), node) == reason
