@@ -78,6 +78,22 @@ class EtcdBackend(KVBackend):
         response = self._call(f"get prefix {prefix!r}", lambda c, o: c.kv.Range(request, **o.kwargs), writes=False)
         return RangeResult(revision=response.header.revision, kvs=tuple(key_value(kv) for kv in response.kvs))
 
+    def round_trip(self, budget: float) -> float:
+        """Seconds one tiny read takes on a connected channel: the round trip to etcd.
+
+        Connects first if need be (that read gets ``budget`` seconds in all); then times a
+        second read. For fitting timeouts to a slow link (:mod:`elastic.rendezvous.latency`).
+
+        Raises:
+            BackendError: etcd could not be reached or refused (e.g. the credentials).
+        """
+        request = etcdrpc.RangeRequest(key=b"/", count_only=True)
+        what = "get '/'"  # what its errors say: a read, like any other (e.g. resolving a wrong host name)
+        self._connection.call(what, lambda c, o: c.kv.Range(request, **o.kwargs), budget=budget)
+        started = time.monotonic()
+        self._connection.call(what, lambda c, o: c.kv.Range(request, **o.kwargs), budget=budget)
+        return time.monotonic() - started
+
     # -- writes ------------------------------------------------------------------------------
     def put(self, key: str, value: bytes, *, lease: int = NO_LEASE) -> int:
         """Write ``key``; resent after an unknown outcome (the result is the same value).

@@ -413,7 +413,8 @@ def _endpoint_channels(config: EtcdConfig) -> list[EndpointChannel]:
     """One channel per endpoint. Raises EndpointError for unreadable TLS files."""
     endpoints: tuple[Endpoint, ...] = config.endpoints  # type: ignore[assignment]
     credentials = _channel_credentials(config) if config.tls else None
-    options = channel_options(ChannelLimits(request_limit(config.max_value_bytes), config.max_response_bytes))
+    options = channel_options(ChannelLimits(request_limit(config.max_value_bytes), config.max_response_bytes,
+                                            connect_timeout=config.dial_timeout))
     return [EndpointChannel(endpoint, credentials, options) for endpoint in endpoints]
 
 

@@ -20,6 +20,7 @@ from backends.errors import (
     CompactedError,
     LeaseNotFoundError,
     ProtocolError,
+    StoreFullError,
     ValueTooLargeError,
 )
 
@@ -35,6 +36,9 @@ _AUTH_TEXTS = (
 )
 _TOO_LARGE_TEXTS = ("request is too large", "larger than max", "message larger")
 _COMPACTED_TEXT = "required revision has been compacted"
+_NOSPACE_TEXT = "database space exceeded"
+"""etcd's ErrGRPCNoSpace (RESOURCE_EXHAUSTED): its NOSPACE alarm is raised, every write that
+costs space is refused until an operator frees space and disarms the alarm."""
 _LEASE_NOT_FOUND_TEXT = "requested lease not found"
 _RESPONSE_TOO_LARGE_TEXT = "received message larger than max"
 """grpcio's wording when a response passes our max_receive_message_length ("<where>: Received
@@ -152,8 +156,9 @@ def diagnose_dial_failure(details: str, tls: bool) -> Diagnosis:
     if "settings frame" in text:
         return Diagnosis(
             DialFailure.UNREACHABLE,
-            "it accepted the connection but sent no HTTP/2 greeting; etcd may still be starting, or this is not "
-            "an etcd client URL, or TLS settings do not match the server's (https:// and ca_cert)",
+            "it accepted the connection but sent no HTTP/2 greeting within the connect timeout; etcd may still be "
+            "starting, or answer more slowly than dial_timeout allows (a slow link: raise --rdzv-conf dial_timeout), "
+            "or this is not an etcd client URL, or TLS settings do not match the server's (https:// and ca_cert)",
         )
     if "handshake read failed" in text:
         return Diagnosis(
@@ -246,6 +251,8 @@ def translate_rpc_error(
             "expected, raise max_response_bytes (--rdzv-conf max_response_bytes=BYTES), otherwise check that "
             "the endpoint is etcd."
         )
+    if _NOSPACE_TEXT in text:
+        return StoreFullError(f"{where} was refused: etcd is out of space ({details}). {nospace_fix(endpoint)}")
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED and _METADATA_TOO_LARGE_TEXT in text:
         return ProtocolError(
             f"{where} got response headers larger than this client accepts ({details}); etcd sends a few "
@@ -256,6 +263,14 @@ def translate_rpc_error(
             return BackendClosedError(f"{where} was interrupted because the client was closed.")
         return BackendConnectionError(f"{where} was cancelled ({details}); retry it.")
     return _translate_server_error(code, details, where, requested_revision)
+
+
+def nospace_fix(endpoint: str) -> str:
+    """What an operator runs to end etcd's NOSPACE alarm (etcd's maintenance guide, "space quota")."""
+    at = f"etcdctl --endpoints={endpoint}"
+    return (f"Free space and disarm the alarm: delete what filled it, then `{at} compact REV` (REV: the "
+            f"\"revision\" in `{at} endpoint status -w json`), `{at} defrag`, `{at} alarm disarm`; or raise "
+            f"etcd's --quota-backend-bytes.")
 
 
 def _is_response_too_large(text: str) -> bool:
@@ -287,8 +302,6 @@ def _translate_server_error(code: grpc.StatusCode, details: str, where: str, req
             f"{where} failed: the server does not implement the etcd v3 API ({details}); "
             "is the endpoint an etcd >= 3.4 client URL?"
         )
-    if "database space exceeded" in text:
-        return BackendError(f"{where} failed: {details}. etcd needs compaction and defragmentation (etcdctl defrag).")
     return BackendError(f"{where} failed with {code.name}: {details}.")
 
 

@@ -167,6 +167,7 @@ def _new_metrics(config: LaunchConfig, handler: Rendezvous) -> AgentMetrics | No
     # The node id, not the host name: two agents on one host are two nodes.
     metrics = AgentMetrics(run_id=config.run_id, node=handler.node_id)
     metrics.watch_store_outage(lambda: handler.membership().store_outage)
+    metrics.watch_store_full(lambda: handler.membership().store_full)
     return metrics
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from backends.api import ABSENT, EventType, KeyValue, KVBackend
-from backends.errors import BackendError, CompactedError, LeaseNotFoundError
+from backends.errors import BackendError, CompactedError, LeaseNotFoundError, StoreFullError
 from backends.retry import RETRYABLE_ERRORS, RetryPolicy
 from backends.session import OUTAGE_LOG_INTERVAL
 from elastic.console import CONSOLE
@@ -34,6 +34,7 @@ from elastic.rendezvous.progress import ProgressReporter, WaitSnapshot
 from elastic.rendezvous.reads import closed_round_from, joiner_of, read_alive, read_joiners, read_state, state_from
 from elastic.rendezvous.records import JoinRecord, RendezvousKeys
 from elastic.rendezvous.settings import RendezvousSettings
+from elastic.rendezvous.store_full import check_writable
 from elastic.rendezvous.transactions import JoinOutcome, join_txn, read_join
 
 __all__ = ["JOIN_RETRY", "JoinLoop", "NodeSpec", "START_OVER"]
@@ -177,20 +178,37 @@ class JoinLoop:
         interrupted = self._membership.interrupted
         while True:
             try:
-                return self._join_until_included(deadline, resumed=failures > 0)
+                included = self._join_checking_space(deadline, resumed=failures > 0)
             except START_OVER as error:
                 failures += 1
+                if isinstance(error, StoreFullError):  # an outage for writes: see elastic.rendezvous.store_full
+                    deadline = self._membership.refusals.refused(error, deadline)
                 pause = self._retry.backoff(failures)
                 now = self._clock()
                 if interrupted.is_set() or now + pause >= deadline:
                     raise
-                if now - logged >= OUTAGE_LOG_INTERVAL:
+                if not isinstance(error, StoreFullError) and now - logged >= OUTAGE_LOG_INTERVAL:
                     logged = now
                     log.warning("Rendezvous %s: node %s: the store failed during the join (%s); starting over until "
                                 "it answers (%.0fs of the join timeout left)", self._settings.run_id,
                                 self._node.node_id, error, deadline - now)
                 if interrupted.wait(pause):
                     raise
+            else:
+                self._membership.refusals.cleared()
+                return included
+
+    def _join_checking_space(self, deadline: float, resumed: bool) -> Included:
+        """:meth:`_join_until_included`; a join timeout while the store refuses writes is an outage
+        for writes (StoreFullError), not missing peers (see :mod:`elastic.rendezvous.store_full`)."""
+        try:
+            return self._join_until_included(deadline, resumed)
+        except RendezvousTimeoutError as timeout:
+            try:
+                check_writable(self._backend, self._keys.state_prefix + "space-probe")
+            except StoreFullError as full:
+                raise full from timeout
+            raise
 
     def _join_until_included(self, deadline: float, resumed: bool) -> Included:
         """Join until a round includes this node. ``resumed``: an earlier try failed midway, so

@@ -40,6 +40,7 @@ from elastic.rendezvous.decisions import (
     MonitorState,
     RoundView,
     classify,
+    deleted_by_hand,
     reconcile,
     rejoining_count,
     spare_count,
@@ -173,6 +174,9 @@ class MembershipMonitor:
         them with the change (a rejoin seen with no count yet would look like a newcomer's)."""
         waiting = self._state.waiting
         changes: list[tuple[MembershipChange, str]] = []
+        deleted = deleted_by_hand(self._view, events)
+        if deleted is not None:  # before the per-key "member lost" it would otherwise read as
+            changes.append((MembershipChange.MEMBER_LOST, deleted))
         for event in events:
             try:
                 change, self._state = classify(self._view, event, self._state)
