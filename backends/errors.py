@@ -19,6 +19,15 @@ class BackendConnectionError(BackendError):
     """
 
 
+class StoreFullError(BackendConnectionError):
+    """The store refused a write because its database is full (etcd's NOSPACE alarm).
+
+    Nothing was written. Reads, deletes and lease renewals still work; writes fail until an
+    operator frees space, so callers treat it as an outage for writes (a connection error:
+    retried like one) and the message names the commands that end it.
+    """
+
+
 class BackendTimeoutError(BackendError):
     """A request did not complete within its deadline; whether it applied is unknown."""
 

@@ -63,8 +63,10 @@ class KeepAliveScheduler:
         with self._wake:
             self._wake.notify()
 
-    def _schedule(self, session: "Session") -> None:
-        heapq.heappush(self._due, (self._clock() + session.keepalive_interval, next(self._order), session))
+    def _schedule(self, session: "Session", since: float | None = None) -> None:
+        """Renew ``session`` one interval after ``since`` (default: now)."""
+        start = self._clock() if since is None else since
+        heapq.heappush(self._due, (start + session.keepalive_interval, next(self._order), session))
 
     def _run(self) -> None:
         while True:
@@ -80,9 +82,13 @@ class KeepAliveScheduler:
                         break
                     self._wake.wait(wait)
                 _, _, session = heapq.heappop(self._due)
+            # The next renewal is due an interval after this one *started*: on a slow link (a
+            # round trip near the interval) counting from its end spaced the renewals etcd sees
+            # by interval + round trip, and a 3 s lease lapsed at 1 s of latency each way.
+            started = self._clock()
             if session.renew():
                 with self._wake:
-                    self._schedule(session)
+                    self._schedule(session, started)
 
 
 _schedulers: "weakref.WeakKeyDictionary[KVBackend, KeepAliveScheduler]" = weakref.WeakKeyDictionary()

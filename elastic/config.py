@@ -87,6 +87,7 @@ class LaunchConfig:
         metrics_addr: the address the metrics port listens on (loopback unless asked).
         event_log: path of the JSON-lines event log (None: off).
         dry_run: print the resolved config and exit.
+        verbose: ``-v``: every INFO line on the console, not only the meaningful changes.
         prewarm: fork workers from pre-warmed templates (:mod:`elastic.agent.prewarm.pool`).
         prewarm_modules: what the templates import (``--prewarm-modules``).
         live_recovery: keep healthy workers across rounds, publishing each round to them
@@ -121,6 +122,7 @@ class LaunchConfig:
     metrics_addr: str = "127.0.0.1"
     event_log: str | None = None
     dry_run: bool = False
+    verbose: bool = False
     prewarm: bool = False
     prewarm_modules: tuple[str, ...] = ("torch",)
     live_recovery: bool = False

@@ -82,7 +82,7 @@ with underscores: ``PET_NNODES=2:8``, ``PET_NPROC_PER_NODE=auto``, ``PET_RDZV_BA
 variable (a repeated ``--rdzv-conf`` replaces ``PET_RDZV_CONF`` as a whole); an empty variable
 counts as unset. Switches take ``1``/``0`` (or true/false). ``--logs-specs`` and
 ``--numa-binding`` have no twin, as in torchrun, nor has ``--dry-run``. Our flags have twins
-too: ``PET_EXIT_BARRIER_TIMEOUT``, ``PET_METRICS_PORT``, ``PET_EVENT_LOG``.
+too: ``PET_EXIT_BARRIER_TIMEOUT``, ``PET_METRICS_PORT``, ``PET_EVENT_LOG``, ``PET_VERBOSE``.
 ``--shutdown-timeout`` also falls back to ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT``, as in torch.
 
 The training command

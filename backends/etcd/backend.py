@@ -69,14 +69,30 @@ class EtcdBackend(KVBackend):
     # -- reads -------------------------------------------------------------------------------
     def get(self, key: str) -> ReadResult:
         request = etcdrpc.RangeRequest(key=encode_key(key))
-        response = self._call(f"get {key!r}", lambda c, o: c.kv.Range(request, **o.kwargs))
+        response = self._call(f"get {key!r}", lambda c, o: c.kv.Range(request, **o.kwargs), writes=False)
         return ReadResult(revision=response.header.revision, kv=first_key_value(response.kvs))
 
     def get_prefix(self, prefix: str) -> RangeResult:
         raw = encode_key(prefix)
         request = etcdrpc.RangeRequest(key=raw, range_end=prefix_range_end(raw))
-        response = self._call(f"get prefix {prefix!r}", lambda c, o: c.kv.Range(request, **o.kwargs))
+        response = self._call(f"get prefix {prefix!r}", lambda c, o: c.kv.Range(request, **o.kwargs), writes=False)
         return RangeResult(revision=response.header.revision, kvs=tuple(key_value(kv) for kv in response.kvs))
+
+    def round_trip(self, budget: float) -> float:
+        """Seconds one tiny read takes on a connected channel: the round trip to etcd.
+
+        Connects first if need be (that read gets ``budget`` seconds in all); then times a
+        second read. For fitting timeouts to a slow link (:mod:`elastic.rendezvous.latency`).
+
+        Raises:
+            BackendError: etcd could not be reached or refused (e.g. the credentials).
+        """
+        request = etcdrpc.RangeRequest(key=b"/", count_only=True)
+        what = "get '/'"  # what its errors say: a read, like any other (e.g. resolving a wrong host name)
+        self._connection.call(what, lambda c, o: c.kv.Range(request, **o.kwargs), budget=budget)
+        started = time.monotonic()
+        self._connection.call(what, lambda c, o: c.kv.Range(request, **o.kwargs), budget=budget)
+        return time.monotonic() - started
 
     # -- writes ------------------------------------------------------------------------------
     def put(self, key: str, value: bytes, *, lease: int = NO_LEASE) -> int:
@@ -104,7 +120,8 @@ class EtcdBackend(KVBackend):
         check_txn(txn, self.max_value_bytes)
         request = txn_request(txn)
         response = self._call(f"txn of {len(txn.compares)} comparisons",
-                              lambda c, o: c.kv.Txn(request, **o.kwargs), resend_safe=not txn.writes)
+                              lambda c, o: c.kv.Txn(request, **o.kwargs), resend_safe=not txn.writes,
+                              writes=txn.writes)
         return txn_result(txn, response, response.header.revision)
 
     def delete(self, key: str) -> WriteResult:
@@ -140,7 +157,7 @@ class EtcdBackend(KVBackend):
             LeaseNotFoundError: the lease expired or was revoked.
         """
         response = self._call(
-            f"keepalive lease {lease_id:x}", lambda c, o: self._keepalives.renew(c, o, lease_id)
+            f"keepalive lease {lease_id:x}", lambda c, o: self._keepalives.renew(c, o, lease_id), writes=False
         )
         if response is None or response.TTL <= 0:
             raise LeaseNotFoundError(f"etcd lease {lease_id:x} expired or was revoked; open a new session.")
@@ -200,8 +217,8 @@ class EtcdBackend(KVBackend):
             log.debug("etcd client closed with a reader thread still in gRPC after %gs", CLOSE_JOIN_TIMEOUT_S)
 
     # -- helpers -----------------------------------------------------------------------------
-    def _call(self, operation: str, invoke: Any, *, resend_safe: bool = True) -> Any:
-        return self._connection.call(operation, invoke, resend_safe=resend_safe)
+    def _call(self, operation: str, invoke: Any, *, resend_safe: bool = True, writes: bool = True) -> Any:
+        return self._connection.call(operation, invoke, resend_safe=resend_safe, writes=writes)
 
     def _checked(self, key: str, value: bytes) -> bytes:
         if not isinstance(value, (bytes, bytearray, memoryview)):

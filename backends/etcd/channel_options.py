@@ -31,9 +31,16 @@ etcd answers pings sent more often than every 5 s (``--grpc-keepalive-min-time``
 KEEPALIVE_TIMEOUT_MS = 5_000
 """Drop the connection when a ping is not answered within 5 s (then fail over)."""
 
-RECONNECT_BACKOFF_MS = (100, 100, 1_000)
-"""Initial, minimum and maximum reconnect backoff: find a restarted member within a second
-(grpcio's default grows to 120 s)."""
+RECONNECT_BACKOFF_MS = (100, 1_000)
+"""Initial and maximum reconnect backoff: find a restarted member within a second (grpcio's
+default grows to 120 s)."""
+
+DEFAULT_CONNECT_TIMEOUT_S = 5.0
+"""The least time one connection attempt (TCP, TLS, HTTP/2's greeting) gets, by default the
+etcd client's ``dial_timeout``. gRPC core reads it from ``grpc.min_reconnect_backoff_ms``: it
+gives an attempt ``max(that, the current backoff)``. It was the 100 ms minimum backoff, which
+left an attempt about 1 s, so on a link with 1 s of latency (a greeting costs 2 round trips)
+no connection ever came up and the error blamed a missing HTTP/2 greeting or TLS."""
 
 
 @dataclass(frozen=True)
@@ -44,10 +51,13 @@ class ChannelLimits:
         max_request_bytes: largest message we send (etcd's own receive limit for its default
             ``--max-request-bytes``, 1.5 MiB, is 2 MiB; see :func:`request_limit`).
         max_response_bytes: largest message we accept.
+        connect_timeout: seconds one connection attempt may take.
     """
 
     max_request_bytes: int
     max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S
+    """Seconds one connection attempt may take (see :data:`DEFAULT_CONNECT_TIMEOUT_S`)."""
 
 
 def request_limit(max_value_bytes: int) -> int:
@@ -58,7 +68,7 @@ def request_limit(max_value_bytes: int) -> int:
 
 def channel_options(limits: ChannelLimits) -> tuple[tuple[str, int], ...]:
     """grpcio channel arguments for one etcd endpoint (``grpc.insecure_channel(..., options=)``)."""
-    initial, minimum, maximum = RECONNECT_BACKOFF_MS
+    initial, maximum = RECONNECT_BACKOFF_MS
     return (
         # Bound what one response can make us buffer; a larger one fails with RESOURCE_EXHAUSTED.
         ("grpc.max_receive_message_length", limits.max_response_bytes),
@@ -75,6 +85,8 @@ def channel_options(limits: ChannelLimits) -> tuple[tuple[str, int], ...]:
         # pings without data, and etcd's progress notifications come only every 10 minutes).
         ("grpc.http2.max_pings_without_data", 0),
         ("grpc.initial_reconnect_backoff_ms", initial),
-        ("grpc.min_reconnect_backoff_ms", minimum),
+        # gRPC core's minimum connect timeout (see DEFAULT_CONNECT_TIMEOUT_S), not a backoff: a
+        # refused connect still fails at once and is retried after the backoff above.
+        ("grpc.min_reconnect_backoff_ms", max(round(limits.connect_timeout * 1000), initial)),
         ("grpc.max_reconnect_backoff_ms", maximum),
     )

@@ -51,6 +51,8 @@ class EtcdConfig:
         request_timeout: seconds one call may take in all, including failover and retries.
         watch_reconnect_timeout: seconds between two warnings that lost watches still wait for an
             endpoint (they keep resuming until one answers, or the watch is cancelled or the client closed).
+        watch_progress_interval: seconds between two progress requests on the watch stream, which
+            keep each watch's resume point fresh while its prefix is quiet (see :mod:`backends.etcd.watch`).
         max_value_bytes: largest value a write accepts (checked before sending).
         max_response_bytes: largest response accepted (32 MiB by default); a larger one fails
             the call with a :class:`~backends.errors.ProtocolError` instead of taking memory.
@@ -69,13 +71,14 @@ class EtcdConfig:
     dial_timeout: float = 5.0
     request_timeout: float = 5.0
     watch_reconnect_timeout: float = 30.0
+    watch_progress_interval: float = 5.0
     max_value_bytes: int = MAX_VALUE_BYTES
     max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
     retry: RetryPolicy = field(default_factory=_default_retry)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "endpoints", _normalize_endpoints(self.endpoints))
-        for name in ("dial_timeout", "request_timeout", "watch_reconnect_timeout"):
+        for name in ("dial_timeout", "request_timeout", "watch_reconnect_timeout", "watch_progress_interval"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not value > 0:
                 raise EndpointError(f"The etcd {name} ({value!r}) must be a positive number of seconds.")

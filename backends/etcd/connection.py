@@ -43,7 +43,7 @@ from backends.errors import (
 )
 from backends.etcd.channel_options import ChannelLimits, channel_options, request_limit
 from backends.etcd.config import EtcdConfig
-from backends.etcd.translate import DialFailure, RequestNotSent, translate_rpc_error
+from backends.etcd.translate import DialFailure, RequestNotSent, merge_not_sent, translate_rpc_error
 from backends.retry import RetryPolicy
 from backends.untrusted import read_small_file
 
@@ -197,6 +197,7 @@ class EtcdConnection:
         resend_safe: bool = True,
         budget: float | None = None,
         policy: RetryPolicy | None = None,
+        writes: bool = True,
     ) -> T:
         """Run ``invoke(channel, options)`` against the cluster with failover and retries.
 
@@ -206,6 +207,8 @@ class EtcdConnection:
             resend_safe: the request may be sent again after an unknown outcome.
             budget: seconds for the whole call (default: request_timeout).
             policy: backoff between rounds (default: the config's, bounded by ``budget``).
+            writes: the request may change something (False for reads: their errors never say
+                "whether it applied is unknown").
 
         Raises:
             BackendClosedError: the connection was closed.
@@ -225,7 +228,7 @@ class EtcdConnection:
         def log_retry(attempt: int, error: BaseException) -> None:
             log.info("etcd %s: attempt %d failed (%s); retrying", operation, attempt, error)
 
-        return policy.run(lambda: self._round(operation, invoke, resend_safe, deadline), retry_on, log_retry)
+        return policy.run(lambda: self._round(operation, invoke, resend_safe, deadline, writes), retry_on, log_retry)
 
     def close(self) -> None:
         """Close every channel (in-flight calls end with BackendClosedError); idempotent."""
@@ -242,7 +245,7 @@ class EtcdConnection:
             index = (start + offset) % len(self._channels)
             yield index, self._channels[index]
 
-    def _round(self, operation: str, invoke: Invoke[T], resend_safe: bool, deadline: float) -> T:
+    def _round(self, operation: str, invoke: Invoke[T], resend_safe: bool, deadline: float, writes: bool = True) -> T:
         """One pass over the endpoints, the current one first.
 
         A request that may be resent gives each endpoint only its share of what is left of the
@@ -259,7 +262,7 @@ class EtcdConnection:
                 break
             attempt_deadline = min(deadline, time.monotonic() + share) if resend_safe else deadline
             try:
-                result = self._call_on(channel, operation, invoke, attempt_deadline)
+                result = self._call_on(channel, operation, invoke, attempt_deadline, writes)
             except RequestNotSent as error:
                 failures.append(error)
             except (BackendConnectionError, BackendTimeoutError) as error:
@@ -289,12 +292,15 @@ class EtcdConnection:
                 "check that etcd is running, or raise request_timeout."
             )
         kinds = {error.kind if isinstance(error, RequestNotSent) else None for error in failures}
-        summary = " ".join(str(error) for error in failures)
+        merged = merge_not_sent(failures)
+        summary = str(merged) if merged is not None else " ".join(str(error) for error in failures)
         error: BackendError
         if kinds == {DialFailure.PROTOCOL}:
-            error = ProtocolError(f"etcd {operation}: no endpoint speaks the etcd v3 API. {summary}")
+            error = ProtocolError(summary if merged else f"etcd {operation}: no endpoint speaks the etcd v3 API. {summary}")
         elif kinds == {DialFailure.TLS}:
-            error = BackendAuthError(f"etcd {operation}: TLS failed with every endpoint. {summary}")
+            error = BackendAuthError(summary if merged else f"etcd {operation}: TLS failed with every endpoint. {summary}")
+        elif merged is not None:
+            return merged
         elif len(failures) == 1:
             return failures[0]
         elif all(isinstance(failure, RequestNotSent) for failure in failures):
@@ -305,18 +311,19 @@ class EtcdConnection:
         return error
 
     # -- one endpoint ------------------------------------------------------------------------
-    def _call_on(self, channel: EndpointChannel, operation: str, invoke: Invoke[T], deadline: float) -> T:
+    def _call_on(self, channel: EndpointChannel, operation: str, invoke: Invoke[T], deadline: float,
+                 writes: bool = True) -> T:
         self._dial(channel, deadline)
         fresh = channel.token is None
         stale = channel.token
         try:
-            return self._invoke(channel, operation, invoke, deadline)
+            return self._invoke(channel, operation, invoke, deadline, writes)
         except BackendAuthError:
             if self.config.user is None or fresh:
                 raise
             log.info("etcd %s: token for %s refused; authenticating again", operation, channel)
             channel.forget_token(stale)
-            return self._invoke(channel, operation, invoke, deadline)
+            return self._invoke(channel, operation, invoke, deadline, writes)
 
     def _dial(self, channel: EndpointChannel, deadline: float) -> None:
         """Wait (up to the dial timeout) until the channel is connected or has failed.
@@ -333,17 +340,19 @@ class EtcdConnection:
                 "the host is up and reachable and that the port is etcd's client port, or raise dial_timeout."
             )
 
-    def _invoke(self, channel: EndpointChannel, operation: str, invoke: Invoke[T], deadline: float) -> T:
+    def _invoke(self, channel: EndpointChannel, operation: str, invoke: Invoke[T], deadline: float,
+                writes: bool = True) -> T:
         remaining = deadline - time.monotonic()
         timeout = max(min(self.config.request_timeout, remaining), 0.001)
         try:
             options = CallOptions(timeout=timeout, metadata=self._auth_metadata(channel, timeout))
             return invoke(channel, options)
         except grpc.RpcError as error:
-            raise self.translate(error, operation, channel, timeout) from error
+            raise self.translate(error, operation, channel, timeout, writes) from error
 
     def translate(
-        self, error: grpc.RpcError, operation: str, channel: EndpointChannel, timeout: float | None
+        self, error: grpc.RpcError, operation: str, channel: EndpointChannel, timeout: float | None,
+        writes: bool = True,
     ) -> BackendError:
         """Translate an RPC error seen on ``channel`` (see :func:`translate_rpc_error`)."""
         return translate_rpc_error(
@@ -353,6 +362,7 @@ class EtcdConnection:
             tls=self.config.tls,
             timeout=timeout,
             closed=self._closed,
+            writes=writes,
         )
 
     # -- auth --------------------------------------------------------------------------------
@@ -376,14 +386,15 @@ class EtcdConnection:
             if "authentication is not enabled" in details:
                 log.debug("etcd at %s has auth disabled; sending requests without a token", channel)
                 return ""
-            translated = self.translate(error, f"authenticate as {self.config.user!r}", channel, timeout)
+            translated = self.translate(error, f"authenticate as {self.config.user!r}", channel, timeout, writes=False)
             if isinstance(translated, BackendAuthError):
                 translated = BackendAuthError(
                     f"etcd at {channel} rejected user {self.config.user!r}: {details}. "
-                    "Check the user name and password."
+                    "Check --rdzv-conf user= and the password (password_file=)."
                 )
             raise translated from error
         return response.token
+
 
 
 def _bounded(policy: RetryPolicy, budget: float) -> RetryPolicy:
@@ -402,7 +413,8 @@ def _endpoint_channels(config: EtcdConfig) -> list[EndpointChannel]:
     """One channel per endpoint. Raises EndpointError for unreadable TLS files."""
     endpoints: tuple[Endpoint, ...] = config.endpoints  # type: ignore[assignment]
     credentials = _channel_credentials(config) if config.tls else None
-    options = channel_options(ChannelLimits(request_limit(config.max_value_bytes), config.max_response_bytes))
+    options = channel_options(ChannelLimits(request_limit(config.max_value_bytes), config.max_response_bytes,
+                                            connect_timeout=config.dial_timeout))
     return [EndpointChannel(endpoint, credentials, options) for endpoint in endpoints]
 
 

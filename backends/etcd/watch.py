@@ -19,7 +19,16 @@ to pending creates first-in, first-out.
 Resuming: when the stream breaks (an RPC error, the stream ending, etcd restarting) the reader
 opens a new one, on any endpoint, and re-creates every live watch from its own resume point,
 ``max(delivered revision, last progress notification) + 1``, so every consumer sees every
-event once. It keeps trying for as long as no endpoint answers, as etcd's Go client does, and
+event once. Progress keeps that point fresh while a prefix is quiet: etcd's own notifications
+(``progress_notify``) come only every 10 minutes, and resuming from the last event + 1 after a
+quiet hour asks for history that any compaction since has removed (then the consumer must
+re-read). So the stream's request side sends a ``WatchProgressRequest`` after every
+``watch_progress_interval`` seconds without a request (no thread of its own, see
+:class:`~backends.etcd.request_queue.RequestQueue`), and etcd answers with its revision for
+every watch of the stream (watch id -1). Etcd 3.4 and 3.5 before 3.5.8 send that answer on a
+channel that can overtake events still queued for a watch, and also while a watch is still
+catching up; so a watch adopts a report's revision only when the next report arrives, an
+interval later (:meth:`WatchRegistration.note_stream_progress`). It keeps trying for as long as no endpoint answers, as etcd's Go client does, and
 warns every ``watch_reconnect_timeout`` seconds meanwhile: an outage is never the end of a
 watch (the contract, :mod:`backends.api`; the rendezvous relies on it for static stability).
 A watch whose history from there has been compacted fails alone with
@@ -34,7 +43,6 @@ re-establishes a watch, allows one pending create at a time, and cannot resume f
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import logging
 import threading
@@ -54,129 +62,21 @@ from backends.errors import (
     CompactedError,
 )
 from backends.etcd.connection import CallOptions, EndpointChannel, EtcdConnection, persistent_policy
-from backends.etcd.convert import encode_key, prefix_range_end, watch_event
+from backends.etcd.convert import watch_event
 from backends.etcd.translate import translate_watch_cancel
 from backends.etcd.request_queue import RequestQueue
+from backends.etcd.watch_state import WatchRegistration, WatchStream
+
+__all__ = ["STREAM_WIDE", "WatchHub", "WatchRegistration", "WatchStream"]
 
 log = logging.getLogger(__name__)
 
 _TRANSIENT = (BackendConnectionError, BackendTimeoutError)
 
+_PROGRESS_REQUEST = etcdrpc.WatchRequest(progress_request=etcdrpc.WatchProgressRequest())
 
-class WatchRegistration:
-    """One consumer's prefix watch: its queue, its resume point, and its state on the stream.
-
-    Attributes:
-        watch: what the consumer reads; cancelling it cancels the registration.
-        requested_revision: the start revision of the most recent create (for error messages).
-        started: set once etcd confirmed the watch (or it ended); a watch "from now" (start
-            revision None) learns its start from that confirmation.
-    """
-
-    def __init__(self, hub: "WatchHub", prefix: str, start_revision: int | None) -> None:
-        self.prefix = prefix
-        self.key = encode_key(prefix)
-        self.range_end = prefix_range_end(self.key)
-        self.watch = QueueWatch(start_revision or 0, on_cancel=lambda: hub.cancel(self))
-        self.from_now = start_revision is None
-        self.requested_revision = start_revision or 0
-        self.progress_revision = 0
-        self.cancelled = False
-        self.reauthenticated = False  # refused once for auth and re-sent with a fresh token
-        self.started = threading.Event()
-        if not self.from_now:
-            self.started.set()
-
-    def __repr__(self) -> str:
-        return f"WatchRegistration({self.prefix!r}, resume at {self.resume_revision})"
-
-    @property
-    def resume_revision(self) -> int:
-        """First revision a (re)created watch must ask for: nothing at or below it is missing.
-
-        0 (etcd's "from now") for a watch from now that etcd has not confirmed yet: its
-        consumer is still waiting to learn where it starts.
-        """
-        if not self.started.is_set():
-            return 0
-        return max(self.watch.delivered_revision, self.progress_revision) + 1
-
-    def mark_started(self, revision: int) -> None:
-        """etcd confirmed the watch at store revision ``revision`` (a watch from now reports what follows it)."""
-        if not self.started.is_set():
-            if self.from_now:
-                self.watch.begin_after(revision)
-            self.started.set()
-
-    def fail(self, error: BackendError) -> None:
-        """End the watch with ``error``, releasing a creator still waiting for it to start."""
-        self.watch.fail(error)
-        self.started.set()
-
-    def create_request(self) -> Any:
-        """The create message for this watch, starting at its resume point."""
-        self.requested_revision = self.resume_revision
-        create = etcdrpc.WatchCreateRequest(
-            key=self.key, range_end=self.range_end, start_revision=self.requested_revision, progress_notify=True
-        )
-        return etcdrpc.WatchRequest(create_request=create)
-
-    def note_progress(self, revision: int) -> None:
-        """A progress notification: every event up to ``revision`` has been sent."""
-        self.progress_revision = max(self.progress_revision, revision)
-
-
-class WatchStream:
-    """One open gRPC Watch stream and the watches on it.
-
-    ``pending`` holds registrations whose create is not confirmed yet, in sending order;
-    ``by_id`` / ``id_of`` map confirmed watches both ways. Mutated only under the hub's lock.
-    """
-
-    def __init__(
-        self, call: Any, requests: RequestQueue, channel: EndpointChannel, token: str | None = None
-    ) -> None:
-        self.call = call
-        self.requests = requests
-        self.channel = channel
-        self.token = token  # the auth token the stream was opened with (etcd checks it on every create)
-        self.pending: collections.deque[WatchRegistration] = collections.deque()
-        self.by_id: dict[int, WatchRegistration] = {}
-        self.id_of: dict[WatchRegistration, int] = {}
-        self.expired = False
-        self.renewing_token = False  # ended on purpose, to re-create its watches with a new token
-        self._closed = False
-
-    def create(self, registration: WatchRegistration) -> None:
-        self.pending.append(registration)
-        self.requests.put(registration.create_request())
-
-    def confirm(self, registration: WatchRegistration, watch_id: int) -> None:
-        self.by_id[watch_id] = registration
-        self.id_of[registration] = watch_id
-
-    def forget(self, registration: WatchRegistration) -> int | None:
-        """Drop a confirmed registration; returns its watch id (None if it was not confirmed)."""
-        watch_id = self.id_of.pop(registration, None)
-        if watch_id is not None:
-            self.by_id.pop(watch_id, None)
-        return watch_id
-
-    def cancel_on_server(self, watch_id: int) -> None:
-        self.requests.put(etcdrpc.WatchRequest(cancel_request=etcdrpc.WatchCancelRequest(watch_id=watch_id)))
-
-    def expire(self) -> None:
-        """Abort the stream because the server did not answer in time."""
-        self.expired = True
-        self.call.cancel()
-
-    def close(self) -> None:
-        """Half-close the stream (ending gRPC's request thread) and cancel the RPC; idempotent."""
-        if self._closed:
-            return
-        self._closed = True
-        self.requests.put(None)
-        self.call.cancel()
+STREAM_WIDE = -1
+"""The watch id of etcd's answer to a progress request: it concerns every watch of the stream."""
 
 
 class WatchHub:
@@ -327,7 +227,8 @@ class WatchHub:
         Returns None when no watch is left to carry. The first answer (up to the request
         timeout) proves the endpoint serves watches; without it the call fails over.
         """
-        requests = RequestQueue()
+        requests = RequestQueue(idle=lambda: _PROGRESS_REQUEST,
+                                idle_after=self._connection.config.watch_progress_interval)
         call = channel.watch.Watch(requests, metadata=options.metadata, wait_for_ready=False)
         token = next((value for name, value in options.metadata if name == "token"), None)
         stream = WatchStream(call, requests, channel, token)
@@ -421,10 +322,14 @@ class WatchHub:
                     registration.reauthenticated = False
                     stream.confirm(registration, response.watch_id)
                     registration.mark_started(response.header.revision)
+            elif response.watch_id == STREAM_WIDE and not response.events and not response.canceled:
+                for registration in stream.by_id.values():
+                    registration.note_stream_progress(response.header.revision)
+                return
             else:
                 registration = stream.by_id.get(response.watch_id)
                 if registration is None:
-                    return  # cancelled by its consumer, or a stream-wide notification
+                    return  # cancelled by its consumer
                 if response.canceled or response.compact_revision:
                     stream.forget(registration)
                     failed = registration, self._refusal(registration, response, stream)

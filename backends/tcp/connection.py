@@ -30,6 +30,7 @@ from backends.errors import (
     ProtocolError,
     ValueTooLargeError,
 )
+from backends.tcp.advice import dial_advice
 from backends.tcp.handshake import Hello, handshake
 from backends.tcp.protocol import (
     Frame,
@@ -101,7 +102,9 @@ class Connection:
         try:
             sock = socket.create_connection((endpoint.host, endpoint.port), timeout=connect_timeout)
         except OSError as error:
-            raise BackendConnectionError(f"Cannot connect to the elastic-store at {endpoint}: {error}.") from error
+            raise BackendConnectionError(
+                f"Cannot connect to the elastic-store at {endpoint}: {dial_advice(error, connect_timeout)}."
+            ) from error
         try:
             tune_socket(sock)
             hello, decoder = handshake(sock, endpoint, token, max_frame_bytes, deadline)

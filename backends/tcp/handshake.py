@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from backends.endpoints import Endpoint
-from backends.errors import BackendConnectionError, BackendTimeoutError, ProtocolError
+from backends.errors import BackendAuthError, BackendConnectionError, BackendTimeoutError, ProtocolError
 from backends.tcp.protocol import MAGIC, PROTOCOL_VERSION, FrameDecoder, encode_frame, error_from_wire
 
 __all__ = ["Hello", "handshake"]
@@ -71,7 +71,12 @@ def handshake(sock: socket.socket, endpoint: Endpoint, token: str | None, max_fr
         frames = decoder.feed(_recv_before(sock, endpoint, deadline, got_any=True))
     header = frames[0].header
     if "err" in header:
-        raise error_from_wire(header)
+        refused = error_from_wire(header)
+        if isinstance(refused, BackendAuthError):  # the store's words, with where and which setting
+            raise BackendAuthError(f"The elastic-store at {endpoint} rejected this node's token (wrong or missing); "
+                                   "pass the store's token with --rdzv-conf token_file=FILE (the same file on every "
+                                   "node)") from refused
+        raise refused
     return Hello.from_header(header), decoder
 
 
@@ -88,7 +93,10 @@ def _recv_before(sock: socket.socket, endpoint: Endpoint, deadline: float, *, go
             "is it an elastic-store, and is it overloaded?"
         ) from error
     except OSError as error:
-        raise BackendConnectionError(f"The handshake with {endpoint} failed: {error}.") from error
+        raise BackendConnectionError(
+            f"The handshake with {endpoint} failed ({error.strerror or error}): it dropped the connection, so it "
+            "is most likely not an elastic-store (an etcd port? then use --rdzv-backend=etcd), or it is shutting down."
+        ) from error
     if not data:
         what = "in the middle of" if got_any else "before answering"
         raise BackendConnectionError(

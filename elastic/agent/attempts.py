@@ -113,9 +113,7 @@ class Attempts:
         if self._lifeline is not None:
             self._lifeline.track(group.pids().values())
         self.running = self.last = group
-        ranks = group.global_ranks()
-        log.info("Run %s node %s: attempt %d started %d workers (ranks %d..%d of %d)",
-                 info.run_id, self._host, attempt, len(ranks), ranks[0], ranks[-1], group.world_size)
+        self._report.started(info, group.global_ranks(), group.world_size)
         return group
 
     def stop(self, forward: int | None = None) -> None:

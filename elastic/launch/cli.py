@@ -288,6 +288,7 @@ def config_from_args(
         metrics_addr=host_address(optional_text(sources.text("metrics_addr")[0])) or "127.0.0.1",
         event_log=optional_text(sources.text("event_log")[0]),
         dry_run=sources.switch("dry_run"),
+        verbose=sources.switch("verbose"),
         prewarm=sources.switch("prewarm"),
         prewarm_modules=_modules(*sources.text("prewarm_modules")),
         live_recovery=live_recovery,

@@ -47,6 +47,7 @@ def describe(config: LaunchConfig) -> str:
         ("prewarm_modules", ",".join(config.prewarm_modules)),
         ("live_recovery", _yes_no(config.live_recovery)),
         ("live_recovery_timeout", f"{config.live_recovery_timeout:g}s"),
+        ("verbose", _yes_no(config.verbose)),
         ("dry_run", _yes_no(config.dry_run)),
     ]
     width = max(len(key) for key, _ in rows) + 1

@@ -166,6 +166,9 @@ OPTIONS: tuple[Option, ...] = (
     _option("--live-recovery-timeout", ADDITIONS, "Seconds a live worker has to form a new round before "
             "the agent restarts the node's whole group as without --live-recovery.", metavar="SECONDS",
             default="60"),
+    _option("--verbose", ADDITIONS, "Show every INFO line of the agent, time-stamped (default: one line per "
+            "world formed, node lost, restart, and a summary at exit; LOGLEVEL=INFO does the same, "
+            "LOGLEVEL=DEBUG adds the JSON events, LOGLEVEL=WARNING shows warnings only).", short="-v"),
     _option("--dry-run", ADDITIONS, "Print the resolved configuration and exit without starting anything "
             "(no PET_ twin: a dry run is asked for each time).", env=False),
     _option("--event-log-handler", COMPAT, f"{_NO_EFFECT}: torch's event handlers need torch; use "

@@ -16,16 +16,19 @@ import secrets
 import signal
 import socket
 import sys
+import time
 import uuid
 from contextlib import ExitStack
 from typing import TYPE_CHECKING, Callable
 
 from backends.endpoints import Endpoint
+from elastic import console
 from elastic.agent.agent import ElasticAgent
 from elastic.agent.exclusion import ExclusionPolicy
 from elastic.agent.observe.events import EventLog
 from elastic.agent.lifeline.keeper import Lifeline, state_dir
 from elastic.agent.errors import AgentError
+from elastic.agent.observe.summary import RunTally, summary_lines
 from elastic.agent.observe.standing import Standing, health
 from elastic.agent.processes.logs_specs import LogsSpecsHost, logs_specs_host
 from elastic.agent.processes.log_dir import create_log_dir
@@ -48,7 +51,9 @@ log = logging.getLogger(__name__)
 
 def run(config: LaunchConfig) -> int:
     """Run the agent for ``config`` on this node; returns the process exit code."""
-    _configure_logging()
+    started = time.monotonic()
+    setup = console.console_setup(os.environ, config.verbose)
+    console.configure(setup)
     hide_inline_secrets(os.environ)  # read into config.backend: no helper or worker inherits it
     notice = omp_threads_notice(os.environ, config.nproc_per_node)
     if notice:
@@ -62,11 +67,14 @@ def run(config: LaunchConfig) -> int:
             node_addr = config.local_addr or ("localhost" if config.standalone else socket.getfqdn())
             config = _with_standalone_store(config, cleanup)
             settings = config.rendezvous
-            handler = create_handler(config.backend, settings, node_addr, local_world_size=config.nproc_per_node,
-                                     role=config.role)
+            with console.quiet_grpc(setup):  # the etcd client starts gRPC here, if at all
+                handler = create_handler(config.backend, settings, node_addr, local_world_size=config.nproc_per_node,
+                                         role=config.role)
             # The node id, not the host name: two agents on one host are two nodes.
             events = cleanup.enter_context(EventLog(config.event_log, run_id=config.run_id, node=handler.node_id,
                                                     host=socket.gethostname()))
+            tally = RunTally()
+            events.listen(tally)
             metrics = _new_metrics(config, handler)
             store_host = (StoreHost(python_executable(os.environ), os.environ)
                           if not isinstance(config.backend, StaticSpec) else None)
@@ -95,6 +103,9 @@ def run(config: LaunchConfig) -> int:
             result = agent.run()
     if result.exit_code != 0:
         print(f"elasticrun: {result.reason}", file=sys.stderr)
+    for line in summary_lines(tally.facts(), run_id=config.run_id, node=handler.node_id,
+                              wall_s=time.monotonic() - started, exit_code=result.exit_code):
+        log.info("%s", line, extra=console.CONSOLE)
     return result.exit_code
 
 
@@ -156,6 +167,7 @@ def _new_metrics(config: LaunchConfig, handler: Rendezvous) -> AgentMetrics | No
     # The node id, not the host name: two agents on one host are two nodes.
     metrics = AgentMetrics(run_id=config.run_id, node=handler.node_id)
     metrics.watch_store_outage(lambda: handler.membership().store_outage)
+    metrics.watch_store_full(lambda: handler.membership().store_full)
     return metrics
 
 
@@ -182,9 +194,3 @@ def _looker(agent: ElasticAgent, handler: Rendezvous) -> Callable[[], Standing]:
         return Standing(agent.healthy, handler.progress(), joined.group_world_size if joined else 0,
                         handler.membership())
     return look
-
-
-def _configure_logging() -> None:
-    level = os.environ.get("LOGLEVEL", "INFO").upper()
-    logging.basicConfig(level=getattr(logging, level, logging.INFO),
-                        format="[%(asctime)s] elasticrun %(levelname)s: %(message)s", stream=sys.stderr)

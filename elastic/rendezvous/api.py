@@ -106,6 +106,8 @@ class MembershipStatus:
         spares: nodes waiting beyond a full round (no restart for them).
         store_outage: seconds the store has not answered this node's keepalives (0.0 while it
             answers).
+        store_full: the store refused this node's last write for lack of space (etcd's NOSPACE
+            alarm): a join waits for an operator (see :mod:`elastic.rendezvous.store_full`).
     """
 
     change: MembershipChange | None = None
@@ -114,6 +116,7 @@ class MembershipStatus:
     rejoining: int = 0
     spares: int = 0
     store_outage: float = 0.0
+    store_full: bool = False
 
 
 class Rendezvous(abc.ABC):

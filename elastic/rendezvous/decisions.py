@@ -334,6 +334,33 @@ def classify(view: RoundView, event: WatchEvent, state: MonitorState) -> tuple[M
     return None, state
 
 
+def deleted_by_hand(view: RoundView, events: Sequence[WatchEvent]) -> str | None:
+    """A sentence when ``events`` (one batch of a watch) show the job's keys deleted by a client,
+    such as an operator's ``etcdctl del --prefix``; None otherwise.
+
+    etcd deletes a node's keys when its lease expires, one lease per revision. So the round
+    record vanishing, or the join keys of two members of the round vanishing at one revision,
+    is a deletion by hand, not a loss etcd judged: saying "member lost" would send the operator
+    after a node that is fine.
+    """
+    together: dict[int, set[str]] = {}
+    for event in events:
+        if event.type is not EventType.DELETE:
+            continue
+        if event.kv.key == view.keys.round:
+            return (f"the job's keys were deleted: the round record {event.kv.key} is gone (revision {event.revision}; "
+                    f"etcdctl del --prefix {view.keys.root}?); re-forming")
+        parsed = view.keys.parse_node_key(event.kv.key)
+        if parsed is not None and parsed[0] == view.record.round and view.record.rank_of(parsed[1]) is not None:
+            together.setdefault(event.revision, set()).add(parsed[1])
+    for revision, nodes in sorted(together.items()):
+        if len(nodes) >= 2:
+            return (f"the job's keys were deleted: the join keys of {', '.join(sorted(nodes))} in round "
+                    f"{view.record.round} vanished together at revision {revision}, not with a lease "
+                    f"(etcdctl del --prefix {view.keys.root}?); re-forming")
+    return None
+
+
 # -- what a member missed while its watch history was compacted -------------------------------
 @dataclass(frozen=True)
 class RoundSnapshot:
@@ -375,8 +402,9 @@ def reconcile(view: RoundView, state: MonitorState, snapshot: RoundSnapshot) -> 
     re-reads its round, the next round and ``state/`` at one revision and compares them with
     the round it acted on (``view``) and what it had seen (``state``). A reconnect is never by
     itself a membership change: restarting every worker because an etcd that auto-compacts
-    restarted would stop jobs that lost nothing. In order: the job finished; the rendezvous closed; a newer
-    round record (this round was superseded); a member whose join key is gone without a done
+    restarted would stop jobs that lost nothing. In order: the job finished; the rendezvous
+    closed; a newer round record (this round was superseded); no round record (the job's keys
+    were deleted); a member whose join key is gone without a done
     mark (lost; named); nodes waiting for the next round that justify a restart
     (:func:`waiting_counts`); else nothing.
     """
@@ -390,6 +418,9 @@ def reconcile(view: RoundView, state: MonitorState, snapshot: RoundSnapshot) -> 
         return Reconciled(MembershipChange.CLOSED, "the rendezvous was closed", after)
     if snapshot.record is not None and snapshot.record.round > view.record.round:
         return Reconciled(MembershipChange.ROUND_SUPERSEDED, f"round {snapshot.record.round} was closed", after)
+    if snapshot.record is None:
+        return Reconciled(MembershipChange.MEMBER_LOST, f"the job's keys were deleted: the round record "
+                          f"{view.keys.round} is gone (etcdctl del --prefix {view.keys.root}?)", after)
     lost = sorted(member.node_id for member in view.record.members
                   if member.node_id != view.node_id and member.node_id not in snapshot.present | done)
     if lost:

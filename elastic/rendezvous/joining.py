@@ -18,9 +18,10 @@ from dataclasses import dataclass
 from typing import Callable
 
 from backends.api import ABSENT, EventType, KeyValue, KVBackend
-from backends.errors import BackendError, CompactedError, LeaseNotFoundError
+from backends.errors import BackendError, CompactedError, LeaseNotFoundError, StoreFullError
 from backends.retry import RETRYABLE_ERRORS, RetryPolicy
 from backends.session import OUTAGE_LOG_INTERVAL
+from elastic.console import CONSOLE
 from elastic.rendezvous import records
 from elastic.rendezvous.attempt import Claim, ClosedRound, FailureReport, Included, JoinAttempt, StateView
 from elastic.rendezvous.closing import Closer, JoinKeyLost
@@ -33,11 +34,13 @@ from elastic.rendezvous.progress import ProgressReporter, WaitSnapshot
 from elastic.rendezvous.reads import closed_round_from, joiner_of, read_alive, read_joiners, read_state, state_from
 from elastic.rendezvous.records import JoinRecord, RendezvousKeys
 from elastic.rendezvous.settings import RendezvousSettings
+from elastic.rendezvous.store_full import check_writable
 from elastic.rendezvous.transactions import JoinOutcome, join_txn, read_join
 
 __all__ = ["JOIN_RETRY", "JoinLoop", "NodeSpec", "START_OVER"]
 
 log = logging.getLogger(__name__)
+
 
 JOIN_RETRY = RetryPolicy(max_attempts=2**31, initial_backoff=0.2, max_backoff=2.0)
 """Backoff between tries of a join the store interrupted; the join timeout bounds them."""
@@ -77,7 +80,7 @@ class JoinLoop:
         self._clock = clock
         self._retry = retry
         self._closer = Closer(settings, backend, keys, node.node_id, membership, clock)
-        self._reporter = ProgressReporter(log.info, clock=clock)
+        self._reporter = ProgressReporter(_progress_line, clock=clock)
         self._lost = LostNodes(backend, keys)
         self._progress_callbacks: list[Callable[[WaitSnapshot | None], None]] = []
         self._spare_of: int | None = None  # the full round this node last logged it is a spare of
@@ -96,7 +99,7 @@ class JoinLoop:
             BackendError: the store failed for the whole join timeout, or refused.
         """
         deadline = self._clock() + self._settings.join_timeout
-        self._reporter = ProgressReporter(log.info, clock=self._clock)
+        self._reporter = ProgressReporter(_progress_line, clock=self._clock)
         self._lost.reset()
         try:
             return self._join_with_retries(deadline)
@@ -175,20 +178,37 @@ class JoinLoop:
         interrupted = self._membership.interrupted
         while True:
             try:
-                return self._join_until_included(deadline, resumed=failures > 0)
+                included = self._join_checking_space(deadline, resumed=failures > 0)
             except START_OVER as error:
                 failures += 1
+                if isinstance(error, StoreFullError):  # an outage for writes: see elastic.rendezvous.store_full
+                    deadline = self._membership.refusals.refused(error, deadline)
                 pause = self._retry.backoff(failures)
                 now = self._clock()
                 if interrupted.is_set() or now + pause >= deadline:
                     raise
-                if now - logged >= OUTAGE_LOG_INTERVAL:
+                if not isinstance(error, StoreFullError) and now - logged >= OUTAGE_LOG_INTERVAL:
                     logged = now
                     log.warning("Rendezvous %s: node %s: the store failed during the join (%s); starting over until "
                                 "it answers (%.0fs of the join timeout left)", self._settings.run_id,
                                 self._node.node_id, error, deadline - now)
                 if interrupted.wait(pause):
                     raise
+            else:
+                self._membership.refusals.cleared()
+                return included
+
+    def _join_checking_space(self, deadline: float, resumed: bool) -> Included:
+        """:meth:`_join_until_included`; a join timeout while the store refuses writes is an outage
+        for writes (StoreFullError), not missing peers (see :mod:`elastic.rendezvous.store_full`)."""
+        try:
+            return self._join_until_included(deadline, resumed)
+        except RendezvousTimeoutError as timeout:
+            try:
+                check_writable(self._backend, self._keys.state_prefix + "space-probe")
+            except StoreFullError as full:
+                raise full from timeout
+            raise
 
     def _join_until_included(self, deadline: float, resumed: bool) -> Included:
         """Join until a round includes this node. ``resumed``: an earlier try failed midway, so
@@ -233,7 +253,7 @@ class JoinLoop:
             if closed.record.rank_of(self._node.node_id) is not None:
                 return self._included(closed)
             log.info("Rendezvous %s: round %d closed without node %s; waiting for round %d", self._settings.run_id,
-                     closed.record.round, self._node.node_id, closed.record.round + 1)
+                     closed.record.round, self._node.node_id, closed.record.round + 1, extra=CONSOLE)
             state, attempt = read_state(self._backend, self._keys), None
 
     def _included(self, closed: ClosedRound) -> Included:
@@ -254,7 +274,7 @@ class JoinLoop:
             log.info("Rendezvous %s: node %s waits as a spare: round %d is full (%d of at most %d nodes) and every "
                      "member is alive; it joins the first round with room (when a member is lost)",
                      self._settings.run_id, self._node.node_id, record.round, record.group_world_size,
-                     self._settings.max_nodes)
+                     self._settings.max_nodes, extra=CONSOLE)
         return True
 
     def _closed_with_us(self, state: StateView) -> ClosedRound | None:
@@ -408,3 +428,8 @@ class JoinLoop:
         except BackendError as error:
             log.warning("Rendezvous %s: node %s could not delete %s %s: %s", self._settings.run_id,
                         self._node.node_id, key, why, error)
+
+
+def _progress_line(line: str) -> None:
+    """A waiting node's progress is for the default console (a wait that says nothing looks hung)."""
+    log.info("%s", line, extra=CONSOLE)

@@ -36,6 +36,7 @@ from elastic.rendezvous.api import MembershipChange
 from elastic.rendezvous.errors import RendezvousError
 from elastic.rendezvous.ports import PortReservation
 from elastic.rendezvous.settings import RendezvousSettings
+from elastic.rendezvous.store_full import WriteRefusals
 
 __all__ = ["LeaseGrant", "Membership", "StateWatch", "default_node_id"]
 
@@ -222,6 +223,8 @@ class Membership:
         self._session: Session | None = None
         self._reservation: PortReservation | None = None
         self.state = StateWatch(backend, state_prefix, self._interrupted)
+        self.refusals = WriteRefusals(settings.run_id, node_id, settings.store_outage_timeout)
+        """Writes the store refuses for lack of space (etcd's NOSPACE alarm); the join consults it."""
 
     # -- the session ------------------------------------------------------------------------
     @property
@@ -251,6 +254,11 @@ class Membership:
         """Seconds the store has not answered this node's keepalives (0.0 while it answers). No I/O."""
         session = self._session
         return session.outage if session is not None else 0.0
+
+    @property
+    def store_full(self) -> bool:
+        """Whether the store refused this node's last write for lack of space. No I/O."""
+        return self.refusals.full
 
     def lease(self) -> LeaseGrant:
         """The live session's lease; a new session when there is none or it was lost.

@@ -40,6 +40,7 @@ from elastic.rendezvous.decisions import (
     MonitorState,
     RoundView,
     classify,
+    deleted_by_hand,
     reconcile,
     rejoining_count,
     spare_count,
@@ -173,6 +174,9 @@ class MembershipMonitor:
         them with the change (a rejoin seen with no count yet would look like a newcomer's)."""
         waiting = self._state.waiting
         changes: list[tuple[MembershipChange, str]] = []
+        deleted = deleted_by_hand(self._view, events)
+        if deleted is not None:  # before the per-key "member lost" it would otherwise read as
+            changes.append((MembershipChange.MEMBER_LOST, deleted))
         for event in events:
             try:
                 change, self._state = classify(self._view, event, self._state)
@@ -180,7 +184,8 @@ class MembershipMonitor:
                 self._report_problem(error)
                 continue
             if change is not None:
-                changes.append((change, _describe(change, event.kv.key, self._state)))
+                changes.append((change, _describe(change, event.kv.key, self._state,
+                                                    self._view.keys.parse_node_key(event.kv.key))))
         if self._state.waiting != waiting:
             self._publish_counts()
         for change, reason in changes:
@@ -262,13 +267,17 @@ class MembershipMonitor:
             raise
 
 
-def _describe(change: MembershipChange, key: str, state: MonitorState) -> str:
+def _describe(change: MembershipChange, key: str, state: MonitorState,
+              node: tuple[int, str] | None = None) -> str:
+    """The reason for ``change`` seen at ``key`` (``node``: the round and node id of a node key)."""
     finished = state.finished
     if change in (MembershipChange.JOB_FINISHED, MembershipChange.JOB_FINISHED_ELSEWHERE) and finished is not None:
         return f"the job finished on node {finished.node_id} in round {finished.round}"
     return {
-        MembershipChange.MEMBER_LOST: f"member lost ({key} vanished)",
-        MembershipChange.NODES_WAITING: f"a node is waiting to join ({key})",
+        MembershipChange.MEMBER_LOST: (f"member lost: {node[1]} (its key in round {node[0]} vanished: its lease "
+                                       "expired, or it left)") if node else f"member lost ({key} vanished)",
+        MembershipChange.NODES_WAITING: (f"a node is waiting to join: {node[1]} (round {node[0]})" if node
+                                         else f"a node is waiting to join ({key})"),
         MembershipChange.ROUND_SUPERSEDED: "a newer round was closed",
         MembershipChange.CLOSED: "the rendezvous was closed",
         MembershipChange.STORE_UNREACHABLE: "the store does not answer",

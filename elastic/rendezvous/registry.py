@@ -19,6 +19,7 @@ client) are imported only when their backend is chosen.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import socket
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from elastic.rendezvous.backend_spec import (
     OPEN_STORE_OPTION, BackendSpec, EtcdSpec, Hosting, StandaloneSpec, StaticSpec, StoreBackedSpec, StoreSpec,
 )
 from elastic.rendezvous.errors import RendezvousConfigError, RendezvousConnectionError
+from elastic.rendezvous.latency import Timing, describe, fit_to_round_trip, raised
 from elastic.rendezvous.settings import RendezvousSettings
 from elastic.rendezvous.store_wait import StoreWait, wait_for_store
 
@@ -39,11 +41,19 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class OpenedBackend:
-    """A connected backend and what to release with it (an embedded server, for c10d hosts)."""
+    """A connected backend and what to release with it (an embedded server, for c10d hosts).
+
+    ``round_trip``: seconds of a read measured at connect (etcd; 0.0: not measured);
+    ``raised``: the timeouts raised to fit it (see :mod:`elastic.rendezvous.latency`);
+    ``endpoint``: where, for messages.
+    """
 
     backend: KVBackend
     release: Callable[[], None]
     hosted_endpoint: str | None = None
+    round_trip: float = 0.0
+    raised: tuple[str, ...] = ()
+    endpoint: str = ""
 
 
 def open_backend(spec: StoreBackedSpec, wait: StoreWait | None = None) -> OpenedBackend:
@@ -73,6 +83,8 @@ def open_backend(spec: StoreBackedSpec, wait: StoreWait | None = None) -> Opened
 def _open_etcd(spec: EtcdSpec) -> OpenedBackend:
     try:
         from backends.etcd import EtcdBackend, EtcdConfig
+        from backends.etcd.diagnose import second_look
+        from backends.etcd.translate import RequestNotSent
     except ImportError as error:
         raise RendezvousConfigError(
             f"The etcd backend's client is missing ({error}); reinstall etcd-elastic: it depends on "
@@ -91,8 +103,23 @@ def _open_etcd(spec: EtcdSpec) -> OpenedBackend:
         max_response_bytes=spec.max_response_bytes,
     )
     backend = EtcdBackend(config)
-    backend.get("/")  # fail fast on a wrong endpoint or credentials, before any node state is written
-    return OpenedBackend(backend, backend.close)
+    # Fail fast on a wrong endpoint or credentials, before any node state is written, and fit
+    # the timeouts to the link (elastic.rendezvous.latency): the probe gets dial + request time.
+    try:
+        round_trip = backend.round_trip(budget=config.dial_timeout + config.request_timeout)
+    except RequestNotSent as error:
+        backend.close()
+        raise second_look(error, config) or error
+    except BaseException:
+        backend.close()
+        raise
+    given = Timing(config.dial_timeout, config.request_timeout, 0.0)
+    fitted = fit_to_round_trip(round_trip, given)
+    changes = raised(given, fitted)
+    if changes:
+        backend.close()  # its connections were made with the old timeouts: reconnect with the new
+        backend = EtcdBackend(dataclasses.replace(config, dial_timeout=fitted.dial, request_timeout=fitted.request))
+    return OpenedBackend(backend, backend.close, round_trip=round_trip, raised=changes, endpoint=config.endpoint_list)
 
 
 def _open_store(spec: StoreSpec, wait: StoreWait | None) -> OpenedBackend:
@@ -228,5 +255,18 @@ def create_handler(
     if isinstance(spec, StandaloneSpec):
         raise RendezvousConfigError("A --standalone store must be hosted before a handler can use it.")
     opened = open_backend(spec, StoreWait(settings.run_id, node_addr, settings.join_timeout))
+    settings = _fit_lease(settings, opened, node_addr)
     return RendezvousHandler(settings, opened.backend, node_addr, release=opened.release,
                              local_world_size=local_world_size, role=role)
+
+
+def _fit_lease(settings: RendezvousSettings, opened: OpenedBackend, node_addr: str) -> RendezvousSettings:
+    """``settings`` with the lease TTL fitted to the measured round trip; one warning line for
+    every timeout raised (see :mod:`elastic.rendezvous.latency`)."""
+    given = Timing(0.0, 0.0, settings.lease_ttl)
+    fitted = fit_to_round_trip(opened.round_trip, given)
+    changes = opened.raised + raised(given, fitted)
+    if changes:
+        log.warning("Rendezvous %s: node %s: %s", settings.run_id, node_addr,
+                    describe(opened.round_trip, changes, opened.endpoint))
+    return dataclasses.replace(settings, lease_ttl=fitted.lease_ttl)

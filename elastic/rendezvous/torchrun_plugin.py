@@ -248,7 +248,10 @@ class TorchrunRendezvousHandler(torch_api.RendezvousHandler):
 
         torch's agent restarts its workers into a new round only when this is positive, so a
         member's departure (DESIGN §3.6) is reported as one waiting node: the survivors restart
-        within the lease TTL instead of waiting for a collective to time out.
+        within the lease TTL instead of waiting for a collective to time out. torch then prints
+        "Detected 1 new nodes", which is wrong for a loss or a deletion, so the real reason is
+        logged once as a WARNING: torchrun configures handlers only for torch's own loggers, and
+        Python's last-resort handler prints warnings of every other logger to stderr, INFO never.
         """
         status = self._handler.membership()
         if status.change is MembershipChange.JOB_FINISHED:
@@ -261,8 +264,8 @@ class TorchrunRendezvousHandler(torch_api.RendezvousHandler):
             return 0
         if not self._restart_logged:
             self._restart_logged = True
-            log.info("Rendezvous %s: node %s asks torchrun to restart its workers: %s",
-                     self._handler.run_id, self._handler.node_id, status.reason)
+            log.warning("Rendezvous %s: node %s asks torchrun to restart its workers: %s",
+                        self._handler.run_id, self._handler.node_id, status.reason)
         return 1
 
     def _hide_rejoining(self, waiting: int, rejoining: int) -> bool:

@@ -11,6 +11,9 @@ it the way production etcd gets hurt:
 * :meth:`EtcdCluster.start` brings a killed member back on the same ports with its data dir
   (a single-member cluster killed and restarted keeps its keys, revisions and leases).
 
+``extra_args`` go to every member (e.g. ``--quota-backend-bytes=16777216`` for a database that
+fills up, see :mod:`elastic.testing.etcd_load`).
+
 Members listen for clients on ``127.0.0.1`` and on any extra ``client_hosts`` (e.g. the host
 side of a veth pair, so an agent inside a network namespace reaches etcd); peers talk over
 loopback only. Every process is stopped by its PID: :meth:`EtcdCluster.close` (idempotent)
@@ -76,7 +79,8 @@ class EtcdCluster:
     """
 
     def __init__(self, size: int = 3, *, client_hosts: tuple[str, ...] = (), binary: str | None = None,
-                 startup_timeout: float = 30.0, election_ms: int = 1000, heartbeat_ms: int = 100) -> None:
+                 startup_timeout: float = 30.0, election_ms: int = 1000, heartbeat_ms: int = 100,
+                 extra_args: tuple[str, ...] = ()) -> None:
         if size < 1:
             raise ValueError(f"The cluster size ({size}) must be at least 1.")
         self.binary = binary or find_etcd_binary()
@@ -84,7 +88,7 @@ class EtcdCluster:
             raise EtcdServerError(NO_BINARY_HINT)
         self.client_hosts = (LOOPBACK, *[host for host in client_hosts if host != LOOPBACK])
         self.startup_timeout = startup_timeout
-        self._timing = [f"--election-timeout={election_ms}", f"--heartbeat-interval={heartbeat_ms}"]
+        self._timing = [f"--election-timeout={election_ms}", f"--heartbeat-interval={heartbeat_ms}", *extra_args]
         self.workdir = Path(tempfile.mkdtemp(prefix="etcd-elastic-cluster-", dir=fast_tmpdir()))
         self.token = f"etcd-elastic-chaos-{self.workdir.name}"
         self.members = tuple(

@@ -39,7 +39,7 @@ from e2e import (
     script,
     worker_alive,
 )
-from elastic.testing.agents import Launched, Reports, clean_env, wait_until
+from elastic.testing.agents import Launched, Reports, clean_env, read_json_lines, wait_until
 from elastic.testing.ports import free_port
 
 pytestmark = pytest.mark.slow
@@ -135,7 +135,10 @@ def test_exhausted_restarts_exit_non_zero_with_the_root_cause(procs, reports):
     assert "exit       : exit code 1" in summary
     assert "Traceback (most recent call last)" in summary and "deliberately_failing_step" in summary
     assert "ValueError" in summary
-    assert re.search(r"^elasticrun: default FAILED on \S+: [12] worker\(s\) failed$", err.splitlines()[-1]), err
+    *_, reason, run_summary = err.splitlines()
+    assert re.search(r"^elasticrun: default FAILED on \S+: [12] worker\(s\) failed$", reason), err
+    assert re.fullmatch(r"elasticrun: run [0-9a-f]{8} node \S+: failed after [\d.]+s; 2 attempts, "
+                        r"1 restart \(1 worker failure\)", run_summary), err
 
 
 # -- 5, 6: membership changes ------------------------------------------------------------------
@@ -220,7 +223,7 @@ def test_a_prewarmed_node_joins_a_running_job_only_once_its_templates_are_ready(
 
     started = time.time()
     env = clean_env(TMPDIR=str(tmp_path), PYTHONPATH=str(tmp_path))
-    agents.append(procs.elasticrun("--prewarm", "--prewarm-modules=slow_import", *flags,
+    agents.append(procs.elasticrun("-v", "--prewarm", "--prewarm-modules=slow_import", *flags,
                                    *loop_args(reports, stop_file), env=env))
     records = reports.wait_for("a world of 3", allreduces_at(3, after=started), agents)
     still_two = [r["time"] for r in records if r["event"] == "allreduce" and r["world_size"] == 2]
@@ -228,7 +231,7 @@ def test_a_prewarmed_node_joins_a_running_job_only_once_its_templates_are_ready(
     stop_file.touch()
     codes = [agent.wait() for agent in agents]
     assert codes == [0, 0, 0], [agent.stderr[-3000:] for agent in agents]
-    assert "joins the running job after its worker templates are ready" in agents[2].stderr
+    assert "joins the running job after its worker templates are ready" in agents[2].stderr  # an INFO line: -v
 
 
 # -- 7, 8: signals and observability -----------------------------------------------------------
@@ -236,7 +239,9 @@ def test_a_prewarmed_node_joins_a_running_job_only_once_its_templates_are_ready(
 
 @pytest.mark.needs_torch
 def test_sigterm_stops_the_agent_with_143_and_leaves_no_worker(procs, reports, tmp_path):
-    agent = procs.elasticrun("--standalone", "--nproc-per-node=2", *loop_args(reports, tmp_path / "stop"))
+    events = tmp_path / "events.jsonl"
+    agent = procs.elasticrun("--standalone", "--nproc-per-node=2", f"--event-log={events}",
+                             *loop_args(reports, tmp_path / "stop"))
     records = reports.wait_for("the workers' first all-reduce", allreduces_at(2), [agent])
     worker_pids = {r["pid"] for r in records if r["event"] == "started"}
     assert len(worker_pids) == 2 and all(worker_alive(pid) for pid in worker_pids)
@@ -245,7 +250,10 @@ def test_sigterm_stops_the_agent_with_143_and_leaves_no_worker(procs, reports, t
     assert agent.wait(timeout=30) == 143, agent.stderr
     assert [pid for pid in worker_pids if worker_alive(pid)] == []
     assert re.search(r"node \S+: received SIGTERM; stopping the workers$", agent.stderr, re.M), agent.stderr
-    assert '"event":"job_finished"' in agent.stderr and '"status":"signalled:SIGTERM"' in agent.stderr
+    assert read_json_lines(events)[-1]["event"] == "job_finished"
+    assert read_json_lines(events)[-1]["status"] == "signalled:SIGTERM"
+    assert re.search(r"^elasticrun: run \S+ node \S+: stopped by SIGTERM after [\d.]+s; 1 attempt, no restarts$",
+                     agent.stderr, re.M), agent.stderr
 
 
 @pytest.mark.needs_torch
@@ -298,8 +306,9 @@ def test_one_of_two_nodes_says_what_it_waits_for_until_its_join_timeout(procs, r
     assert len(lines) == 2, agent.stderr  # after the 2 s grace, then 10 s later
     assert re.search(r"round 0 \(node \S+\): waiting for nodes: 1 of 2 nodes joined; 1[01] s left before the join timeout$",
                      lines[0]), lines
-    assert (f"within the join timeout ({join_timeout}s); need at least 2 nodes (last seen: 1 of 2 joined)"
-            in agent.stderr.splitlines()[-1])
+    *_, error_line, run_summary = agent.stderr.splitlines()
+    assert f"within the join timeout ({join_timeout}s); need at least 2 nodes (last seen: 1 of 2 joined)" in error_line
+    assert re.search(r"failed in the rendezvous after [\d.]+s; 0 attempts, no restarts$", run_summary), run_summary
     assert reports.all() == []
 
 
@@ -446,7 +455,7 @@ def test_a_restarted_agent_stops_what_its_dead_predecessor_left_before_starting_
     stderr = second.stderr
     notices = [line for line in stderr.splitlines() if "left by an earlier agent" in line]
     assert len(notices) == 1 and f"(pid {first.pid})" in notices[0], stderr
-    assert stderr.index("left by an earlier agent") < stderr.index("started 1 default worker(s)")
+    assert stderr.index("left by an earlier agent") < stderr.index("formed a world of 1 worker")
     second.proc.send_signal(signal.SIGTERM)
     assert second.wait(timeout=30) == 143, second.stderr
 

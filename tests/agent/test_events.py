@@ -165,16 +165,16 @@ def test_a_failing_write_is_logged_once_and_does_not_stop_the_agent(caplog):
     assert "/dev/full" in warnings[0].getMessage()
 
 
-def test_no_path_writes_nothing_but_still_logs_each_event(tmp_path, caplog, monkeypatch):
+def test_no_path_writes_nothing_but_still_logs_each_event_at_debug(tmp_path, caplog, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    with caplog.at_level(logging.INFO, logger="elastic.agent.observe.events"):
+    with caplog.at_level(logging.DEBUG, logger="elastic.agent.observe.events"):
         log = make_log(None)
         log.emit(Event.JOB_FINISHED, status="succeeded")
         log.close()
 
     assert list(tmp_path.iterdir()) == []
     [record] = [r for r in caplog.records if r.name == "elastic.agent.observe.events"]
-    assert record.levelno == logging.INFO
+    assert record.levelno == logging.DEBUG  # JSON never on the default console, nor with -v
     message = record.getMessage()
     assert "job1" in message and "host-a-77-c0ffee" in message and "job_finished" in message
     assert record.args  # lazy %-formatting, not a pre-built string
@@ -222,3 +222,15 @@ def test_events_after_close_are_only_logged_and_close_is_idempotent(tmp_path):
 def test_an_empty_run_id_node_or_host_is_rejected(tmp_path, run_id, node, host):
     with pytest.raises(ValueError, match="non-empty"):
         EventLog(tmp_path / "events.jsonl", run_id=run_id, node=node, host=host)
+
+
+def test_listeners_get_each_later_event_as_written(tmp_path):
+    seen: list[dict] = []
+    path = tmp_path / "events.jsonl"
+    with make_log(path) as log:
+        log.emit(Event.ROUND_CLOSED)
+        log.listen(lambda record: seen.append(dict(record)))
+        log.emit(Event.JOB_FINISHED, status="succeeded")
+
+    assert seen == [read_records(path)[1]]
+    assert seen[0]["event"] == "job_finished" and seen[0]["status"] == "succeeded"

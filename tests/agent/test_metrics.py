@@ -25,6 +25,7 @@ from elastic.agent.observe.metrics import (
     ROUND_DURATION_SECONDS,
     ROUNDS_TOTAL,
     SPARES,
+    STORE_NOSPACE,
     STORE_OUTAGE_SECONDS,
     WORKER_EXITS_TOTAL,
     WORKERS,
@@ -157,7 +158,7 @@ def test_only_the_documented_series_are_exported_without_created_timestamps(agen
 
     documented = {AGENT_INFO, ROUNDS_TOTAL, ROUND_DURATION_SECONDS, MEMBERS, NODES_WAITING, SPARES,
                   EXCLUDED, RENDEZVOUS_JOINED_NODES, RESTARTS_TOTAL, WORKERS, WORKER_EXITS_TOTAL,
-                  STORE_OUTAGE_SECONDS}
+                  STORE_OUTAGE_SECONDS, STORE_NOSPACE}
     assert set(families) == documented
     assert not [name for f in families.values() for (name, _) in f["samples"] if name.endswith("_created")]
 
@@ -235,6 +236,15 @@ def test_the_store_outage_gauge_is_read_from_its_source_at_each_scrape(agent_met
     assert sample(parse_exposition(render(agent_metrics.registry).decode()), STORE_OUTAGE_SECONDS) == 12.5
     outage[0] = 0.0
     assert sample(parse_exposition(render(agent_metrics.registry).decode()), STORE_OUTAGE_SECONDS) == 0
+
+
+def test_the_store_nospace_gauge_is_read_from_its_source_at_each_scrape(agent_metrics):
+    assert sample(parse_exposition(render(agent_metrics.registry).decode()), STORE_NOSPACE) == 0
+    full = [True]
+    agent_metrics.watch_store_full(lambda: full[0])
+    assert sample(parse_exposition(render(agent_metrics.registry).decode()), STORE_NOSPACE) == 1
+    full[0] = False
+    assert sample(parse_exposition(render(agent_metrics.registry).decode()), STORE_NOSPACE) == 0
 
 
 def test_an_unknown_restart_cause_is_rejected(agent_metrics):
@@ -370,6 +380,8 @@ def snapshot(joined: int | None):
     ("healthy", "joined", "spares", "outage", "expected"),
     [
         (True, None, 0, 0.0, (True, "running")),
+        (True, None, 0, "full", (True, "running; store out of space")),
+        (True, 1, 0, "full", (True, "waiting for rendezvous (1 of 2); store out of space")),
         (True, None, 2, 0.0, (True, "running; spares: 2")),
         (True, None, 0, 7.4, (True, "running; store unreachable for 7s")),
         (True, None, 1, 30.0, (True, "running; spares: 1; store unreachable for 30s")),
@@ -382,7 +394,8 @@ def test_healthz_says_an_outage_but_stays_healthy(healthy, joined, spares, outag
     from elastic.agent.observe.standing import Standing, health
     from elastic.rendezvous.api import MembershipStatus
 
-    membership = MembershipStatus(spares=spares, store_outage=outage)
+    full = outage == "full"
+    membership = MembershipStatus(spares=spares, store_outage=0.0 if full else outage, store_full=full)
     assert health(Standing(healthy, snapshot(joined), 2, membership)) == expected
 
 

@@ -97,8 +97,8 @@ def scrape(port: int) -> tuple[str, dict[str, float]]:
 
 
 def node_id_of(agent) -> str:
-    """The node id an agent's log gives itself (``node <id> is rank``)."""
-    return re.search(r"node (\S+) is rank \d+ of", agent.stderr)[1]
+    """The node id an agent's console gives itself (``formed a world ...; node <id> runs rank``)."""
+    return re.search(r"; node (\S+) runs ranks? ", agent.stderr)[1]
 
 
 @pytest.mark.etcd

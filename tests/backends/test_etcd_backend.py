@@ -32,6 +32,7 @@ from backends.errors import (
     EndpointError,
     LeaseNotFoundError,
     ProtocolError,
+    StoreFullError,
     ValueTooLargeError,
 )
 from backends.etcd import EtcdBackend, EtcdConfig
@@ -165,6 +166,42 @@ def test_a_watch_resuming_into_compacted_history_fails_with_compacted(client, pr
         watch.get(timeout=10)
     assert raised.value.requested_revision == delivered + 1
     assert raised.value.compact_revision == last
+
+
+def test_a_quiet_watch_resumes_past_history_others_wrote_and_compacted(etcd_server, prefix):
+    # Issue 27 item 1: a job's prefixes stay quiet for minutes while other tenants write and
+    # compact; resuming from the last event + 1 then always met compacted history.
+    with etcd_server.connect(watch_progress_interval=0.2) as client:
+        quiet = client.watch_prefix(prefix + "quiet/")
+        delivered = client.put(prefix + "quiet/k", b"1")
+        assert [event.revision for event in collect(quiet, 1, timeout=5)] == [delivered]
+        for _ in range(3):
+            last = client.put(prefix + "other/" + uuid.uuid4().hex, b"x")
+        client.compact(last)
+        deadline = time.monotonic() + 10
+        while not any(r.resume_revision > last for r in client._watch_hub._live) and time.monotonic() < deadline:
+            time.sleep(0.05)  # two progress reports: the watch adopts the first one's revision
+        client._watch_hub.interrupt()
+        revision = client.put(prefix + "quiet/k", b"2")
+        assert [event.revision for event in collect(quiet, 1, timeout=10)] == [revision]
+        quiet.cancel()
+
+
+def test_a_stream_wide_progress_report_is_adopted_one_report_later():
+    from backends.etcd.watch import WatchHub, WatchRegistration
+
+    connection = EtcdConnection(EtcdConfig(f"127.0.0.1:{dead_port()}"))
+    try:
+        registration = WatchRegistration(WatchHub(connection), "/p/", start_revision=10)
+        registration.note_stream_progress(40)  # may have overtaken events at or below 40
+        assert registration.resume_revision == 10
+        registration.note_stream_progress(55)
+        assert registration.resume_revision == 41
+        registration.create_request()  # a new stream: the last report came on the old one
+        registration.note_stream_progress(60)
+        assert registration.resume_revision == 41
+    finally:
+        connection.close()
 
 
 def test_a_progress_notification_moves_the_resume_point_past_quiet_history():
@@ -559,7 +596,7 @@ def test_tls_with_ca_and_client_certificate_works_and_missing_pieces_give_clear_
     with server.connect(ca_cert=None, client_cert=None, client_key=None, **fast) as no_ca:
         with pytest.raises(BackendAuthError) as untrusted:
             no_ca.get("/k")
-    assert "ca_cert" in str(untrusted.value)
+    assert "cacert=" in str(untrusted.value)
     with server.connect(client_cert=None, client_key=None, **fast) as no_client_cert:
         with pytest.raises(BackendAuthError):
             no_client_cert.get("/k")
@@ -745,6 +782,7 @@ def test_requests_never_sent_are_retried_even_when_not_resend_safe(etcd_server):
             "Stream removed (received metadata size exceeds hard limit (24205 vs. 20480); x-pad-0:8039B)",
             ProtocolError,
         ),
+        (grpc.StatusCode.RESOURCE_EXHAUSTED, "etcdserver: mvcc: database space exceeded", StoreFullError),
         (grpc.StatusCode.OUT_OF_RANGE, "etcdserver: mvcc: required revision has been compacted", CompactedError),
         (grpc.StatusCode.UNIMPLEMENTED, "unknown service etcdserverpb.KV", ProtocolError),
         (grpc.StatusCode.CANCELLED, "Cancelled", BackendConnectionError),
@@ -755,6 +793,14 @@ def test_rpc_errors_are_translated_into_the_error_tree(code, details, expected):
     error = translate_rpc_error(FakeRpcError(code, details), operation="put '/k'", endpoint="10.0.0.1:2379", timeout=5)
     assert type(error) is expected
     assert "10.0.0.1:2379" in str(error)
+
+
+def test_a_full_etcd_is_an_outage_for_writes_whose_message_names_the_fix():
+    error = translate_rpc_error(FakeRpcError(grpc.StatusCode.RESOURCE_EXHAUSTED, "etcdserver: mvcc: database space "
+                                             "exceeded"), operation="txn", endpoint="10.0.0.1:2379", timeout=5)
+    assert isinstance(error, BackendConnectionError)  # retried like an outage
+    for command in ("compact", "defrag", "alarm disarm"):
+        assert f"etcdctl --endpoints=10.0.0.1:2379 {command}" in str(error)
 
 
 def test_a_cancelled_rpc_after_close_is_translated_to_closed():
@@ -778,8 +824,8 @@ def test_a_cancelled_rpc_after_close_is_translated_to_closed():
         ("last error: UNKNOWN: connection attempt timed out before receiving SETTINGS frame", DialFailure.UNREACHABLE),
         ("Tls handshake failed (TSI_PROTOCOL_FAILURE): CERTIFICATE_VERIFY_FAILED", DialFailure.TLS),
         ("last error: UNAVAILABLE: Unwrap failed (TSI_DATA_CORRUPTED)", DialFailure.TLS),
-        ("last error: UNAVAILABLE: Handshake read failed (Socket closed)", DialFailure.UNREACHABLE),
-        ("last error: UNAVAILABLE: Socket closed", DialFailure.UNREACHABLE),
+        ("last error: UNAVAILABLE: Handshake read failed (Socket closed)", DialFailure.CLOSED),
+        ("last error: UNAVAILABLE: Socket closed", DialFailure.CLOSED),
         (
             "last error: FAILED_PRECONDITION: unix:/x.sock: connect failed: addr: unix:/x.sock error: No such file "
             "or directory",

@@ -26,13 +26,20 @@ MIB = 1024 * 1024
         ("grpc.keepalive_permit_without_calls", 0),
         ("grpc.http2.max_pings_without_data", 0),
         ("grpc.initial_reconnect_backoff_ms", 100),
-        ("grpc.min_reconnect_backoff_ms", 100),
+        ("grpc.min_reconnect_backoff_ms", 5_000),  # gRPC core's minimum connect timeout
         ("grpc.max_reconnect_backoff_ms", 1_000),
     ],
 )
 def test_the_default_client_sets_each_option_explicitly(name, expected):
     options = dict(channel_options(ChannelLimits(request_limit(MAX_VALUE_BYTES))))
     assert options[name] == expected
+
+
+def test_a_connection_attempt_gets_the_dial_timeout_so_a_slow_links_greeting_fits():
+    # Issue 27 item 3: a 100 ms minimum left each attempt ~1 s; a 1 s link needs 2 s for HTTP/2's greeting.
+    options = dict(channel_options(ChannelLimits(request_limit(MAX_VALUE_BYTES), connect_timeout=12.5)))
+    assert options["grpc.min_reconnect_backoff_ms"] == 12_500
+    assert options["grpc.initial_reconnect_backoff_ms"] == 100  # a refused connect is still retried at once
 
 
 def test_every_option_is_set_once_and_no_size_is_unbounded():

@@ -156,6 +156,27 @@ def test_every_session_of_a_client_is_renewed_by_one_thread_that_ends_with_the_l
     assert not any(session.lost.is_set() for session in sessions)
 
 
+def test_renewals_slower_than_the_interval_follow_each_other_so_the_lease_sees_one_per_round_trip():
+    # Issue 27 item 3: a renewal due an interval after the previous one *ended* reached etcd an
+    # interval + a round trip after the previous one: at 1 s of latency each way a 3 s lease lapsed.
+    store = InMemoryStore()
+    client = store.client()
+    sent = []
+    original = client.keepalive
+
+    def slow_keepalive(lease_id):
+        sent.append(time.monotonic())
+        time.sleep(0.4)  # the round trip, longer than the 0.3 s interval
+        return original(lease_id)
+
+    client.keepalive = slow_keepalive
+    session = Session(client, ttl=0.9)
+    time.sleep(2.0)
+    session.close(revoke=False)
+    gaps = [later - earlier for earlier, later in zip(sent, sent[1:])]
+    assert len(gaps) >= 3 and max(gaps) < 0.55, gaps  # one round trip apart, not interval + round trip (0.7 s)
+
+
 def test_an_outage_that_reaches_the_limit_is_reported_once_and_the_session_stays_alive():
     store = InMemoryStore()
     client = store.client()

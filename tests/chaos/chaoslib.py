@@ -4,8 +4,8 @@ A :class:`ChaosJob` runs one job of two agents (``elasticrun`` or stock ``torchr
 ``etcd-v3`` plugin), each with one gloo worker (``workers/train.py``) training N steps against
 an etcd the test hurts. The workers' records (one file per attempt, see the worker's
 docstring) are read by pure functions: :func:`spans` (one per attempt that formed a group),
-:func:`overlaps`, :func:`longest_gap`, :func:`reform_seconds`, :func:`last_step` and
-:func:`worker_starts`; :func:`figures` gathers them for the report line of a scenario.
+:func:`overlaps`, :func:`longest_gap`, :func:`reform_seconds`, :func:`last_step`,
+:func:`steps_redone` and :func:`worker_starts`; :func:`figures` gathers them for the report line of a scenario.
 
 The agents are :class:`elastic.testing.agents.Launched` processes of one
 :class:`~elastic.testing.agents.Job`. Every process a job starts is tracked by PID and start
@@ -156,6 +156,17 @@ def last_step(records: Iterable[Record]) -> int:
     return max((record.step for record in records if record.event in ("step", "done") and record.step), default=0)
 
 
+def steps_redone(records: Iterable[Record]) -> int:
+    """Steps trained more than once: the work a restart lost. Counted per rank (the most any rank
+    repeated), not per attempt: under torchrun two nodes may disagree on the restart count and
+    so write one attempt under two ids. Pure."""
+    steps: dict[int, list[int]] = defaultdict(list)
+    for record in records:
+        if record.event == "step" and record.step is not None:
+            steps[record.rank].append(record.step)
+    return max((len(found) - len(set(found)) for found in steps.values()), default=0)
+
+
 def worker_starts(records: Iterable[Record]) -> dict[str, int]:
     """Workers that formed a group, per node (1 = never restarted)."""
     pids: dict[str, set[int]] = defaultdict(set)
@@ -180,6 +191,8 @@ class Figures:
     longest_gap: float
     reform: float | None
     """Seconds from the fault to the first step of a new attempt (None: no new attempt)."""
+    redone: int
+    """Steps trained more than once (lost by a restart; the worker checkpoints every step)."""
     overlaps: tuple[str, ...]
 
     def line(self) -> str:
@@ -187,7 +200,7 @@ class Figures:
         restarts = ",".join(f"{node}:{count}" for node, count in self.restarts.items()) or "-"
         return (f"worlds {'->'.join(map(str, self.worlds)) or '-'}, restarts {restarts}, charged {self.charged}, "
                 f"empty attempts {self.empty_attempts}, last step {self.last_step}, "
-                f"longest step gap {self.longest_gap:.1f} s, re-form {reform}")
+                f"longest step gap {self.longest_gap:.1f} s, re-form {reform}, steps redone {self.redone}")
 
 
 def figures(records: list[Record], fault_at: float) -> Figures:
@@ -202,6 +215,7 @@ def figures(records: list[Record], fault_at: float) -> Figures:
         last_step=last_step(records),
         longest_gap=longest_gap(records),
         reform=reform_seconds(found, fault_at),
+        redone=steps_redone(records),
         overlaps=tuple(overlaps(found)),
     )
 

@@ -23,11 +23,11 @@ from elastic.testing.netns import NamespaceError, NamespaceLink  # noqa: E402
 
 @pytest.fixture
 def etcd_cluster_factory():
-    """``make(size, client_hosts=())`` -> a started :class:`EtcdCluster`, closed at teardown."""
+    """``make(size, client_hosts=(), extra_args=())`` -> a started :class:`EtcdCluster`, closed at teardown."""
     made: list[EtcdCluster] = []
 
-    def make(size: int, client_hosts: tuple[str, ...] = ()) -> EtcdCluster:
-        cluster = EtcdCluster(size, client_hosts=client_hosts)
+    def make(size: int, client_hosts: tuple[str, ...] = (), extra_args: tuple[str, ...] = ()) -> EtcdCluster:
+        cluster = EtcdCluster(size, client_hosts=client_hosts, extra_args=extra_args)
         made.append(cluster)
         return cluster
 

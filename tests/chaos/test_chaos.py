@@ -79,6 +79,8 @@ class Scenario:
     """Rounds each agent (a, b) joins (elasticrun's event log)."""
     alternative: tuple[tuple[int, ...], tuple[int, int]] | None = None
     """Another correct (worlds, rounds), where etcd itself may decide either way (leader pause)."""
+    charged: int = 0
+    """Restarts charged to --max-restarts under elasticrun (a fault that crashes a worker: 1)."""
 
     def __str__(self) -> str:
         return self.name
@@ -290,8 +292,8 @@ def judge(scenario: Scenario, launcher: str, job: ChaosJob, codes: dict, found: 
     if found.empty_attempts:
         problems.append(f"{found.empty_attempts} attempt(s) formed and were torn down before a step")
     if launcher == ELASTICRUN:
-        if found.charged:
-            problems.append(f"{found.charged} restart(s) charged to --max-restarts for a fault no worker caused")
+        if found.charged != scenario.charged:
+            problems.append(f"{found.charged} restart(s) charged to --max-restarts, expected {scenario.charged}")
         rounds = (job.rounds_joined("a"), job.rounds_joined("b"))
         if rounds != expected[1]:
             problems.append(f"agents a, b joined {rounds} rounds, expected {expected[1]}")

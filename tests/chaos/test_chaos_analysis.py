@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from chaoslib import Record, figures, last_step, longest_gap, overlaps, parse_records, reform_seconds, spans
+from chaoslib import (Record, figures, last_step, longest_gap, overlaps, parse_records, reform_seconds, spans,
+                      steps_redone)
 
 
 def rec(attempt: str, rank: int, t: float, event: str = "step", step: int | None = None, world: int = 2,
@@ -65,6 +66,24 @@ def test_reform_is_the_first_step_of_an_attempt_formed_after_the_fault():
     assert [span.steps for span in found] == [(1, 2), (3, 4)]
 
 
+REDONE_CASES = [
+    ("one attempt", job("A", (0, 1), [0, 1, 2, 3]), 0),
+    ("resumed after its last step", job("A", (0, 1), [0, 1, 2]) + job("B", (0, 1), [3, 4, 5], first_step=3), 0),
+    ("one step trained twice", job("A", (0, 1), [0, 1, 2, 3]) + job("B", (0, 1), [4, 5, 6], first_step=3), 1),
+    ("torn down before a step", job("A", (0, 1), [0, 1, 2]) + [rec("B", 0, 3, "formed")], 0),
+    ("three attempts", job("A", (0,), [0, 1, 2, 3, 4], world=1) + job("B", (0,), [5, 6, 7], first_step=2, world=1)
+     + job("C", (0,), [8, 9, 10], first_step=3, world=1), 4),
+    ("one attempt written under two ids", job("A", (0, 1), [0, 1, 2]) + job("B", (0,), [3, 4, 5], first_step=3)
+     + job("C", (1,), [3, 4, 5], first_step=3), 0),
+]
+
+
+@pytest.mark.parametrize(("records", "expected"), [case[1:] for case in REDONE_CASES],
+                         ids=[case[0] for case in REDONE_CASES])
+def test_steps_redone_are_steps_more_than_one_attempt_trained(records, expected):
+    assert steps_redone(records) == expected
+
+
 def test_figures_count_restarts_per_node_charged_restarts_and_empty_attempts():
     records = (job("A", (0, 1), [0, 1, 2], nodes={0: "a", 1: "b"})
                + [rec("B", 0, 2.5, "formed", node="a", pid=50)]
@@ -77,7 +96,8 @@ def test_figures_count_restarts_per_node_charged_restarts_and_empty_attempts():
     assert found.charged == 1
     assert found.last_step == 100
     assert found.reform == pytest.approx(1.8, abs=0.01)  # C formed at 3, first step at 4
-    assert "worlds 2->2" in found.line() and "re-form 1.8 s" in found.line()
+    assert found.redone == 0
+    assert "worlds 2->2" in found.line() and "re-form 1.8 s" in found.line() and "steps redone 0" in found.line()
 
 
 def test_a_torn_last_line_is_skipped():

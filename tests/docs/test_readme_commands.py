@@ -203,7 +203,7 @@ def test_ci_runs_the_readmes_test_commands():
     """.ci/run's main leg is the README's Test section: its install line, then every tier."""
     cmds = commands(section(README.read_text(encoding="utf-8"), "Test"))
     assert ["pip", "install", "-e", ".[test]", "torch==2.13.0"] in cmds
-    assert ["python", "-m", "pytest", "-q", "--all"] in cmds
+    assert ["python", "-m", "pytest", "-q", "--all", "-n", "2", "--dist", "loadgroup"] in cmds
     ci = (REPO / ".ci" / "run").read_text()
     assert "python3 -m pip install -q -e '.[test]' torch==2.13.0" in ci
-    assert "python3 -m pytest -q -ra --all" in ci
+    assert "python3 -m pytest -q -ra --all -n 2 --dist loadgroup" in ci

@@ -192,6 +192,9 @@ def test_every_two_spelling_flag_is_in_the_spelling_table():
 
 @pytest.mark.parametrize("argv, attribute, expected", [
     (("-m",), "entrypoint", Entrypoint("module", "train.py", ())),
+    (("-v",), "verbose", True),
+    (("--verbose",), "verbose", True),
+    (("--verb",), "verbose", True),  # our flag: abbreviates where no torchrun flag shares the prefix
     (("--module",), "entrypoint", Entrypoint("module", "train.py", ())),
     (("-r", "3"), "redirects", StdMask(Std.ALL)),
     (("-r3",), "redirects", StdMask(Std.ALL)),
@@ -241,6 +244,7 @@ TWINS = [
     ("PET_METRICS_ADDR", "0.0.0.0", (), "metrics_addr", "0.0.0.0"),
     ("PET_EVENT_LOG", "/e.jsonl", (), "event_log", "/e.jsonl"),
     ("PET_PREWARM", "1", (), "prewarm", True),
+    ("PET_VERBOSE", "1", (), "verbose", True),
     ("PET_PREWARM_MODULES", "torch.distributed", (), "prewarm_modules", ("torch.distributed",)),
     ("PET_LIVE_RECOVERY", "1", (), "live_recovery", True),
     ("PET_LIVE_RECOVERY_TIMEOUT", "30", (), "live_recovery_timeout", 30.0),

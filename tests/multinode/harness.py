@@ -172,10 +172,9 @@ class Job:
         argv = launcher_argv(self.launcher, self.rdzv, nnodes=self.nnodes, nproc=str(nproc),
                              max_restarts=self.max_restarts, log_dir=self.workdir / f"logs-{label}", conf=conf)
         argv += [str(script), str(self.table_path), *(self.probe_args if probe_args is None else probe_args)]
-        # torch's agent logs each step (rendezvous, exit barrier, shutdown) at INFO: the failure
+        # Both agents log each step (rendezvous, exit barrier, shutdown) at INFO: the failure
         # message's stderr tail then says where an agent that did not exit got to.
-        extra = {"LOGLEVEL": "INFO"} if self.launcher == PLUGIN else {}
-        return self.processes.start(label, argv, env=clean_env(PROBE_NODE=label, **extra), cwd=self.workdir)
+        return self.processes.start(label, argv, env=clean_env(PROBE_NODE=label, LOGLEVEL="INFO"), cwd=self.workdir)
 
     def rows(self) -> list[dict]:
         return agents.read_json_lines(self.table_path)

@@ -20,6 +20,7 @@ from elastic.rendezvous.decisions import (
     assign_ranks,
     classify,
     decide_close,
+    deleted_by_hand,
     join_fills_round,
     last_call_deadline,
     reconcile,
@@ -123,6 +124,27 @@ def test_classify(the_event, expected):
     assert change is expected
 
 
+def deletion(key, revision):
+    return WatchEvent(DELETE, KeyValue(key, b"", 0, revision))
+
+
+@pytest.mark.parametrize("batch, says", [
+    ([deletion(KEYS.node(3, "a"), 20)], None),  # one lease expired: a member lost, as classify says
+    ([deletion(KEYS.node(3, "a"), 20), deletion(KEYS.node(3, "b"), 21)], None),  # two leases, two revisions
+    ([deletion(KEYS.node(3, "a"), 20), deletion(KEYS.node(3, "me"), 20)], "the join keys of a, me in round 3"),
+    ([deletion(KEYS.node(3, "a"), 20), deletion(KEYS.node(3, "stranger"), 20)], None),  # not both members
+    ([deletion(KEYS.node(2, "a"), 20), deletion(KEYS.node(2, "b"), 20)], None),  # an older round's keys
+    ([deletion(KEYS.round, 20)], "the round record /elastic/job/state/round is gone"),
+    ([WatchEvent(PUT, KeyValue(KEYS.round, b"", 1, 20))], None),
+])
+def test_keys_deleted_by_hand_are_told_from_a_lost_member(batch, says):
+    found = deleted_by_hand(view(), batch)
+    if says is None:
+        assert found is None
+    else:
+        assert found.startswith("the job's keys were deleted") and says in found
+
+
 OURS = RoundRecord(3, members("me", "a", "b"))
 
 
@@ -147,7 +169,10 @@ def snapshot(present=("me", "a", "b"), done=(), waiting=(), record=OURS, closed=
     (MonitorState(), snapshot(record=RoundRecord(4, members("a", "b"))), 4, MembershipChange.ROUND_SUPERSEDED,
      "round 4 was closed"),
     (MonitorState(), snapshot(record=RoundRecord(2, members("me"))), 4, None, "nothing changed"),
-    (MonitorState(), snapshot(record=None), 4, None, "nothing changed"),
+    (MonitorState(), snapshot(record=None), 4, MembershipChange.MEMBER_LOST,
+     "the job's keys were deleted"),  # only a client deletes a closed round's record
+    (MonitorState(), snapshot(record=None, present=()), 4, MembershipChange.MEMBER_LOST,
+     "the job's keys were deleted"),  # not "members lost: a, b": nobody was lost
     (MonitorState(), snapshot(present=(), closed=True, waiting=("new",)), 4, MembershipChange.CLOSED,
      "the rendezvous was closed"),
     (MonitorState(), snapshot(present=("me",), record=RoundRecord(4, members("a"))), 4,

@@ -208,3 +208,18 @@ def test_a_re_read_that_finds_corrupt_state_reports_it_once_and_watching_goes_on
     backend.delete(KEYS.node(0, "b"))  # watched from the re-read on
     assert _wait(monitor.changed) and monitor.change is MembershipChange.MEMBER_LOST
     monitor.stop()
+
+
+@pytest.mark.parametrize(("change", "key", "reason"), [
+    (MembershipChange.MEMBER_LOST, "/elastic/job/rounds/3/nodes/host-a-12-ab",
+     "member lost: host-a-12-ab (its key in round 3 vanished: its lease expired, or it left)"),
+    (MembershipChange.NODES_WAITING, "/elastic/job/rounds/4/nodes/host-b-34-cd",
+     "a node is waiting to join: host-b-34-cd (round 4)"),
+    (MembershipChange.MEMBER_LOST, "/elastic/job/other", "member lost (/elastic/job/other vanished)"),
+])
+def test_a_change_seen_on_a_node_key_names_the_node_and_the_round(change, key, reason):
+    from elastic.rendezvous.decisions import MonitorState
+    from elastic.rendezvous.monitor import _describe
+
+    node = records.RendezvousKeys("/elastic", "job").parse_node_key(key)
+    assert _describe(change, key, MonitorState(), node) == reason

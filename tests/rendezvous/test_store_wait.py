@@ -195,5 +195,5 @@ def test_a_store_that_refuses_our_token_fails_at_once_however_long_the_wait():
 
 
 def test_without_a_wait_a_store_that_is_not_up_fails_at_once():
-    with pytest.raises(RendezvousConnectionError, match="Connection refused"):
+    with pytest.raises(RendezvousConnectionError, match="connection refused"):
         open_backend(StoreSpec("tcp", Endpoint("127.0.0.1", free_port())))

@@ -288,6 +288,14 @@ def test_a_lost_member_is_reported_to_torch_as_a_waiting_node_so_survivors_resta
     assert adapter.num_nodes_waiting() == expected
 
 
+def test_the_reason_for_a_restart_torch_calls_new_nodes_is_a_warning_once_so_torchrun_prints_it(caplog):
+    adapter = TorchrunRendezvousHandler(StubHandler(0, MembershipChange.MEMBER_LOST), "127.0.0.1")
+    with caplog.at_level("INFO", logger="elastic.rendezvous.torchrun_plugin"):
+        assert [adapter.num_nodes_waiting() for _ in range(3)] == [1, 1, 1]
+    said = [record for record in caplog.records if "asks torchrun to restart its workers: why" in record.getMessage()]
+    assert [record.levelname for record in said] == ["WARNING"]  # torchrun shows no INFO of ours
+
+
 def test_a_member_that_rejoined_is_hidden_from_torch_for_the_grace_so_our_own_failure_counts_first():
     stub = StubHandler(waiting=1, change=MembershipChange.NODES_WAITING)
     stub.rejoining = 1

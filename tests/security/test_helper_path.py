@@ -70,7 +70,7 @@ def test_a_module_planted_in_the_working_directory_runs_in_no_helper(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     agent = "import sys; del sys.path[0]; from elastic.run import main; sys.exit(main())"
     proc = subprocess.run(
-        [sys.executable, "-c", agent, "--standalone", "--prewarm", "--prewarm-modules=torch,userhelper",
+        [sys.executable, "-c", agent, "-v", "--standalone", "--prewarm", "--prewarm-modules=torch,userhelper",
          "--nproc-per-node=2", f"--log-dir={tmp_path / 'logs'}", str(code / "train.py")],
         cwd=shared, env=env, capture_output=True, text=True, timeout=240,
     )
@@ -81,7 +81,7 @@ def test_a_module_planted_in_the_working_directory_runs_in_no_helper(tmp_path):
         assert report["path0"] == str(code)
         assert report["helper"] == str(code / "userhelper.py")
         assert "-c" in report["parent"] and any("prewarm.template" in word for word in report["parent"]), report
-    assert "2 forked from pre-warmed templates" in proc.stderr
+    assert "2 forked from pre-warmed templates" in proc.stderr  # an INFO line: -v
 
 
 def test_the_isolated_prelude_drops_the_working_directory_and_keeps_pythonpath(tmp_path):

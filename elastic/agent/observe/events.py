@@ -10,8 +10,9 @@ Each record looks like::
 the ``node`` label of the metrics); ``host`` is the machine's name.
 Records are written with one ``write`` to a file opened with ``O_APPEND``, so several agents
 may share one file without interleaving lines. The file is created owner-only and never
-through a symbolic link (see :mod:`elastic.agent.private_files`). Every event is also logged at INFO through
-``logging.getLogger(__name__)``, whether or not a file is configured.
+through a symbolic link (see :mod:`elastic.agent.private_files`). Every event is also logged at DEBUG through
+``logging.getLogger(__name__)`` (``LOGLEVEL=DEBUG`` shows it; never the default console), and
+handed to the listeners added with :meth:`EventLog.listen` (the run's summary counts them).
 
 The event names and the fields each one must carry are fixed here (`Event`, `REQUIRED_FIELDS`)
 so the agent cannot misspell them; extra fields are allowed.
@@ -126,6 +127,7 @@ class EventLog:
         self._lock = threading.Lock()
         self._write_failed = False
         self._fd: int | None = None
+        self._listeners: list[Callable[[Mapping[str, Any]], None]] = []
         if self.path is not None:
             self._fd = _open_for_append(self.path)
 
@@ -149,7 +151,9 @@ class EventLog:
             **fields,
         }
         line = _to_json(record)
-        log.info("[%s][%s] event %s %s", self.run_id, self.node, event.value, line)
+        log.debug("[%s][%s] event %s %s", self.run_id, self.node, event.value, line)
+        for listener in self._listeners:
+            listener(record)
         if self._fd is None:
             return
         data = (line + "\n").encode("utf-8")
@@ -166,6 +170,11 @@ class EventLog:
                         "logged but further write errors are not reported.",
                         self.run_id, self.node, self.path, e.strerror or e,
                     )
+
+    def listen(self, listener: Callable[[Mapping[str, Any]], None]) -> None:
+        """Call ``listener`` with each later event's record (the dict written as JSON), in the
+        emitting thread, before it is written."""
+        self._listeners.append(listener)
 
     def close(self) -> None:
         """Close the file; idempotent. Later events are only logged."""

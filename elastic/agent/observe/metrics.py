@@ -59,6 +59,7 @@ __all__ = [
     "ROUND_DURATION_SECONDS",
     "ROUNDS_TOTAL",
     "SPARES",
+    "STORE_NOSPACE",
     "STORE_OUTAGE_SECONDS",
     "WORKER_EXITS_TOTAL",
     "WORKER_STATES",
@@ -79,6 +80,7 @@ RESTARTS_TOTAL = "elastic_restarts_total"
 WORKERS = "elastic_workers"
 WORKER_EXITS_TOTAL = "elastic_worker_exits_total"
 STORE_OUTAGE_SECONDS = "elastic_store_outage_seconds"
+STORE_NOSPACE = "elastic_store_nospace"
 
 WORKER_STATES = ("running", "succeeded", "failed")
 # A round takes from tens of milliseconds (everyone present) to the last-call window or the
@@ -148,6 +150,11 @@ class AgentMetrics:
             "Seconds the store has not answered this node's keepalives (0 while it answers); the workers "
             "train on until store_outage_timeout.",
         ).labels(**ids)
+        self.store_nospace = gauge(
+            STORE_NOSPACE,
+            "1 while the store refuses this node's writes for lack of space (etcd's NOSPACE alarm): a rendezvous "
+            "waits until an operator compacts, defragments and disarms it; else 0.",
+        ).labels(**ids)
         self._ids = ids
         self.info.set(1)
         for cause in RestartCause:
@@ -172,6 +179,10 @@ class AgentMetrics:
     def watch_store_outage(self, seconds: Callable[[], float]) -> None:
         """Read ``elastic_store_outage_seconds`` from ``seconds()`` at each scrape (no polling thread)."""
         self.store_outage.set_function(seconds)
+
+    def watch_store_full(self, full: Callable[[], bool]) -> None:
+        """Read ``elastic_store_nospace`` from ``full()`` at each scrape (no polling thread)."""
+        self.store_nospace.set_function(lambda: 1.0 if full() else 0.0)
 
     def set_nodes_waiting(self, count: int, spares: int = 0) -> None:
         self.nodes_waiting.set(count)

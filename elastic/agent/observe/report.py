@@ -1,7 +1,9 @@
 """What the agent tells about its run: events, metrics and console lines, one method per happening.
 
 The agent's loop (:mod:`elastic.agent.agent`) calls these instead of writing to the event log,
-the metrics and the console itself, so each happening is told the same way everywhere.
+the metrics and the console itself, so each happening is told the same way everywhere. The
+meaningful changes (a world formed, a member lost or waiting, a restart's cause) are logged
+for the default console (:data:`elastic.console.CONSOLE`); the rest only with ``-v``.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import logging
 import sys
 from typing import TYPE_CHECKING, IO
 
+from elastic.console import CONSOLE
 from elastic.agent.observe.events import Event, EventLog, RestartCause
 from elastic.agent.processes.failures import first_failure, signal_name
 from elastic.agent.processes.workers import GroupState
@@ -48,6 +51,13 @@ class AgentReport:
         if self.metrics:
             self.metrics.round_joined(duration_s=duration, members=info.group_world_size)
 
+    def started(self, info: RendezvousInfo, ranks: list[int], world_size: int) -> None:
+        """This node's workers of round ``info`` started with global ``ranks`` of ``world_size``."""
+        nodes = info.group_world_size
+        log.info("run %s round %d: formed a world of %d worker%s on %d node%s; node %s runs %s",
+                 info.run_id, info.round, world_size, "" if world_size == 1 else "s", nodes,
+                 "" if nodes == 1 else "s", self.events.node, ranks_text(ranks), extra=CONSOLE)
+
     def looked(self, state: GroupState, membership: MembershipStatus) -> None:
         """One look at the workers and the membership: the gauges."""
         if self.metrics:
@@ -69,13 +79,13 @@ class AgentReport:
             self.events.emit(Event.NODES_WAITING, count=membership.waiting, reason=membership.reason)
         elif membership.change is MembershipChange.MEMBER_LOST:
             self.events.emit(Event.MEMBER_LOST, reason=membership.reason)
-        log.info("Run %s node %s: %s; restarting the workers (does not count as a failure)",
-                 self._run_id, self._host, membership.reason)
+        log.info("run %s node %s: %s; restarting the workers (does not count as a failure)",
+                 self._run_id, self.events.node, membership.reason, extra=CONSOLE)
 
     def not_counted(self, reason: str) -> None:
         """This node's worker failure turned out a lost member's consequence."""
         self.events.emit(Event.MEMBER_LOST, reason=reason)
-        log.info("Run %s node %s: %s", self._run_id, self._host, reason)
+        log.info("run %s node %s: %s", self._run_id, self.events.node, reason, extra=CONSOLE)
 
     def restart(self, cause: RestartCause, restarts_used: int, max_restarts: int, reason: str = "") -> None:
         extra = {"reason": reason} if reason else {}
@@ -109,10 +119,20 @@ class AgentReport:
     def readmitted(self) -> None:
         if self.metrics:
             self.metrics.set_excluded(False)
-        log.info("Run %s node %s: the exclusion cooldown ended; rejoining", self._run_id, self._host)
+        log.info("run %s node %s: the exclusion cooldown ended; rejoining", self._run_id, self.events.node,
+                 extra=CONSOLE)
 
     def print(self, line: str) -> None:
         print(line, file=self._console)
+
+
+def ranks_text(ranks: list[int]) -> str:
+    """``rank 3``, ``ranks 0-3`` (consecutive, as every layout gives them), else ``ranks 0,2,5``."""
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    if ranks == list(range(ranks[0], ranks[0] + len(ranks))):
+        return f"ranks {ranks[0]}-{ranks[-1]}"
+    return "ranks " + ",".join(map(str, ranks))
 
 
 def exit_text(exitcode: int) -> str:

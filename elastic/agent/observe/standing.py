@@ -26,7 +26,7 @@ class Standing:
         healthy: the agent runs (False once it stopped).
         progress: the rendezvous this node waits in (None: not waiting).
         members: nodes in the round this node last joined (0 before the first).
-        membership: that round's membership as last seen (waiting nodes, spares, store outage).
+        membership: that round's membership as last seen (waiting nodes, spares, store outage or full).
     """
 
     healthy: bool
@@ -50,13 +50,16 @@ def health(standing: Standing) -> tuple[bool, str]:
     """``/healthz``'s answer: stopped, waiting for a rendezvous (with its counts), or running
     (with the spares waiting beyond a full round, if any).
 
-    A store outage is said but stays healthy (200): the workers train on without the store, and
-    a liveness probe that restarted the pod would turn a control-plane outage into lost work.
+    A store outage, or a store out of space (etcd's NOSPACE alarm), is said but stays healthy
+    (200): the workers train on without the store, and a liveness probe that restarted the pod
+    would turn a control-plane outage into lost work.
     """
     if not standing.healthy:
         return False, "stopped"
     outage_age = standing.membership.store_outage
     outage = f"; store unreachable for {outage_age:.0f}s" if outage_age > 0 else ""
+    if standing.membership.store_full:
+        outage += "; store out of space"
     if standing.progress is not None:
         return True, f"waiting for rendezvous ({standing.progress.counts_text()}){outage}"
     spares = standing.membership.spares

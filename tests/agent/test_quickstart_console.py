@@ -1,0 +1,71 @@
+"""The quick start's console: a few agent lines, no JSON, no UUIDs, a summary at exit.
+
+Runs the README's quick-start command (``elasticrun --standalone --nproc-per-node=2
+examples/train_ddp.py``, as ``python -m elastic.run``) with real gloo workers, and counts what
+the agent prints beside the workers' output and torchrun's OMP_NUM_THREADS banner.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from elastic.testing.agents import Launched, clean_env
+
+pytestmark = pytest.mark.slow  # starts torch workers
+
+REPO = Path(__file__).resolve().parents[2]
+QUICK_START = ["--standalone", "--nproc-per-node=2", "examples/train_ddp.py"]
+BANNER = [  # torchrun prints it too, word for word (elastic.agent.processes.worker_env)
+    "",
+    "*****************************************",
+    "Setting OMP_NUM_THREADS environment variable for each process to be 1 in default, to avoid your system being "
+    "overloaded, please further tune the variable for optimal performance in your application as needed. ",
+    "*****************************************",
+]
+UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+def run_quick_start(tmp_path: Path, *extra: str, **env: str) -> Launched:
+    agent = Launched([sys.executable, "-m", "elastic.run", *extra, *QUICK_START], name="quickstart", logdir=tmp_path,
+                     env=clean_env(TMPDIR=str(tmp_path), **env), cwd=REPO, new_session=True, timeout=180)
+    try:
+        assert agent.wait() == 0, agent.describe()
+    finally:
+        agent.kill_tree()
+    assert "done: 200 steps" in agent.stdout, agent.stdout[-2000:]
+    return agent
+
+
+def agent_lines(stderr: str) -> list[str]:
+    lines = stderr.splitlines()
+    assert lines[:len(BANNER)] == BANNER, stderr[-3000:]
+    return lines[len(BANNER):]
+
+
+def test_the_quick_start_prints_a_few_agent_lines_without_json_and_a_summary(tmp_path):
+    agent = run_quick_start(tmp_path)
+    lines = agent_lines(agent.stderr)
+    assert len(lines) <= 5, lines
+    assert all(line.startswith("elasticrun: ") for line in lines), lines  # the workers print nothing to stderr
+    assert not [line for line in lines if "{" in line or UUID.search(line)], lines
+    formed, summary = lines[0], lines[-1]
+    assert re.fullmatch(r"elasticrun: run [0-9a-f]{8} round 0: formed a world of 2 workers on 1 node; "
+                        r"node \S+ runs ranks 0-1", formed), lines
+    assert re.fullmatch(r"elasticrun: run [0-9a-f]{8} node \S+: succeeded after \d+\.\ds; 1 attempt, no restarts",
+                        summary), lines
+
+
+def test_verbose_shows_the_rest_and_the_events_go_to_the_event_log_only(tmp_path):
+    events = tmp_path / "events.jsonl"
+    agent = run_quick_start(tmp_path, "-v", f"--event-log={events}")
+    lines = agent_lines(agent.stderr)
+    assert len(lines) > 5 and all(re.match(r"\[\d{4}-\d\d-\d\d [\d:,]+\] elasticrun INFO: ", line) for line in lines)
+    assert "closed round 0" in agent.stderr and "\"event\"" not in agent.stderr  # no JSON event lines
+    assert "succeeded after" in lines[-1]
+    names = [json.loads(line)["event"] for line in events.read_text().splitlines()]
+    assert names == ["round_joined", "job_finished"]
