@@ -121,7 +121,8 @@ def train(session: rpc.RpcSession, args: argparse.Namespace) -> None:
         if lead and done == args.crash_at_step and restart == 0:
             print(f"{session.name}: failing on purpose at step {done}", flush=True)
             os._exit(1)
-    print(f"{session.name} done: {args.steps} steps, final loss {loss.item():.5f}", flush=True)
+    print(f"{session.name} done: {args.steps} steps (restart count {restart}), final loss {loss.item():.5f}",
+          flush=True)
 
 
 def main() -> None:

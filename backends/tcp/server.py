@@ -79,9 +79,24 @@ class StoreServerHandle:
         self._loop.call_soon_threadsafe(drop)
         done.result(timeout)
 
-    def freeze(self, seconds: float) -> None:
-        """Block the server's loop for ``seconds`` (fault injection: an unresponsive server)."""
-        self._loop.call_soon_threadsafe(time.sleep, seconds)
+    def freeze(self, seconds: float, timeout: float = 5.0) -> None:
+        """Block the server's loop for ``seconds`` (fault injection: an unresponsive server).
+
+        Returns once the loop is blocked, so whatever a client sends after the call is read only
+        after the thaw, behind anything else asked of the loop meanwhile (such as a stop).
+
+        Raises:
+            TimeoutError: the loop did not start the freeze within ``timeout`` seconds.
+        """
+        frozen = threading.Event()
+
+        def block() -> None:
+            frozen.set()
+            time.sleep(seconds)
+
+        self._loop.call_soon_threadsafe(block)
+        if not frozen.wait(timeout):
+            raise TimeoutError(f"elastic-store {self.endpoint}: the loop did not freeze within {timeout} s")
 
     def _shut_down(self) -> None:
         self.server.close()

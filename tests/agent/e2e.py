@@ -62,13 +62,22 @@ def worker_alive(pid: int) -> bool:
     return agents.is_alive(pid, str(WORKERS))
 
 
-def allreduces_at(world: int, *, after: float = 0.0) -> Callable[[list[dict]], bool]:
-    """Every rank of a ``world``-sized group has completed an all-reduce after wall time ``after``."""
+def allreduces_at(world: int, *, after: float = 0.0,
+                  not_by: frozenset[int] = frozenset()) -> Callable[[list[dict]], bool]:
+    """Every rank of a ``world``-sized group has completed an all-reduce after wall time ``after``,
+    counting only workers whose pid is not in ``not_by`` (pass :func:`worker_pids` of a world
+    of the same size before a kill: its workers can still report an all-reduce right at the kill)."""
     def seen(records: list[dict]) -> bool:
         ranks = {r["rank"] for r in records
-                 if r["event"] == "allreduce" and r["world_size"] == world and r["time"] > after}
+                 if r["event"] == "allreduce" and r["world_size"] == world and r["time"] > after
+                 and r["pid"] not in not_by}
         return ranks == set(range(world))
     return seen
+
+
+def worker_pids(records: list[dict]) -> frozenset[int]:
+    """The pids of every worker that reported its start in ``records``."""
+    return frozenset(r["pid"] for r in records if r["event"] == "started")
 
 
 def assert_correct_allreduces(records: list[dict], world: int) -> None:
