@@ -111,7 +111,7 @@ class WatchHub:
             BackendClosedError: the hub (its client) was closed.
             BackendTimeoutError: etcd did not confirm a watch from now within ``confirm_timeout``.
         """
-        registration = WatchRegistration(self, prefix, start_revision)
+        registration = WatchRegistration(self.cancel, prefix, start_revision)
         with self._lock:
             if self._closed:
                 raise BackendClosedError(f"etcd watch {prefix!r}: the client was closed; open a new EtcdBackend.")

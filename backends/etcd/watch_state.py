@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import collections
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import Any, Callable
 
 from etcd3 import etcdrpc
 
@@ -20,14 +20,13 @@ from backends.etcd.connection import EndpointChannel
 from backends.etcd.convert import encode_key, prefix_range_end
 from backends.etcd.request_queue import RequestQueue
 
-if TYPE_CHECKING:
-    from backends.etcd.watch import WatchHub
 
 __all__ = ["WatchRegistration", "WatchStream"]
 
 
 class WatchRegistration:
     """One consumer's prefix watch: its queue, its resume point, and its state on the stream.
+    ``cancel`` (the hub's) is called with the registration when its watch is cancelled.
 
     Attributes:
         watch: what the consumer reads; cancelling it cancels the registration.
@@ -36,11 +35,12 @@ class WatchRegistration:
             revision None) learns its start from that confirmation.
     """
 
-    def __init__(self, hub: "WatchHub", prefix: str, start_revision: int | None) -> None:
+    def __init__(self, cancel: Callable[["WatchRegistration"], None], prefix: str,
+                 start_revision: int | None) -> None:
         self.prefix = prefix
         self.key = encode_key(prefix)
         self.range_end = prefix_range_end(self.key)
-        self.watch = QueueWatch(start_revision or 0, on_cancel=lambda: hub.cancel(self))
+        self.watch = QueueWatch(start_revision or 0, on_cancel=lambda: cancel(self))
         self.from_now = start_revision is None
         self.requested_revision = start_revision or 0
         self.progress_revision = 0

@@ -24,7 +24,7 @@ own collectives then wait for the collective timeout on a frozen peer.
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -32,10 +32,15 @@ from torch.nn.parallel import DistributedDataParallel
 
 from elastic.worker.errors import LiveRecoveryError
 
-if TYPE_CHECKING:
-    from elastic.worker.live import LiveTraining
 
 __all__ = ["live_ddp", "local_group"]
+
+class BucketReducer(Protocol):
+    """What a live DDP needs of :class:`~elastic.worker.live.LiveTraining`: the all-reduce of
+    one gradient bucket on whatever group is current (a future of the reduced tensor)."""
+
+    def bucket_allreduce(self, buffer: torch.Tensor) -> torch.futures.Future: ...
+
 
 _FORCED = ("process_group", "init_sync", "find_unused_parameters", "device_mesh")
 
@@ -63,7 +68,7 @@ def _hook(live, bucket):  # unannotated: DDP checks the annotations' values, whi
     return live.bucket_allreduce(bucket.buffer())
 
 
-def live_ddp(live: LiveTraining, module: torch.nn.Module, **kwargs: Any) -> DistributedDataParallel:
+def live_ddp(live: BucketReducer, module: torch.nn.Module, **kwargs: Any) -> DistributedDataParallel:
     """Wrap ``module`` in a DDP whose buckets go through ``live``.
 
     Raises:

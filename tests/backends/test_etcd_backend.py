@@ -192,7 +192,7 @@ def test_a_stream_wide_progress_report_is_adopted_one_report_later():
 
     connection = EtcdConnection(EtcdConfig(f"127.0.0.1:{dead_port()}"))
     try:
-        registration = WatchRegistration(WatchHub(connection), "/p/", start_revision=10)
+        registration = WatchRegistration(WatchHub(connection).cancel, "/p/", start_revision=10)
         registration.note_stream_progress(40)  # may have overtaken events at or below 40
         assert registration.resume_revision == 10
         registration.note_stream_progress(55)
@@ -209,7 +209,7 @@ def test_a_progress_notification_moves_the_resume_point_past_quiet_history():
 
     connection = EtcdConnection(EtcdConfig(f"127.0.0.1:{dead_port()}"))
     try:
-        registration = WatchRegistration(WatchHub(connection), "/p/", start_revision=10)
+        registration = WatchRegistration(WatchHub(connection).cancel, "/p/", start_revision=10)
         assert registration.resume_revision == 10
         registration.note_progress(42)
         registration.note_progress(30)
