@@ -35,7 +35,7 @@ from elastic.agent.prewarm.pool import TemplatePool
 from elastic.agent.processes.failures import first_failure
 from elastic.agent.processes.logs_specs import LogsSpecsHost
 from elastic.agent.processes.store_host import StoreHost
-from elastic.agent.processes.workers import GroupState, GroupStatus
+from elastic.agent.processes.group_state import GroupState, GroupStatus
 from elastic.agent.restarts import PendingCause, PendingRestart, settle
 from elastic.agent.waking import Interrupted, Waker
 from elastic.config import LaunchConfig

@@ -8,7 +8,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from elastic.agent.processes.workers import GroupStatus
+from elastic.agent.processes.group_state import GroupStatus
 from elastic.rendezvous.api import MembershipChange
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from elastic.agent.observe.report import exit_text
 from elastic.agent.processes.failures import first_failure
-from elastic.agent.processes.workers import GroupState
+from elastic.agent.processes.group_state import GroupState
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,8 @@ from typing import Callable, Protocol
 from elastic.agent.live.workers import LiveWorkers
 from elastic.agent.prewarm.pool import TemplatePool
 from elastic.agent.processes.logs_specs import LogsSpecsHost
-from elastic.agent.processes.workers import GroupState, WorkerGroup
+from elastic.agent.processes.group_state import GroupState
+from elastic.agent.processes.workers import WorkerGroup
 from elastic.config import LaunchConfig
 from elastic.rendezvous.api import RendezvousInfo
 

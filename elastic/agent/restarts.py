@@ -14,7 +14,7 @@ import enum
 from dataclasses import dataclass
 
 from elastic.agent.observe.events import RestartCause
-from elastic.agent.processes.workers import GroupState
+from elastic.agent.processes.group_state import GroupState
 from elastic.rendezvous.api import RendezvousInfo
 
 

@@ -178,7 +178,7 @@ def _serve_metrics(config: LaunchConfig, metrics: AgentMetrics, look: Callable[[
     Raises:
         MetricsServerError: the port cannot be bound.
     """
-    from elastic.agent.observe.metrics import MetricsServer
+    from elastic.agent.observe.metrics_server import MetricsServer
 
     metrics.follow(look)
     server = MetricsServer(config.metrics_port, config.metrics_addr, registry=metrics.registry,

@@ -3,9 +3,9 @@
 A member marks itself done (``rounds/<r>/done/<node>``, bound to its lease) and waits until
 every member of the round is done, or one is gone without being done, or a timeout. Members
 that are done may leave without their peers seeing them as *lost*
-(:func:`~elastic.rendezvous.decisions.classify`), so a node whose workers finished first does
+(:func:`~elastic.rendezvous.round_events.classify`), so a node whose workers finished first does
 not restart the others' last steps. The outcome is the pure
-:func:`~elastic.rendezvous.decisions.barrier_outcome`.
+:func:`~elastic.rendezvous.round_events.barrier_outcome`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import logging
 from typing import Callable
 
 from backends.api import EventType, KVBackend
-from elastic.rendezvous.decisions import BarrierOutcome, barrier_outcome
+from elastic.rendezvous.round_events import BarrierOutcome, barrier_outcome
 from elastic.rendezvous.membership import Membership
 from elastic.rendezvous.records import RendezvousKeys, RoundRecord
 

@@ -32,10 +32,12 @@ Protocol (DESIGN §3), per round ``r`` of one run:
 
 This module is the facade; each job has its module: :mod:`~elastic.rendezvous.membership`
 (the session, the ``state/`` watch, the master port), :mod:`~elastic.rendezvous.joining`
-(steps 2 and 4), :mod:`~elastic.rendezvous.closing` (step 3),
-:mod:`~elastic.rendezvous.monitor` (step 5 and the other changes of a running round) and
-:mod:`~elastic.rendezvous.barrier` (the exit barrier). The decisions are the pure functions of
-:mod:`elastic.rendezvous.decisions`.
+(steps 2 and 4; the wait for the close is :mod:`~elastic.rendezvous.round_wait`),
+:mod:`~elastic.rendezvous.closing` (step 3), :mod:`~elastic.rendezvous.monitor` (step 5 and the
+other changes of a running round) and :mod:`~elastic.rendezvous.barrier` (the exit barrier).
+The decisions are the pure functions of :mod:`elastic.rendezvous.decisions` (forming a round),
+:mod:`~elastic.rendezvous.round_events` (changes under a closed round) and
+:mod:`~elastic.rendezvous.reconcile` (after a compacted watch).
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ from backends.retry import RetryPolicy
 from elastic.rendezvous import records
 from elastic.rendezvous.api import MembershipChange, MembershipStatus, Rendezvous, RendezvousInfo
 from elastic.rendezvous.barrier import ExitBarrier
-from elastic.rendezvous.decisions import RoundView
+from elastic.rendezvous.round_events import RoundView
 from elastic.rendezvous.departures import Departure
 from elastic.rendezvous.errors import RendezvousClosedError, RendezvousConnectionError, RendezvousStateError
 from elastic.rendezvous.job import FinishedRecord, encode_finished

@@ -4,7 +4,8 @@
 One :meth:`JoinLoop.join` joins with one transaction (the first one optimistic and guarded:
 the round expected next, in the same step as the read of ``state/``), waits on the
 ``state/`` watch for the round to close (closing it itself when it holds the closer claim,
-through :class:`~elastic.rendezvous.closing.Closer`), and joins the next round when one closed
+through :class:`~elastic.rendezvous.closing.Closer`; the wait is
+:class:`~elastic.rendezvous.round_wait.RoundWait`), and joins the next round when one closed
 without it. A spare (a full round, every member alive) waits without a join timeout. A store
 that fails midway, or a ``state/`` watch whose history was compacted, starts the join over from
 a fresh read, with backoff, until the join timeout: every step is safe to repeat.
@@ -17,7 +18,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
-from backends.api import ABSENT, EventType, KeyValue, KVBackend
+from backends.api import KeyValue, KVBackend
 from backends.errors import BackendError, CompactedError, LeaseNotFoundError, StoreFullError
 from backends.retry import RETRYABLE_ERRORS, RetryPolicy
 from backends.session import OUTAGE_LOG_INTERVAL
@@ -31,8 +32,9 @@ from elastic.rendezvous.errors import RendezvousClosedError, RendezvousError, Re
 from elastic.rendezvous.gate import JoinGate
 from elastic.rendezvous.membership import Membership
 from elastic.rendezvous.progress import ProgressReporter, WaitSnapshot
-from elastic.rendezvous.reads import closed_round_from, joiner_of, read_alive, read_joiners, read_state, state_from
+from elastic.rendezvous.reads import read_state, state_from
 from elastic.rendezvous.records import JoinRecord, RendezvousKeys
+from elastic.rendezvous.round_wait import RoundWait, claim_is_mine
 from elastic.rendezvous.settings import RendezvousSettings
 from elastic.rendezvous.store_full import check_writable
 from elastic.rendezvous.transactions import JoinOutcome, join_txn, read_join
@@ -80,6 +82,7 @@ class JoinLoop:
         self._clock = clock
         self._retry = retry
         self._closer = Closer(settings, backend, keys, node.node_id, membership, clock)
+        self._round_wait = RoundWait(settings, backend, keys, node.node_id, membership, clock, self._closer)
         self._reporter = ProgressReporter(_progress_line, clock=clock)
         self._lost = LostNodes(backend, keys)
         self._progress_callbacks: list[Callable[[WaitSnapshot | None], None]] = []
@@ -154,6 +157,10 @@ class JoinLoop:
 
     def next_line_due(self) -> float:
         return self._reporter.next_due()
+
+    def line_due(self) -> bool:
+        """Whether a progress line could be due now (so fresh counts are worth a read)."""
+        return self._reporter.due()
 
     def timeout(self, forming: int) -> RendezvousTimeoutError:
         last, settings = self._reporter.last, self._settings
@@ -242,7 +249,7 @@ class JoinLoop:
                 if join_fills_round(attempt.count, self._settings.max_nodes):
                     closed = self._closer.try_close(forming, state)  # our join filled the round: close it now
                 if closed is None:
-                    closed = self._wait_for_round(attempt, state, wait_deadline)
+                    closed = self._round_wait.wait(self, attempt, state, wait_deadline)
             except JoinKeyLost as lost:
                 log.warning("Rendezvous %s: node %s lost its join key for round %d (%s); joining again",
                             self._settings.run_id, self._node.node_id, forming, lost)
@@ -358,63 +365,7 @@ class JoinLoop:
         return outcome, self.attempt
 
     def _is_mine(self, claim: KeyValue) -> bool:
-        return claim.lease == self._membership.lease_id and joiner_of(claim).node_id == self._node.node_id
-
-    # -- waiting for the round --------------------------------------------------------------
-    def _wait_for_round(self, attempt: JoinAttempt, state: StateView, deadline: float) -> ClosedRound:
-        """Block until round ``attempt.forming`` (or a later one) is closed; close it ourselves
-        while we hold the claim. The ``state/`` watch is live from at or before ``state.revision`` + 1."""
-        forming, claim_key = attempt.forming, self._keys.closer(attempt.forming)
-        while True:
-            if attempt.claim is Claim.HELD:
-                closed = self._closer.close_round(forming, state, deadline, self)
-                self.attempt = attempt.after_close(closed)  # every close of a round deletes its claim
-                self.release_claim()  # so this only deletes a claim on a round closed past us
-                return closed
-            closed = self._await_close_or_closer_loss(attempt, state.revision, deadline)
-            if closed is not None:
-                return closed
-            # The closer's claim vanished (its lease lapsed, or it left): claim it ourselves.
-            self.check_still_joined()
-            result = self._backend.put_if(claim_key, attempt.value, ABSENT, lease=self._membership.lease().lease_id)
-            if result.current is None:
-                continue  # the winner is already gone too: try again
-            self.attempt = attempt = attempt.seen_closer(result.current, self._is_mine(result.current))
-            log.info("Rendezvous %s: the closer of round %d left; node %s now closes it",
-                     self._settings.run_id, forming, joiner_of(result.current).node_id)
-
-    def _await_close_or_closer_loss(self, attempt: JoinAttempt, read_revision: int,
-                                    deadline: float) -> ClosedRound | None:
-        """Wait on ``state/`` for the close (returns it) or the loss of the closer's claim (None).
-
-        Events at or below ``read_revision`` are skipped: the state read already reflected them.
-        Events after the close in the same batch are handed back to the watch, for the monitor.
-        """
-        forming, claim_key, watch = attempt.forming, self._keys.closer(attempt.forming), self._membership.state
-        held_since = attempt.closer.create_revision
-        while True:
-            now = self._clock()
-            if now >= deadline:
-                raise self.timeout(forming)
-            if self._reporter.due():  # only the closer watches the joins: read them when a line is due
-                # The last round's keys first: a member that rejoins in between is then among the joiners.
-                alive = read_alive(self._backend, self._keys, self.last.record) if self.last else None
-                self.note_wait(forming, read_joiners(self._backend, self._keys, forming)[0], deadline, alive)
-            wake = min(deadline, self._reporter.next_due())
-            batch = watch.get(timeout=max(min(wake - now, self._settings.lease_ttl), 0.0))
-            for index, event in enumerate(batch):
-                if event.revision <= read_revision:
-                    continue
-                closed = closed_round_from(self._keys, self._settings.run_id, event, forming)
-                if closed is not None:
-                    watch.hand_back(batch[index + 1:])
-                    return closed
-                if event.kv.key != claim_key or event.revision <= held_since:
-                    continue  # not the claim, or a change from before the current holder claimed
-                if event.type is EventType.DELETE:
-                    return None
-                held_since = event.kv.create_revision  # a new holder (seen before our claim attempt)
-            self.check_still_joined()
+        return claim_is_mine(claim, self._membership, self._node.node_id)
 
     # -- helpers ----------------------------------------------------------------------------
     def _set_progress(self, snapshot: WaitSnapshot | None) -> None:

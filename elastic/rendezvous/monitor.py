@@ -5,7 +5,7 @@ the round's member list was read (members leaving, nodes waiting for the next ro
 marked done), and the node's ``state/`` watch, read through a subscription to
 :class:`~elastic.rendezvous.membership.StateWatch` (the rendezvous closed for good, a newer
 round); the monitor never opens, replaces or keeps that one. Each event is classified with
-:func:`elastic.rendezvous.decisions.classify`; the first change is kept in :attr:`status` and
+:func:`elastic.rendezvous.round_events.classify`; the first change is kept in :attr:`status` and
 sets :attr:`changed`. The ``rounds/`` watch does not replay the round record, which is
 O(members) bytes, to every member.
 
@@ -17,7 +17,7 @@ contract, :mod:`backends.api`), so an unreachable store never restarts the worke
 server's word does: a key deleted, a newer round, the rendezvous closed. When a watch cannot
 resume because the history it needs was compacted, :meth:`MembershipMonitor._reconcile` (the
 one place that handles it, on a short-lived thread) re-reads the round, the next round and
-``state/`` at one revision, asks :func:`~elastic.rendezvous.decisions.reconcile` what changed
+``state/`` at one revision, asks :func:`~elastic.rendezvous.reconcile.reconcile` what changed
 against the round this node acted on, and watches again from after that read: a reconnect is
 never by itself a membership change. Corrupt state seen is reported once, as one line naming
 the key and the fix, and kept in :attr:`MembershipMonitor.problem`; the workers keep training.
@@ -34,18 +34,17 @@ from backends.api import KVBackend, Watch, WatchEvent
 from backends.errors import BackendClosedError, BackendError, CompactedError
 from backends.retry import RetryPolicy
 from backends.txn import TxnResult
-from elastic.rendezvous.api import MembershipStatus
-from elastic.rendezvous.decisions import (
-    MembershipChange,
+from elastic.rendezvous.api import MembershipChange, MembershipStatus
+from elastic.rendezvous.round_events import (
     MonitorState,
     RoundView,
     classify,
     deleted_by_hand,
-    reconcile,
     rejoining_count,
     spare_count,
     waiting_counts,
 )
+from elastic.rendezvous.reconcile import reconcile
 from elastic.rendezvous.errors import RendezvousStateError
 from elastic.rendezvous.membership import StateWatch
 from elastic.rendezvous.transactions import read_reread, reread_txn

@@ -26,7 +26,7 @@ from backends.api import KeyValue, RangeResult
 from backends.errors import ProtocolError
 from backends.txn import Compare, Delete, Put, PutResult, Range, Response, Txn, TxnResult
 from elastic.rendezvous import records
-from elastic.rendezvous.decisions import RoundSnapshot
+from elastic.rendezvous.reconcile import RoundSnapshot
 from elastic.rendezvous.errors import RendezvousStateError
 from elastic.rendezvous.job import decode_finished
 from elastic.rendezvous.records import RendezvousKeys

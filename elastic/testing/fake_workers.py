@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 
 from elastic.agent.errors import WorkerStartError
 from elastic.agent.processes.failures import WorkerFailure
-from elastic.agent.processes.workers import GroupState, GroupStatus
+from elastic.agent.processes.group_state import GroupState, GroupStatus
 from elastic.rendezvous.api import RendezvousInfo
 
 __all__ = ["Fate", "FakeGroup", "FakeGroups"]

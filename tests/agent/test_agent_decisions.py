@@ -3,7 +3,7 @@
 import pytest
 
 from elastic.agent.decisions import AgentAction, AgentView, decide, should_exclude
-from elastic.agent.processes.workers import GroupStatus
+from elastic.agent.processes.group_state import GroupStatus
 from elastic.rendezvous.api import MembershipChange
 
 RUN, OK, FAIL = GroupStatus.RUNNING, GroupStatus.SUCCEEDED, GroupStatus.FAILED

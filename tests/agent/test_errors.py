@@ -40,10 +40,10 @@ def test_every_agent_error_is_an_agent_error_and_keeps_the_builtin_its_callers_c
 
 def test_the_public_modules_still_export_their_errors():
     from elastic.agent.lifeline import pidfile
-    from elastic.agent.observe import metrics
+    from elastic.agent.observe import metrics_server
     from elastic.agent.processes import store_host, workers
 
-    assert (workers.WorkerStartError, store_host.StoreHostError, metrics.MetricsServerError,
+    assert (workers.WorkerStartError, store_host.StoreHostError, metrics_server.MetricsServerError,
             pidfile.PidFileError) == (WorkerStartError, StoreHostError, MetricsServerError, PidFileError)
 
 

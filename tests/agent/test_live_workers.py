@@ -19,7 +19,8 @@ from elastic.agent.live.decisions import AnswerView, RoundAnswer, decide_answer,
 from elastic.agent.live.pipes import RoundPipes
 from elastic.agent.live.workers import LiveWorkers, round_for
 from elastic.agent.prewarm.pool import ForkedWorker, TemplatePool
-from elastic.agent.processes.workers import GroupStatus, WorkerGroup
+from elastic.agent.processes.group_state import GroupStatus
+from elastic.agent.processes.workers import WorkerGroup
 from elastic.config import Entrypoint, LaunchConfig, Std, StdMask
 from elastic.rendezvous.api import MembershipChange, RendezvousInfo
 from elastic.worker.rounds import READY_FD_VAR, ROUND_FD_VAR, ROUND_VAR, STORE_PREFIX_VAR, parse_round_line

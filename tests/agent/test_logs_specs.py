@@ -19,7 +19,8 @@ from elastic.agent.errors import WorkerStartError
 from elastic.agent.groups import worker_groups
 from elastic.agent.processes.logs_specs import LogsSpecsError, LogsSpecsHost, logs_specs_host
 from elastic.agent.processes.output import RankDest
-from elastic.agent.processes.workers import GroupStatus, WorkerGroup
+from elastic.agent.processes.group_state import GroupStatus
+from elastic.agent.processes.workers import WorkerGroup
 from elastic.config import Entrypoint, LaunchConfig, Std, StdMask
 from elastic.rendezvous.api import RendezvousInfo
 from elastic.testing.flat_logs import install_flat_logs

@@ -30,10 +30,9 @@ from elastic.agent.observe.metrics import (
     WORKER_EXITS_TOTAL,
     WORKERS,
     AgentMetrics,
-    MetricsServer,
-    MetricsServerError,
     render,
 )
+from elastic.agent.observe.metrics_server import MetricsServer, MetricsServerError
 
 TIMEOUT = 5
 

@@ -12,7 +12,8 @@ import psutil
 import pytest
 
 from elastic.agent.processes.proctree import ProcLister, find_tree
-from elastic.agent.processes.workers import GroupStatus, WorkerGroup
+from elastic.agent.processes.group_state import GroupStatus
+from elastic.agent.processes.workers import WorkerGroup
 from elastic.config import Entrypoint, LaunchConfig
 from elastic.rendezvous.api import RendezvousInfo
 

@@ -3,7 +3,7 @@
 import pytest
 
 from elastic.agent.observe.events import RestartCause
-from elastic.agent.processes.workers import GroupState, GroupStatus
+from elastic.agent.processes.group_state import GroupState, GroupStatus
 from elastic.agent.restarts import PendingCause, PendingRestart, Settlement, settle
 from elastic.rendezvous.api import RendezvousInfo
 from elastic.rendezvous.records import Member, NodeLayout

@@ -28,7 +28,8 @@ from elastic.agent.prewarm.wire import (FrameReader, TemplateWireError, WorkerJo
                                          read_fork_request)
 from elastic.agent.prewarm.control import TemplateState
 from elastic.agent.prewarm.pool import TemplatePool, worker_path0
-from elastic.agent.processes.workers import GroupStatus, WorkerGroup
+from elastic.agent.processes.group_state import GroupStatus
+from elastic.agent.processes.workers import WorkerGroup
 from elastic.config import Entrypoint, LaunchConfig, Std, StdMask
 from elastic.rendezvous.api import RendezvousInfo
 from elastic.testing.ports import free_port

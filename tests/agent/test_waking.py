@@ -15,7 +15,8 @@ import time
 
 import pytest
 
-from elastic.agent.processes.workers import GroupStatus, WorkerGroup
+from elastic.agent.processes.group_state import GroupStatus
+from elastic.agent.processes.workers import WorkerGroup
 from elastic.agent.waking import Interrupted, Waker
 from elastic.config import Entrypoint, LaunchConfig, Std, StdMask
 from elastic.rendezvous.api import RendezvousInfo

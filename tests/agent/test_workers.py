@@ -23,9 +23,8 @@ import pytest
 from elastic.agent.prewarm.forked import ForkedWorker
 from elastic.agent.prewarm.pool import TemplatePool
 from elastic.testing.agents import wait_until
+from elastic.agent.processes.group_state import GroupState, GroupStatus
 from elastic.agent.processes.workers import (
-    GroupState,
-    GroupStatus,
     WorkerGroup,
     WorkerStartError,
     attempt_log_dir,

@@ -3,7 +3,7 @@
 A shared etcd with auto-compaction may compact the history a member's watch would resume
 from while the member's connection is down (an etcd restart, a partition). The watch then
 cannot resume (CompactedError), and the member re-reads its round at one revision and
-compares it with what it acted on (:func:`elastic.rendezvous.decisions.reconcile`): nothing
+compares it with what it acted on (:func:`elastic.rendezvous.reconcile.reconcile`): nothing
 changed is no change (its workers keep training); a member that left in the gap is lost.
 
 Forced for real: the store is compacted past the watches' revisions, and the watches' stream

@@ -7,26 +7,27 @@ from elastic.rendezvous import records
 from elastic.rendezvous.decisions import (
     CloseAction,
     Joiner,
-    MembershipChange,
-    MonitorState,
-    RoundSnapshot,
-    RoundView,
     agreed_restart_count,
     everyone_back,
     holds_for_members,
     round_is_full,
     is_spare,
-    spare_count,
     assign_ranks,
-    classify,
     decide_close,
-    deleted_by_hand,
     join_fills_round,
     last_call_deadline,
-    reconcile,
+)
+from elastic.rendezvous.round_events import (
+    MonitorState,
+    RoundView,
+    spare_count,
+    classify,
+    deleted_by_hand,
     waiting_counts,
 )
+from elastic.rendezvous.reconcile import RoundSnapshot, reconcile
 from elastic.rendezvous.records import Member, RendezvousKeys, RoundRecord
+from elastic.rendezvous.api import MembershipChange
 
 KEYS = RendezvousKeys("/elastic", "job")
 

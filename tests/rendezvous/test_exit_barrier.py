@@ -112,7 +112,7 @@ def test_a_member_whose_lease_lapses_before_it_is_done_ends_the_barrier_at_once(
     ],
 )
 def test_barrier_outcome_case_table(present, done, expected):
-    from elastic.rendezvous.decisions import BarrierOutcome, barrier_outcome
+    from elastic.rendezvous.round_events import BarrierOutcome, barrier_outcome
 
     outcome = barrier_outcome(frozenset({"a", "b"}), frozenset(present), frozenset(done))
     assert outcome is BarrierOutcome[expected]

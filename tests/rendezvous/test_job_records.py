@@ -8,7 +8,8 @@ import pytest
 from backends.api import EventType, KeyValue, WatchEvent
 from backends.fake import InMemoryStore
 from elastic.rendezvous.api import MembershipChange
-from elastic.rendezvous.decisions import MonitorState, RoundSnapshot, RoundView, classify, reconcile
+from elastic.rendezvous.round_events import MonitorState, RoundView, classify
+from elastic.rendezvous.reconcile import RoundSnapshot, reconcile
 from elastic.rendezvous.errors import RendezvousStateError
 from elastic.rendezvous.job import (
     COMMAND_CHARS, FinishedRecord, JobIdentity, decode_finished, decode_job, encode_finished, encode_job,

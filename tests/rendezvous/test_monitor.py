@@ -12,7 +12,7 @@ from backends.api import EventType, KeyValue, QueueWatch, WatchEvent
 from backends.errors import CompactedError
 from elastic.rendezvous import records
 from elastic.rendezvous.api import MembershipChange
-from elastic.rendezvous.decisions import RoundView
+from elastic.rendezvous.round_events import RoundView
 from elastic.rendezvous.membership import StateWatch
 from elastic.rendezvous.monitor import MembershipMonitor
 from elastic.rendezvous.records import ClosedRecord, Member, RendezvousKeys, RoundRecord
@@ -218,7 +218,7 @@ def test_a_re_read_that_finds_corrupt_state_reports_it_once_and_watching_goes_on
     (MembershipChange.MEMBER_LOST, "/elastic/job/other", "member lost (/elastic/job/other vanished)"),
 ])
 def test_a_change_seen_on_a_node_key_names_the_node_and_the_round(change, key, reason):
-    from elastic.rendezvous.decisions import MonitorState
+    from elastic.rendezvous.round_events import MonitorState
     from elastic.rendezvous.monitor import _describe
 
     node = records.RendezvousKeys("/elastic", "job").parse_node_key(key)

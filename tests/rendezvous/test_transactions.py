@@ -6,7 +6,7 @@ import pytest
 
 from backends.api import EventType
 from backends.fake import InMemoryStore
-from elastic.rendezvous.decisions import RoundSnapshot
+from elastic.rendezvous.reconcile import RoundSnapshot
 from elastic.rendezvous.errors import RendezvousStateError
 from elastic.rendezvous.records import ClosedRecord, Member, RendezvousKeys, RoundRecord, encode_closed, encode_round
 from elastic.rendezvous.transactions import (

@@ -12,7 +12,7 @@ import pytest
 
 from prometheus_client import CollectorRegistry
 
-from elastic.agent.observe.metrics import MetricsServer
+from elastic.agent.observe.metrics_server import MetricsServer
 from elastic.testing.agents import wait_until
 
 

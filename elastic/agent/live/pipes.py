@@ -14,7 +14,7 @@ import logging
 import os
 from dataclasses import dataclass
 
-from elastic.agent.processes.workers import WorkerExtras
+from elastic.agent.processes.group_state import WorkerExtras
 from elastic.worker.rounds import READY_FD_VAR, ROUND_FD_VAR, ROUND_VAR, STORE_PREFIX_VAR, Round, encode_round_line
 
 log = logging.getLogger(__name__)

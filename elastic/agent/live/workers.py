@@ -20,7 +20,8 @@ from elastic.agent.live.decisions import AnswerView, RoundAnswer, decide_answer
 from elastic.agent.live.pipes import RoundPipes
 from elastic.agent.processes.failures import root_cause_summary
 from elastic.agent.processes.worker_env import worker_ranks
-from elastic.agent.processes.workers import GroupState, GroupStatus, WorkerExtras, WorkerGroup
+from elastic.agent.processes.group_state import GroupState, GroupStatus, WorkerExtras
+from elastic.agent.processes.workers import WorkerGroup
 from elastic.config import LaunchConfig
 from elastic.rendezvous.api import RendezvousInfo
 from elastic.worker.rounds import Round, default_store_prefix

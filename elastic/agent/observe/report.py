@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, IO
 from elastic.console import CONSOLE
 from elastic.agent.observe.events import Event, EventLog, RestartCause
 from elastic.agent.processes.failures import first_failure, signal_name
-from elastic.agent.processes.workers import GroupState
+from elastic.agent.processes.group_state import GroupState
 from elastic.rendezvous.api import MembershipChange, MembershipStatus, RendezvousInfo
 
 if TYPE_CHECKING:

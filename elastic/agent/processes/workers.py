@@ -16,8 +16,6 @@ it also reaps grandchildren a finished worker left behind.
 
 from __future__ import annotations
 
-import dataclasses
-import enum
 import logging
 import os
 import shutil
@@ -25,21 +23,14 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING, Callable, Mapping
 
 from elastic.agent.errors import WorkerStartError
-from elastic.agent.processes.failures import (
-    WorkerFailure,
-    read_error_file,
-    read_log_tail,
-    root_cause_summary,
-)
-from elastic.agent.lifeline.keeper import parent_death_preexec
+from elastic.agent.processes.failures import WorkerFailure, read_log_tail, root_cause_summary
+from elastic.agent.processes.group_state import GroupState, GroupStatus, WorkerExtras
 from elastic.agent.processes.output import (
     PUMP_DRAIN_S,
     WorkerLogs,
-    WorkerOutput,
     attempt_log_dir,
     console_prefix,
     resolve_log_root,
@@ -48,7 +39,8 @@ from elastic.agent.processes.logs_specs import LogsSpecsError, LogsSpecsHost
 from elastic.agent.processes.proctree import ProcessLister, WorkerTrees
 from elastic.agent.prewarm.pool import ForkedWorker, TemplatePool
 from elastic.agent.processes.worker_env import python_executable, worker_argv, worker_env, worker_ranks
-from elastic.config import LaunchConfig, Std
+from elastic.agent.processes.worker_proc import Worker, failure_of, place_logs, plan_output, start_process
+from elastic.config import LaunchConfig
 
 if TYPE_CHECKING:
     from elastic.rendezvous.api import RendezvousInfo
@@ -56,79 +48,13 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "GroupState",
-    "GroupStatus",
     "WorkerGroup",
     "WorkerLogs",
-    "WorkerExtras",
     "WorkerStartError",
     "attempt_log_dir",
     "console_prefix",
     "resolve_log_root",
 ]
-
-
-@dataclass(frozen=True)
-class WorkerExtras:
-    """What one worker gets beyond torchrun's environment (live recovery's round pipes): more
-    variables, and descriptors it inherits, each named by the variable that carries its number
-    (a forked worker gets them under other numbers, and the variables say which)."""
-
-    env: Mapping[str, str] = field(default_factory=dict)
-    fds: Mapping[str, int] = field(default_factory=dict)
-
-
-class GroupStatus(enum.Enum):
-    """Where a worker group stands.
-
-    ``RUNNING`` → ``SUCCEEDED`` (every worker exited 0), ``FAILED`` (a worker exited non-zero or
-    was killed before the agent began stopping the group) or ``STOPPED`` (the agent stopped the
-    group first). The last three are final.
-    """
-
-    RUNNING = "running"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    STOPPED = "stopped"
-
-
-@dataclass(frozen=True)
-class GroupState:
-    """A snapshot of a worker group.
-
-    Attributes:
-        status: see :class:`GroupStatus`.
-        failures: every worker that exited non-zero so far, in exit order; a later snapshot's
-            tuple extends an earlier one's. Those killed by :meth:`WorkerGroup.stop` carry
-            ``during_stop=True``.
-        running: local ranks still running.
-    """
-
-    status: GroupStatus
-    failures: tuple[WorkerFailure, ...] = ()
-    running: frozenset[int] = frozenset()
-
-
-@dataclass
-class _Worker:
-    local_rank: int
-    global_rank: int
-    output: WorkerOutput | None  # None until a --logs-specs plugin placed it (at start)
-    env_overrides: Mapping[str, str] = field(default_factory=dict)  # what the plugin set in its environment
-    proc: subprocess.Popen | ForkedWorker | None = None
-    watcher: threading.Thread | None = None
-    exitcode: int | None = None
-    exit_monotonic: float = 0.0
-    exit_time: float = 0.0
-    failure: WorkerFailure | None = None
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid if self.proc is not None else -1
-
-    @property
-    def logs(self) -> WorkerLogs:
-        return self.output.logs if self.output is not None else WorkerLogs(None, None, "")
 
 
 class WorkerGroup:
@@ -384,21 +310,12 @@ class WorkerGroup:
 
     # -- internals ---------------------------------------------------------------------------
 
-    def _plan(self, local_rank: int) -> _Worker:
+    def _plan(self, local_rank: int) -> Worker:
         global_rank = worker_ranks(self.config, self.rdzv, local_rank).rank
         if self._logs_specs is not None:
-            return _Worker(local_rank=local_rank, global_rank=global_rank, output=None)  # placed at start
-        redirect = self.config.redirects.for_rank(local_rank)
-        tee = self.config.tee.for_rank(local_rank)
-        ranks = self.config.local_ranks_filter
-        output = WorkerOutput.planned(
-            os.path.join(self.log_dir, str(local_rank)),
-            redirect={"stdout": bool(redirect & Std.OUT), "stderr": bool(redirect & Std.ERR)},
-            tee={"stdout": bool(tee & Std.OUT), "stderr": bool(tee & Std.ERR)},
-            shown=not ranks or local_rank in ranks,
-            consoles=self._consoles(),
-        )
-        return _Worker(local_rank=local_rank, global_rank=global_rank, output=output)
+            return Worker(local_rank=local_rank, global_rank=global_rank, output=None)  # placed at start
+        output = plan_output(self.config, self.log_dir, local_rank, self._consoles())
+        return Worker(local_rank=local_rank, global_rank=global_rank, output=output)
 
     def _consoles(self) -> dict[str, IO | None]:
         return {"stdout": self._console_out, "stderr": self._console_err}
@@ -410,22 +327,14 @@ class WorkerGroup:
         Raises:
             WorkerStartError: the plugin failed (no worker has started).
         """
-        envs = {}
-        for worker in self._workers:  # torch's envs: what the launcher sets; reify adds the error file
-            env = self._env(worker, error_file="")
-            del env["TORCHELASTIC_ERROR_FILE"]
-            envs[worker.local_rank] = {key: value for key, value in env.items() if self._environ.get(key) != value}
         try:
-            plan = host.reify(envs)
+            self.log_dir = place_logs(host, self._workers, lambda worker: self._env(worker, error_file=""),
+                                      self._environ, self._consoles())
         except LogsSpecsError as error:
             self.stop(timeout=0)
             raise WorkerStartError(f"Run {self.rdzv.run_id}: {error}") from error
-        for worker in self._workers:
-            worker.output = WorkerOutput.from_dest(plan.dests[worker.local_rank], self._consoles())
-            worker.env_overrides = plan.env[worker.local_rank]
-        self.log_dir = plan.root_log_dir
 
-    def _env(self, worker: _Worker, error_file: str) -> dict[str, str]:
+    def _env(self, worker: Worker, error_file: str) -> dict[str, str]:
         env = worker_env(
             self._environ, self.config, self.rdzv, worker.local_rank,
             restart_count=self.restart_count, error_file=error_file,
@@ -434,12 +343,12 @@ class WorkerGroup:
         env.update(worker.env_overrides)
         return env
 
-    def _argv(self, worker: _Worker) -> list[str]:
+    def _argv(self, worker: Worker) -> list[str]:
         return worker_argv(
             self.config.entrypoint, python=self._python, local_rank=worker.local_rank
         )
 
-    def _spawn(self, worker: _Worker) -> None:
+    def _spawn(self, worker: Worker) -> None:
         output = worker.output
         if output is None:
             raise RuntimeError(f"Run {self.rdzv.run_id}: local rank {worker.local_rank} has no output placed.")
@@ -447,20 +356,7 @@ class WorkerGroup:
         extras = self._extras(worker.local_rank) if self._extras is not None else WorkerExtras()
         env.update({**extras.env, **{name: str(fd) for name, fd in extras.fds.items()}})
         with output.stdio() as std:
-            proc = self._fork(worker, env, std, extras)
-            if proc is None:
-                proc = subprocess.Popen(
-                    self._argv(worker),
-                    env=env,
-                    stdin=subprocess.DEVNULL,
-                    stdout=std["stdout"],
-                    stderr=std["stderr"],
-                    start_new_session=True,
-                    close_fds=True,
-                    pass_fds=tuple(extras.fds.values()),
-                    # Linux: SIGKILL when this thread's process dies (see elastic.agent.lifeline.keeper).
-                    preexec_fn=parent_death_preexec(),
-                )
+            proc = start_process(self.config, worker, self._argv(worker), env, std, extras, self._templates)
             worker.proc = proc
         worker.watcher = threading.Thread(
             target=self._watch, args=(worker, proc), name=f"watch-{worker.local_rank}", daemon=True
@@ -475,17 +371,7 @@ class WorkerGroup:
         forked = sum(isinstance(w.proc, ForkedWorker) for w in self._workers)
         return f" ({forked} forked from pre-warmed templates)" if self._templates is not None else ""
 
-    def _fork(self, worker: _Worker, env: dict[str, str], std: dict[str, object],
-              extras: WorkerExtras) -> ForkedWorker | None:
-        """The worker forked from its pre-warmed template, or None: start it normally."""
-        if self._templates is None:
-            return None
-        args = self._argv(worker)
-        substituted = args[len(args) - len(self.config.entrypoint.args):]  # every argv ends with them
-        job = dataclasses.replace(self._templates.job(env, substituted), inherited=tuple(extras.fds))
-        return self._templates.fork(worker.local_rank, job, std, args, inherited=tuple(extras.fds.values()))
-
-    def _watch(self, worker: _Worker, proc: subprocess.Popen | ForkedWorker) -> None:
+    def _watch(self, worker: Worker, proc: subprocess.Popen | ForkedWorker) -> None:
         code = proc.wait()
         with self._cond:  # stamped under the lock: exit order == the order polls see exits
             worker.exitcode = code
@@ -501,25 +387,10 @@ class WorkerGroup:
                 worker.pid, code,
             )
 
-    def _failure_of(self, worker: _Worker) -> WorkerFailure:
-        if worker.failure is None:
-            worker.failure = WorkerFailure(
-                local_rank=worker.local_rank,
-                global_rank=worker.global_rank,
-                pid=worker.pid,
-                exitcode=worker.exitcode if worker.exitcode is not None else 0,
-                exit_monotonic=worker.exit_monotonic,
-                exit_time=worker.exit_time,
-                error_file=worker.logs.error_file,
-                error=read_error_file(worker.logs.error_file),
-                stderr_log=worker.logs.stderr,
-                during_stop=(
-                    self._stop_began is not None and worker.exit_monotonic >= self._stop_began
-                ),
-            )
-        return worker.failure
+    def _failure_of(self, worker: Worker) -> WorkerFailure:
+        return failure_of(worker, self._stop_began)
 
-    def _live_leaders(self) -> list[_Worker]:
+    def _live_leaders(self) -> list[Worker]:
         with self._cond:
             return [w for w in self._workers if w.proc is not None and w.exitcode is None]
 
