@@ -131,10 +131,13 @@ def test_a_frozen_peer_is_abandoned_when_the_next_round_arrives_and_heals_when_i
     # Leak: while the abandoned group's collective runs it keeps its threads and sockets; once the
     # collective timeout ends it, they are released, and with the same world size the survivor
     # is back to its threads and fds of before the freeze.
+    # The healed round's first steps may still hold the transfer's socket or a gloo thread on its
+    # way out, so "back" is judged on its last ten steps: a leak stays in every one of them.
     during = next(event for event in steps(logs["w0"]) if event["round"] == 1)
-    after = steps(logs["w0"])[-1]
+    tail = [event for event in steps(logs["w0"]) if event["round"] == 2][-10:]
     assert during["hung"] == 1 and during["threads"] > before["threads"], (before, during)
-    assert after["threads"] == before["threads"] and after["fds"] <= before["fds"], (before, after)
+    assert tail and min(event["threads"] for event in tail) == before["threads"], (before, tail)
+    assert min(event["fds"] for event in tail) <= before["fds"], (before, tail)
     assert frozen_at < arrived
 
 
