@@ -46,6 +46,9 @@ if TYPE_CHECKING:
     from elastic.agent.observe.metrics import AgentMetrics
 
 log = logging.getLogger(__name__)
+_RESTARTS = frozenset({AgentAction.RESTART_AFTER_FAILURE, AgentAction.RESTART_FOR_MEMBERSHIP,
+                       AgentAction.RESTART_FOR_OUTAGE, AgentAction.RESTART_UNANSWERED})
+"""The actions after which the workers start again (the console's "restarting" line)."""
 
 T = TypeVar("T")
 
@@ -260,7 +263,7 @@ class ElasticAgent:
                 self._waker.wait(min((deadline or 0.0) - self._clock(), self.config.monitor_interval))
             else:
                 if membership.change is not None and action is not AgentAction.STOP_FINISHED:
-                    self._report.change(membership)
+                    self._report.change(membership, restarting=action in _RESTARTS)
                 return Verdict(action, group.poll(), membership)
 
     def _in_store_outage(self, membership: MembershipStatus) -> bool:

@@ -73,14 +73,18 @@ class AgentReport:
                 self.metrics.worker_exit(exitcode=failure.exitcode)
         return len(state.failures)
 
-    def change(self, membership: MembershipStatus) -> None:
-        """A membership change the agent restarts (or stops) for."""
+    def change(self, membership: MembershipStatus, *, restarting: bool = True) -> None:
+        """A membership change the agent restarts for, or (``restarting`` False) ends or stops on:
+        the console line says a restart only when one follows."""
         if membership.change is MembershipChange.NODES_WAITING:
             self.events.emit(Event.NODES_WAITING, count=membership.waiting, reason=membership.reason)
         elif membership.change is MembershipChange.MEMBER_LOST:
             self.events.emit(Event.MEMBER_LOST, reason=membership.reason)
-        log.info("run %s node %s: %s; restarting the workers (does not count as a failure)",
-                 self._run_id, self.events.node, membership.reason, extra=CONSOLE)
+        if restarting:
+            log.info("run %s node %s: %s; restarting the workers (does not count as a failure)",
+                     self._run_id, self.events.node, membership.reason, extra=CONSOLE)
+        else:
+            log.info("run %s node %s: %s", self._run_id, self.events.node, membership.reason, extra=CONSOLE)
 
     def not_counted(self, reason: str) -> None:
         """This node's worker failure turned out a lost member's consequence."""
