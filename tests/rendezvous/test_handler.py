@@ -18,24 +18,8 @@ from elastic.rendezvous.errors import RendezvousClosedError, RendezvousStateErro
 from elastic.rendezvous.handler import RendezvousHandler
 from elastic.rendezvous.records import RendezvousKeys
 from elastic.rendezvous.settings import RendezvousSettings
-from elastic.testing.fake_store import FakeHarness
-from elastic.testing.tcp_store import TcpStoreHarness
 
 TTL = 2.0
-
-
-@pytest.fixture(params=["fake", "tcp", pytest.param("etcd", marks=pytest.mark.etcd)])
-def harness(request):
-    if request.param == "fake":
-        harness = FakeHarness()
-    elif request.param == "tcp":
-        harness = TcpStoreHarness()
-    else:
-        from elastic.testing.etcd_server import EtcdHarness
-
-        harness = EtcdHarness(request.getfixturevalue("etcd_server"))
-    yield harness
-    harness.close()
 
 
 @pytest.fixture

@@ -22,27 +22,12 @@ from elastic.rendezvous.handler import RendezvousHandler
 from elastic.rendezvous.job import decode_finished, decode_job, job_identity
 from elastic.rendezvous.records import RendezvousKeys
 from elastic.rendezvous.settings import RendezvousSettings
-from elastic.testing.fake_store import FakeHarness
 from elastic.testing.tcp_store import TcpStoreHarness
 
 TTL = 2.0
 TRAIN = job_identity("script", "train_ddp.py", ["--steps", "2000", "--checkpoint", "/nodeA/ckpt.pt"])
 TRAIN_ON_B = job_identity("script", "train_ddp.py", ["--steps", "2000", "--checkpoint", "/nodeB/ckpt.pt"])
 OTHER = job_identity("script", "probe.py", ["table.jsonl", "--password", "hunter2"])
-
-
-@pytest.fixture(params=["fake", "tcp", pytest.param("etcd", marks=pytest.mark.etcd)])
-def harness(request):
-    if request.param == "fake":
-        harness = FakeHarness()
-    elif request.param == "tcp":
-        harness = TcpStoreHarness()
-    else:
-        from elastic.testing.etcd_server import EtcdHarness
-
-        harness = EtcdHarness(request.getfixturevalue("etcd_server"))
-    yield harness
-    harness.close()
 
 
 @pytest.fixture
