@@ -118,7 +118,9 @@ class OpRegistry:
             outcome()
         except Exception as error:  # the collective's own failure: a peer closed, or it timed out
             lost = CollectiveFailed(f"round {self.round}: a collective failed: {_first_line(error)}", self.round)
-            lost.__cause__ = error
+            # Its traceback is this frame, which holds the op and its works, and so the group's
+            # sockets and threads for as long as anything holds the error: drop it.
+            lost.__cause__ = error.with_traceback(None)
             self._record(lost)
             op.settle(error=lost)
         else:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
+import weakref
 
 import pytest
 import torch
@@ -71,6 +73,31 @@ def test_a_failed_work_becomes_collective_failed_and_marks_the_group():
     assert registry.failure is caught.value and caught.value.round == 3
     with pytest.raises(CollectiveFailed):  # the group is lost: a new launch fails at once
         registry.launch([FutureWork()]).wait()
+
+
+def test_a_failed_work_is_not_kept_alive_by_the_error_that_reports_it():
+    # The error outlives the group (DDP's reducer and the caller hold it); were its cause's
+    # traceback kept, its frame would hold the op and the works, and with them the group's
+    # sockets and threads, until a full garbage collection that may never come.
+    registry = OpRegistry(3, "run t")
+    work = FutureWork()
+    released = []
+    weakref.finalize(work, released.append, True)
+    op = registry.launch([work])
+    work.future.set_exception(RuntimeError("Connection reset by peer"))
+    with pytest.raises(CollectiveFailed) as caught:
+        op.wait()
+    error = caught.value
+    assert error.__cause__.__traceback__ is None
+    gc.disable()  # only reference counting may free the work: no cycle may hold it
+    try:
+        del work, op, caught
+        registry.close("left")
+        del registry
+        assert released == [True], [type(r).__name__ for r in gc.get_referrers(error)]
+    finally:
+        gc.enable()
+    assert "Connection reset by peer" in str(error)
 
 
 def test_works_without_a_future_are_waited_on_by_a_helper_thread():
