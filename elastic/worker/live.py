@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from elastic.worker.channel import Arrival, RoundMailbox, RoundWatcher
 from elastic.worker.codec import check_state
-from elastic.worker.decisions import LossAction, decide_after_loss
+from elastic.worker.decisions import LossAction, Mark, decide_after_loss
 from elastic.worker.errors import (
     AgentGoneError,
     GroupLost,
@@ -100,6 +100,7 @@ class LiveTraining:
         self._formed: FormedGroup | None = None
         self._lost: GroupLost | None = None
         self._step = 0
+        self._commit_round = -1  # the round this worker committed its last step in (see decisions.Mark)
         self._started = False
         self._closed = False
         self._gave_up = False
@@ -251,6 +252,7 @@ class LiveTraining:
         if error is None:
             if failure is None:
                 self._step += 1
+                self._commit_round = self._round.round
                 return False
             log.warning("%s: step %d is not committed: a collective of it failed (%s) but its body went on",
                         self._where(), self._step, failure)
@@ -330,8 +332,9 @@ class LiveTraining:
             export_round(target, self._environ)
         self._formed = form_group(target, self.options, self._mailbox, self._label, self._clock)
         formed_at = self._clock()
-        healed = heal(self._formed, self._step, self.options, self._state_dict, self._load_state_dict, self._clock)
-        self._step = healed.step
+        healed = heal(self._formed, Mark(self._step, self._commit_round), self.options, self._state_dict,
+                      self._load_state_dict, self._clock)
+        self._step, self._commit_round = healed.mark.step, healed.mark.round
         self._lost = None
         recovery = Recovery(
             round=target.round, cause=cause, step=healed.step, steps_before=healed.steps, role=healed.role,
