@@ -129,11 +129,16 @@ class LossAction(enum.Enum):
     """The pipe is at EOF: no round will come; exit non-zero."""
     GIVE_UP_DEADLINE = "deadline"
     """No round came before the deadline; exit non-zero so the agent restarts the group."""
+    GIVE_UP_FAILING = "failing"
+    """Too many groups failed in a row without a step: exit non-zero, the agent's restart is counted."""
 
 
-def decide_after_loss(pending: bool, eof: bool, deadline_passed: bool) -> LossAction:
+def decide_after_loss(pending: bool, eof: bool, deadline_passed: bool, failing: bool = False) -> LossAction:
     """The next step of a worker whose group is lost (a pending round wins over EOF: it was
-    published before the agent went away, and the peers may form it)."""
+    published before the agent went away, and the peers may form it; ``failing``, too many
+    failed groups in a row, wins over everything: another round would break the same way)."""
+    if failing:
+        return LossAction.GIVE_UP_FAILING
     if pending:
         return LossAction.TAKE_PENDING
     if eof:

@@ -90,3 +90,11 @@ def test_plan_heal_rejects_bad_steps(given):
 )
 def test_decide_after_loss(pending, eof, deadline_passed, action):
     assert decide_after_loss(pending, eof, deadline_passed) is action
+
+
+@pytest.mark.parametrize(("pending", "eof", "deadline_passed"), [(True, False, False), (False, True, False),
+                                                                 (False, False, True), (False, False, False)])
+def test_too_many_failed_groups_in_a_row_give_up_whatever_else_holds(pending, eof, deadline_passed):
+    # Another round would break the same way (peers that reach the rendezvous but not each
+    # other): the agent's restart, counted against --max-restarts, ends the loop.
+    assert decide_after_loss(pending, eof, deadline_passed, failing=True) is LossAction.GIVE_UP_FAILING
