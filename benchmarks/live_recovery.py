@@ -264,7 +264,11 @@ def _summary(runs: list[dict]) -> dict:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.side_by_side:
-        return live_side.main(args)
+        try:
+            return live_side.main(args)
+        except KeyboardInterrupt as interrupted:
+            print(f"interrupted ({interrupted or 'Ctrl-C'}); every process it started was stopped", file=sys.stderr)
+            return 130
     runs: dict[str, list[dict]] = {}
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="live-recovery-") as directory:

@@ -8,6 +8,9 @@
   torchft        TorchFT 0.2.0: one lighthouse, one ``torchrun --standalone`` per replica group
                  (it restarts a crashed worker), its Manager and DDP; run from its own venv
 
+Liveness is alike: etcd lease 2 s (torchrun: keep-alive 1 s x 2, TorchFT: heartbeat timeout
+2 s), last call 1 s (TorchFT: join timeout 1 s); elasticrun also ``rejoin_timeout=0.5``.
+
 Every node's worker appends JSON events (``{"ev": "step", "step", "t"}``) to ``node<i>.jsonl`` in
 the run's directory; a node started again appends to the same file. Node 1 takes the faults
 (node 0 hosts torchrun's store).
@@ -39,6 +42,9 @@ LABELS = {"live": "elasticrun --live-recovery", "live+prewarm": "elasticrun --li
 LIVE_PREWARM = ["--prewarm", "--prewarm-modules", "torch,torch.distributed,torch._dynamo,elastic.worker.live"]
 LEASE_TTL_S = 2
 LAST_CALL_S = 1
+REJOIN_S = 0.5
+"""elasticrun's ``rejoin_timeout`` (docs/live-recovery.md's example): a round re-formed after a
+loss waits this long for the previous round's members once one rejoined, not the last call."""
 CHECKPOINT_EVERY = 10
 TORCHFT_VERSION = "0.2.0"
 LIVE_OPTIONS = {"collective_timeout": 10, "store_timeout": 10, "form_timeout": 60, "round_wait_timeout": 60,
@@ -149,7 +155,8 @@ class Run:
             return [sys.executable, "-m", "torch.distributed.run", "--rdzv-backend", "c10d", "--rdzv-endpoint",
                     f"127.0.0.1:{self.store_port}", "--rdzv-conf", conf, *rendezvous, str(CKPT_WORKER)], env
         head = [sys.executable, "-m", "elastic.run", "--rdzv-backend", "etcd", "--rdzv-endpoint", self.etcd_endpoint,
-                "--rdzv-conf", f"lease_ttl={LEASE_TTL_S},last_call_timeout={LAST_CALL_S}", *rendezvous]
+                "--rdzv-conf", f"lease_ttl={LEASE_TTL_S},last_call_timeout={LAST_CALL_S},rejoin_timeout={REJOIN_S}",
+                *rendezvous]
         if self.system == "prewarm":
             return [*head, "--prewarm", str(CKPT_WORKER)], env
         env.update(LIVE_OPTIONS=json.dumps(LIVE_OPTIONS), LIVE_CHECK="0", LIVE_SLOT=f"node{node}")
