@@ -9,7 +9,8 @@
                  (it restarts a crashed worker), its Manager and DDP; run from its own venv
 
 Liveness is alike: etcd lease 2 s (torchrun: keep-alive 1 s x 2, TorchFT: heartbeat timeout
-2 s), last call 1 s (TorchFT: join timeout 1 s); elasticrun also ``rejoin_timeout=0.5``.
+2 s), last call 1 s (TorchFT: join timeout 1 s); ``elasticrun --live-recovery`` also
+``rejoin_timeout=0.5``.
 
 Every node's worker appends JSON events (``{"ev": "step", "step", "t"}``) to ``node<i>.jsonl`` in
 the run's directory; a node started again appends to the same file. Node 1 takes the faults
@@ -43,8 +44,9 @@ LIVE_PREWARM = ["--prewarm", "--prewarm-modules", "torch,torch.distributed,torch
 LEASE_TTL_S = 2
 LAST_CALL_S = 1
 REJOIN_S = 0.5
-"""elasticrun's ``rejoin_timeout`` (docs/live-recovery.md's example): a round re-formed after a
-loss waits this long for the previous round's members once one rejoined, not the last call."""
+"""``rejoin_timeout`` of the live systems (docs/live-recovery.md's example): a round re-formed after
+a loss waits this long for the previous round's members once one rejoined, not the last call.
+Off for ``prewarm``, as the docs advise without ``--live-recovery``."""
 CHECKPOINT_EVERY = 10
 TORCHFT_VERSION = "0.2.0"
 LIVE_OPTIONS = {"collective_timeout": 10, "store_timeout": 10, "form_timeout": 60, "round_wait_timeout": 60,
@@ -154,11 +156,12 @@ class Run:
             conf = f"last_call_timeout={LAST_CALL_S},keep_alive_interval=1,keep_alive_max_attempt={LEASE_TTL_S}"
             return [sys.executable, "-m", "torch.distributed.run", "--rdzv-backend", "c10d", "--rdzv-endpoint",
                     f"127.0.0.1:{self.store_port}", "--rdzv-conf", conf, *rendezvous, str(CKPT_WORKER)], env
+        conf = f"lease_ttl={LEASE_TTL_S},last_call_timeout={LAST_CALL_S}"
         head = [sys.executable, "-m", "elastic.run", "--rdzv-backend", "etcd", "--rdzv-endpoint", self.etcd_endpoint,
-                "--rdzv-conf", f"lease_ttl={LEASE_TTL_S},last_call_timeout={LAST_CALL_S},rejoin_timeout={REJOIN_S}",
                 *rendezvous]
         if self.system == "prewarm":
-            return [*head, "--prewarm", str(CKPT_WORKER)], env
+            return [*head, "--rdzv-conf", conf, "--prewarm", str(CKPT_WORKER)], env
+        head += ["--rdzv-conf", f"{conf},rejoin_timeout={REJOIN_S}"]
         env.update(LIVE_OPTIONS=json.dumps(LIVE_OPTIONS), LIVE_CHECK="0", LIVE_SLOT=f"node{node}")
         extra = LIVE_PREWARM if self.system == "live+prewarm" else []
         return [*head, "--live-recovery", *extra, str(LIVE_WORKER)], env
