@@ -148,6 +148,7 @@ class ElasticAgent:
             AgentAction.RESTART_FOR_OUTAGE: self._restart_for_outage,
             AgentAction.RESTART_UNANSWERED: lambda verdict: self._pending(PendingCause.MEMBERSHIP, verdict, (
                 f"a live worker did not form the new round within {config.live_recovery_timeout:g}s")),
+            AgentAction.REJOIN_BROKEN: self._rejoin_broken,
             AgentAction.EXCLUDE: self._sit_out,
             AgentAction.FINISH: self._finish,
             AgentAction.GIVE_UP: self._give_up,
@@ -254,7 +255,7 @@ class ElasticAgent:
                 grace_over = self._clock() >= grace_deadline
             view = AgentView(state.status, membership.change, self.restarts_used, self.config.max_restarts, grace_over,
                              self._would_exclude(group), self._in_store_outage(membership), rejoin_pending,
-                             live and self._attempts.unanswered())
+                             live and self._attempts.unanswered(), live and self._attempts.broken())
             action = decide(view)
             if action is AgentAction.KEEP_RUNNING:
                 self._waker.wait(self.config.monitor_interval)
@@ -304,6 +305,14 @@ class ElasticAgent:
             # loss's consequence (collectives broken by a peer that moved on) and is not reported.
             self._report_failure(verdict.state)
         return self._pending(PendingCause.MEMBERSHIP, verdict, verdict.membership.reason)
+
+    def _rejoin_broken(self, verdict: Verdict) -> PendingRestart:
+        # Not reported as a failure: this node's workers did not fail, a peer's did (that node
+        # reports its own) or a whole node died (its lease tells, later; the last call leaves it out).
+        reason = "a live worker's collective failed (a peer's worker or node died)"
+        log.warning("Run %s node %s: %s; joining the next round with the workers kept", self.rendezvous.run_id,
+                    self.host, reason)
+        return self._pending(PendingCause.MEMBERSHIP, verdict, reason)
 
     def _restart_for_outage(self, verdict: Verdict) -> PendingRestart:
         reason = "workers failed while the store did not answer"

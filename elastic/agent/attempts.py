@@ -133,6 +133,10 @@ class Attempts:
         """Whether a live worker left the round published last unanswered past the deadline."""
         return isinstance(self.running, LiveWorkers) and self.running.answer() is RoundAnswer.OVERDUE
 
+    def broken(self) -> bool:
+        """Whether a live worker reported the group of the current round as lost."""
+        return isinstance(self.running, LiveWorkers) and self.running.broken()
+
     def silent(self) -> bool:
         """Whether a running worker never spoke the live protocol (or the group is not live)."""
         return not isinstance(self.running, LiveWorkers) or self.running.silent()

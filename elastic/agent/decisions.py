@@ -37,6 +37,10 @@ class AgentAction(enum.Enum):
     stop them and exit 0 without training again.
     RESTART_UNANSWERED (``--live-recovery``): a live worker did not form the round published to
     it within ``--live-recovery-timeout``: restart the whole group, not counted.
+    REJOIN_BROKEN (``--live-recovery``): a live worker's group broke (its collective failed at
+    once: a peer's worker or whole node died) and nothing else happened yet: join the next
+    round now, keeping the workers, not counted. A dead node's lease expires only after the
+    TTL; the round without it then closes after the last call instead.
     """
 
     KEEP_RUNNING = "keep_running"
@@ -51,6 +55,7 @@ class AgentAction(enum.Enum):
     RESTART_FOR_OUTAGE = "restart_for_outage"
     STOP_FINISHED = "stop_finished"
     RESTART_UNANSWERED = "restart_unanswered"
+    REJOIN_BROKEN = "rejoin_broken"
 
 
 @dataclass(frozen=True)
@@ -71,6 +76,8 @@ class AgentView:
     (:data:`REJOIN_GRACE_S`) runs: this node's workers get it to show their own outcome first."""
     unanswered: bool = False
     """A live worker left the round published to it unanswered past ``--live-recovery-timeout``."""
+    broken: bool = False
+    """A live worker reported the group of the round this node joined last as lost."""
 
 
 REJOIN_GRACE_S = 3.0
@@ -117,6 +124,8 @@ def decide(view: AgentView) -> AgentAction:
         return AgentAction.RESTART_UNANSWERED
     if view.membership is not None:
         return AgentAction.RESTART_FOR_MEMBERSHIP
+    if view.broken:
+        return AgentAction.REJOIN_BROKEN
     return AgentAction.KEEP_RUNNING
 
 

@@ -26,6 +26,7 @@ from elastic.rendezvous.decisions import (
     failure_culprit,
     holds_for_members,
     last_call_deadline,
+    rejoin_deadline,
     round_is_full,
 )
 from elastic.rendezvous.errors import RendezvousError, RendezvousTimeoutError
@@ -92,6 +93,7 @@ class Closer:
             if already is not None and (record := records.decode_round(already.key, already.value)).round >= forming:
                 return ClosedRound(record, already.mod_revision)
             last_call: float | None = None
+            rejoin: float | None = None
             full_since: float | None = None
             while True:
                 now = self._clock()
@@ -101,11 +103,14 @@ class Closer:
                 else:
                     last_call = last_call_deadline(last_call, len(joined), settings.min_nodes, now,
                                                    settings.last_call_timeout)
+                    rejoin = rejoin_deadline(rejoin, previous, joined, now, settings.rejoin_timeout)
                     if len(joined) < settings.max_nodes:
                         full_since = None
                     elif full_since is None:
                         full_since = now
-                    decision = decide_close(len(joined), settings.min_nodes, settings.max_nodes, last_call, now,
+                    ends = [end for end in (last_call, rejoin) if end is not None]
+                    window = min(ends) if last_call is not None and ends else None  # opens at min_nodes
+                    decision = decide_close(len(joined), settings.min_nodes, settings.max_nodes, window, now,
                                             full_since, settings.lease_ttl, everyone_back(previous, joined, alive))
                 if decision.action is CloseAction.CLOSE:
                     closed = self.try_close(forming, state)

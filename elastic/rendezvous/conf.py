@@ -26,6 +26,8 @@ from elastic.rendezvous.errors import RendezvousConfigError
 ENGINE_KEYS = {
     "join_timeout": "seconds a node waits for a round to include it (default 600)",
     "last_call_timeout": "seconds to wait for more nodes once min_nodes have joined (default 30)",
+    "rejoin_timeout": "seconds a re-formed round waits for the previous round's members once one rejoined, when "
+                      "sooner than the last call (default: off; for --live-recovery)",
     "close_timeout": "seconds closing the rendezvous or recording the job's end may retry the store (default 30)",
     "lease_ttl": "seconds after which a silent node is declared dead (default 5, at least 2)",
     "keep_alive_interval": "torch's heartbeat interval; lease_ttl = interval x keep_alive_max_attempt",

@@ -71,6 +71,24 @@ def last_call_deadline(
     return previous if previous is not None else now + last_call_timeout
 
 
+def rejoin_deadline(
+    previous_deadline: float | None, previous: RoundRecord | None, joined: Iterable[str], now: float,
+    rejoin_timeout: float | None,
+) -> float | None:
+    """When the rejoin window ends (``--rdzv-conf rejoin_timeout``; None: no window).
+
+    It opens when the first member of the previous round has joined the forming one: members
+    rejoin within a monitor interval of a change, so one not back by then is most likely dead
+    (its lease has not run out yet). A newcomer's join alone does not open it.
+    """
+    if previous_deadline is not None:
+        return previous_deadline
+    if rejoin_timeout is None or previous is None:
+        return None
+    members = {member.node_id for member in previous.members}
+    return now + rejoin_timeout if members & set(joined) else None
+
+
 def decide_close(
     joined: int, min_nodes: int, max_nodes: int, deadline: float | None, now: float,
     full_since: float | None = None, fill_grace: float = 0.0, everyone_back: bool = False,

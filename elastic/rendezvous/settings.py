@@ -44,6 +44,11 @@ class RendezvousSettings:
     join_timeout: float = 600.0
     last_call_timeout: float = 30.0
     close_timeout: float = 30.0
+    rejoin_timeout: float | None = None
+    """How long a round after the first waits for the previous round's members once one of them
+    rejoined, when that is sooner than the last call (None: only the last call). Meant for
+    ``--live-recovery``, where members rejoin without stopping their workers: a node lost at once
+    (its peers' collectives fail) then costs this, not the last call or its lease TTL."""
     lease_ttl: float = DEFAULT_LEASE_TTL
     namespace: str = "/elastic"
     max_node_failures: int = 0
@@ -87,6 +92,8 @@ class RendezvousSettings:
             value = getattr(self, name)
             if not math.isfinite(value) or value <= 0:
                 raise RendezvousConfigError(f"The {name.replace('_', ' ')} ({value}) must be a positive number of seconds.")
+        if self.rejoin_timeout is not None and (not math.isfinite(self.rejoin_timeout) or self.rejoin_timeout <= 0):
+            raise RendezvousConfigError(f"The rejoin timeout ({self.rejoin_timeout}) must be a positive number of seconds.")
         if not math.isfinite(self.lease_ttl) or self.lease_ttl < ETCD_MIN_LEASE_TTL:
             raise RendezvousConfigError(
                 f"The lease TTL ({self.lease_ttl}) must be at least {ETCD_MIN_LEASE_TTL:g} seconds (etcd's minimum)."
@@ -118,6 +125,7 @@ def settings_from_conf(run_id: str, min_nodes: int, max_nodes: int, conf: Mappin
         join_timeout=_given(values.seconds("join_timeout"), default.join_timeout),
         last_call_timeout=_given(values.seconds("last_call_timeout"), default.last_call_timeout),
         close_timeout=_given(values.seconds("close_timeout"), default.close_timeout),
+        rejoin_timeout=values.seconds("rejoin_timeout"),
         lease_ttl=_lease_ttl(values, default.lease_ttl),
         namespace=_namespace(values, default.namespace),
         max_node_failures=_given(values.whole("max_node_failures", 0, "a whole number (0: off)"),

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 from elastic.worker.errors import (
     AgentGoneError,
     CollectiveFailed,
+    FailingRoundsError,
     GroupLost,
     LiveOptionsError,
     LiveRecoveryError,
@@ -59,6 +60,7 @@ __all__ = [
     "AgentGoneError",
     "Cause",
     "CollectiveFailed",
+    "FailingRoundsError",
     "GroupLost",
     "LiveOptions",
     "LiveOptionsError",

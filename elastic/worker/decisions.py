@@ -12,6 +12,7 @@ from typing import Sequence
 __all__ = [
     "HealPlan",
     "LossAction",
+    "Mark",
     "RoundAction",
     "decide_after_loss",
     "decide_round",
@@ -59,40 +60,61 @@ def interrupt_due(started: float, now: float, grace: float) -> bool:
     return now - started >= grace
 
 
+@dataclass(frozen=True, order=True)
+class Mark:
+    """Where a rank's state stands: ``step`` steps committed, the last in round ``round``
+    (-1: none committed, or none since its process started).
+
+    Ordered by step, then round: of two ranks at the same step, the one that committed it in
+    the newer round holds the state the newest group agreed on. The other committed it in a
+    group its peers had abandoned (it froze after the step's last collective, and when it
+    resumed the abandoned works completed), while they ran the step again without it.
+    """
+
+    step: int
+    round: int = -1
+
+
 @dataclass(frozen=True)
 class HealPlan:
     """Who sends the state and who receives it after a group formed.
 
-    ``step`` is the step every rank continues from; ``source`` is ``None`` when nobody receives.
+    ``mark`` is where every rank stands afterwards (its step is the step every rank continues
+    from); ``source`` is ``None`` when nobody receives.
     """
 
-    step: int
+    mark: Mark
     source: int | None
     receivers: tuple[int, ...]
 
+    @property
+    def step(self) -> int:
+        return self.mark.step
 
-def plan_heal(steps: Sequence[int], init_sync: bool) -> HealPlan:
-    """The heal of a group whose rank ``r`` has committed ``steps[r]`` steps.
 
-    The ranks with the most steps are the sources and the lowest-ranked of them sends; every
-    rank behind it receives (a restarted or new worker, or a survivor whose last collective
-    failed after a peer's had completed, so that it did not commit a step the others did).
-    Survivors that are level redo nothing. At step 0 with ``init_sync``, rank 0 sends to all,
-    so that a job need not seed its initialisation identically everywhere.
+def plan_heal(marks: Sequence[Mark], init_sync: bool) -> HealPlan:
+    """The heal of a group whose rank ``r`` stands at ``marks[r]``.
+
+    The ranks with the highest mark are the sources and the lowest-ranked of them sends; every
+    rank below it receives: a restarted or new worker, a survivor whose last collective failed
+    after a peer's had completed (so that it did not commit a step the others did), and a rank
+    level by step whose last step was committed in an older round (see :class:`Mark`). Ranks
+    that are level redo nothing. At step 0 with ``init_sync``, rank 0 sends to all, so that a
+    job need not seed its initialisation identically everywhere.
 
     Raises:
-        ValueError: ``steps`` is empty or holds a negative step.
+        ValueError: ``marks`` is empty or holds a negative step.
     """
-    if not steps:
+    if not marks:
         raise ValueError("A heal plan needs the step of at least one rank.")
-    if min(steps) < 0:
-        raise ValueError(f"Steps must not be negative: {list(steps)}.")
-    top = max(steps)
-    if top == 0:
-        receivers = tuple(range(1, len(steps))) if init_sync else ()
-        return HealPlan(0, 0 if receivers else None, receivers)
-    source = steps.index(top)
-    receivers = tuple(rank for rank, step in enumerate(steps) if step < top)
+    if min(mark.step for mark in marks) < 0:
+        raise ValueError(f"Steps must not be negative: {[mark.step for mark in marks]}.")
+    top = max(marks)
+    if top.step == 0:
+        receivers = tuple(range(1, len(marks))) if init_sync else ()
+        return HealPlan(marks[0] if receivers else top, 0 if receivers else None, receivers)
+    source = marks.index(top)
+    receivers = tuple(rank for rank, mark in enumerate(marks) if mark < top)
     return HealPlan(top, source if receivers else None, receivers)
 
 
@@ -107,11 +129,16 @@ class LossAction(enum.Enum):
     """The pipe is at EOF: no round will come; exit non-zero."""
     GIVE_UP_DEADLINE = "deadline"
     """No round came before the deadline; exit non-zero so the agent restarts the group."""
+    GIVE_UP_FAILING = "failing"
+    """Too many groups failed in a row without a step: exit non-zero, the agent's restart is counted."""
 
 
-def decide_after_loss(pending: bool, eof: bool, deadline_passed: bool) -> LossAction:
+def decide_after_loss(pending: bool, eof: bool, deadline_passed: bool, failing: bool = False) -> LossAction:
     """The next step of a worker whose group is lost (a pending round wins over EOF: it was
-    published before the agent went away, and the peers may form it)."""
+    published before the agent went away, and the peers may form it; ``failing``, too many
+    failed groups in a row, wins over everything: another round would break the same way)."""
+    if failing:
+        return LossAction.GIVE_UP_FAILING
     if pending:
         return LossAction.TAKE_PENDING
     if eof:

@@ -65,3 +65,7 @@ class NoRoundError(RecoveryFailed):
 
 class AgentGoneError(RecoveryFailed):
     """The group was lost and the round pipe is at EOF: the agent is gone, no round can come."""
+
+
+class FailingRoundsError(RecoveryFailed):
+    """Too many groups in a row failed without a committed step (``LiveOptions.max_failed_rounds``)."""

@@ -1,7 +1,8 @@
 """Agree on the step after a group formed, and bring the ranks that are behind up to it.
 
-Every rank all-gathers its committed step; :func:`~elastic.worker.decisions.plan_heal` picks
-the lowest-ranked rank with the most steps as the source and everyone behind it as receivers;
+Every rank all-gathers its :class:`~elastic.worker.decisions.Mark` (steps committed, and the
+round it committed the last one in); :func:`~elastic.worker.decisions.plan_heal` picks the
+lowest-ranked rank with the highest mark as the source and everyone below it as receivers;
 the source encodes ``state_dict()`` and sends it point to point; each receiver loads it with
 ``load_state_dict``. Ranks that are level with the source do nothing.
 """
@@ -17,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from elastic.worker.codec import encode_state
-from elastic.worker.decisions import plan_heal
+from elastic.worker.decisions import Mark, plan_heal
 from elastic.worker.group import FormedGroup
 from elastic.worker.options import LiveOptions
 from elastic.worker.transfer import receive_state, send_state, wire_device
@@ -36,7 +37,8 @@ class HealRole(enum.Enum):
 class Healed:
     """The outcome of one heal on this rank."""
 
-    step: int
+    mark: Mark
+    """Where this rank stands after the heal (the source's mark, for every rank)."""
     role: HealRole
     steps: tuple[int, ...]
     """Every rank's step before the heal, by rank."""
@@ -45,21 +47,26 @@ class Healed:
     done_at: float
 
 
-def heal(formed: FormedGroup, step: int, options: LiveOptions, state_dict: Callable[[], Any],
+    @property
+    def step(self) -> int:
+        return self.mark.step
+
+
+def heal(formed: FormedGroup, mark: Mark, options: LiveOptions, state_dict: Callable[[], Any],
          load_state_dict: Callable[[Any], None], clock: Callable[[], float] = time.monotonic) -> Healed:
-    """Agree on the step and transfer the state to the ranks behind; the step to continue from.
+    """Agree on the step and transfer the state to the ranks behind ``mark``; where every rank stands after.
 
     Raises:
         GroupLost: a peer failed, or a newer round abandoned the group, during the heal.
         StateTransferError: the state cannot be encoded, or a received header is malformed.
     """
     group = formed.group
-    mine = torch.tensor([step], dtype=torch.int64, device=wire_device(group))
+    mine = torch.tensor([mark.step, mark.round], dtype=torch.int64, device=wire_device(group))
     gathered = [torch.zeros_like(mine) for _ in range(formed.round.world_size)]
     formed.registry.launch([dist.all_gather(gathered, mine, group=group, async_op=True)]).wait()
-    steps = tuple(int(value.item()) for value in gathered)
+    marks = [Mark(*(int(value) for value in pair.tolist())) for pair in gathered]
     agreed_at = clock()
-    plan = plan_heal(steps, options.init_sync)
+    plan = plan_heal(marks, options.init_sync)
     rank = formed.round.rank
     nbytes = 0
     role = HealRole.LEVEL
@@ -73,4 +80,4 @@ def heal(formed: FormedGroup, step: int, options: LiveOptions, state_dict: Calla
         load_state_dict(received.state)
         nbytes = received.nbytes
         role = HealRole.RECEIVER
-    return Healed(plan.step, role, steps, nbytes, agreed_at, clock())
+    return Healed(mark if plan.source is None else plan.mark, role, tuple(m.step for m in marks), nbytes, agreed_at, clock())

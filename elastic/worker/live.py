@@ -27,13 +27,15 @@ import torch.distributed as dist
 
 from elastic.worker.channel import Arrival, RoundMailbox, RoundWatcher
 from elastic.worker.codec import check_state
-from elastic.worker.decisions import LossAction, decide_after_loss
+from elastic.worker.decisions import LossAction, Mark, decide_after_loss
 from elastic.worker.errors import (
     AgentGoneError,
+    FailingRoundsError,
     GroupLost,
     LiveRecoveryError,
     NoRoundError,
     RecoveryFailed,
+    Superseded,
     WorkerEnvError,
 )
 from elastic.worker.group import FormedGroup, form_group, leave_group
@@ -100,6 +102,8 @@ class LiveTraining:
         self._formed: FormedGroup | None = None
         self._lost: GroupLost | None = None
         self._step = 0
+        self._commit_round = -1  # the round this worker committed its last step in (see decisions.Mark)
+        self._failed_in_a_row = 0  # groups that failed since the last committed step (max_failed_rounds)
         self._started = False
         self._closed = False
         self._gave_up = False
@@ -251,6 +255,8 @@ class LiveTraining:
         if error is None:
             if failure is None:
                 self._step += 1
+                self._commit_round = self._round.round
+                self._failed_in_a_row = 0
                 return False
             log.warning("%s: step %d is not committed: a collective of it failed (%s) but its body went on",
                         self._where(), self._step, failure)
@@ -265,6 +271,8 @@ class LiveTraining:
 
     def _lose(self, lost: GroupLost) -> None:
         self._lost = lost
+        if not isinstance(lost, Superseded):  # a newer round is not a failure of this one
+            self._failed_in_a_row += 1
         if self._ready is not None:
             self._ready.write("lost", self._round.round, self._round.rank, self._step)
 
@@ -306,7 +314,8 @@ class LiveTraining:
                 arrival = self._mailbox.take()
                 if arrival is not None:
                     return arrival
-            action = decide_after_loss(self._mailbox.pending is not None, self._mailbox.eof, self._clock() >= deadline)
+            action = decide_after_loss(self._mailbox.pending is not None, self._mailbox.eof, self._clock() >= deadline,
+                                       self._failed_in_a_row > self.options.max_failed_rounds)
             if action is LossAction.TAKE_PENDING:
                 arrival = self._mailbox.take()
                 if arrival is not None:
@@ -314,6 +323,10 @@ class LiveTraining:
             elif action is LossAction.GIVE_UP_AGENT_GONE:
                 why = "the round pipe is closed (the agent is gone)" if self._has_pipe else f"there is no round pipe ({ROUND_FD_VAR})"
                 raise AgentGoneError(f"{self._where()}: the group was lost ({self._lost}) and {why}: no round can come.") from self._lost
+            elif action is LossAction.GIVE_UP_FAILING:
+                raise FailingRoundsError(f"{self._where()}: {self._failed_in_a_row} groups failed in a row without a "
+                                         f"committed step (max_failed_rounds={self.options.max_failed_rounds}), the "
+                                         f"last: {self._lost}.") from self._lost
             elif action is LossAction.GIVE_UP_DEADLINE:
                 raise NoRoundError(f"{self._where()}: the group was lost ({self._lost}) and no newer round came within "
                                    f"{self.options.round_wait_timeout:g}s.") from self._lost
@@ -330,8 +343,9 @@ class LiveTraining:
             export_round(target, self._environ)
         self._formed = form_group(target, self.options, self._mailbox, self._label, self._clock)
         formed_at = self._clock()
-        healed = heal(self._formed, self._step, self.options, self._state_dict, self._load_state_dict, self._clock)
-        self._step = healed.step
+        healed = heal(self._formed, Mark(self._step, self._commit_round), self.options, self._state_dict,
+                      self._load_state_dict, self._clock)
+        self._step, self._commit_round = healed.mark.step, healed.mark.round
         self._lost = None
         recovery = Recovery(
             round=target.round, cause=cause, step=healed.step, steps_before=healed.steps, role=healed.role,

@@ -32,6 +32,11 @@ class LiveOptions:
         coalesce_bytes: tensors smaller than this travel packed into chunks of this size.
         drain_timeout: at :meth:`close`, the longest to wait for abandoned collectives to end
             (a process that exits while one is hung is aborted by gloo).
+        max_failed_rounds: how many groups in a row may fail (a collective or the forming
+            fails; a newer round superseding one does not count) before a step commits; past
+            it the worker gives up and exits non-zero, so the agent's restart, counted against
+            ``--max-restarts``, takes over. It ends a loop of rounds that break as soon as they
+            form (peers that reach the rendezvous but not each other).
     """
 
     backend: str | None = None
@@ -44,6 +49,7 @@ class LiveOptions:
     max_header_bytes: int = 16 * 1024 * 1024
     coalesce_bytes: int = 4 * 1024 * 1024
     drain_timeout: float = 60.0
+    max_failed_rounds: int = 8
 
     def __post_init__(self) -> None:
         if self.backend not in (None, "gloo", "nccl"):
@@ -54,6 +60,8 @@ class LiveOptions:
                 raise LiveOptionsError(f"The {name.replace('_', ' ')} ({value!r}) must be a positive number of seconds.")
         if isinstance(self.drain_timeout, bool) or not isinstance(self.drain_timeout, (int, float)) or self.drain_timeout < 0:
             raise LiveOptionsError(f"The drain timeout ({self.drain_timeout!r}) must not be negative.")
+        if type(self.max_failed_rounds) is not int or self.max_failed_rounds < 1:
+            raise LiveOptionsError(f"max_failed_rounds ({self.max_failed_rounds!r}) must be an integer of at least 1.")
         for name in ("max_header_bytes", "coalesce_bytes"):
             value = getattr(self, name)
             if type(value) is not int or value < 1024:

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from elastic.agent.decisions import AgentAction, AgentView, decide
-from elastic.agent.live.decisions import AnswerView, RoundAnswer, decide_answer, keeps_workers
+from elastic.agent.live.decisions import AnswerView, RoundAnswer, decide_answer, group_broken, keeps_workers
 from elastic.agent.live.pipes import RoundPipes
 from elastic.agent.live.workers import LiveWorkers, round_for
 from elastic.agent.prewarm.pool import ForkedWorker, TemplatePool
@@ -41,6 +41,7 @@ WAIT, LOST = MembershipChange.NODES_WAITING, MembershipChange.MEMBER_LOST
     (True, A.RESTART_FOR_MEMBERSHIP, False, True, False),   # a worker never spoke the protocol: group restart
     (True, A.RESTART_AFTER_FAILURE, False, True, False),
     (True, A.RESTART_UNANSWERED, True, False, False),
+    (True, A.REJOIN_BROKEN, False, False, True),            # a live worker's group broke: rejoin, keep them
     (True, A.RESTART_FOR_OUTAGE, False, False, False),      # the store is away: nothing to publish
     (True, A.FINISH, False, False, False),
     (True, A.GIVE_UP, False, False, False),
@@ -74,6 +75,30 @@ def test_decide_answer(published, formed, over, expected):
 ])
 def test_an_unanswered_round_restarts_the_group(group, membership, expected):
     assert decide(AgentView(group, membership, 0, 3, unanswered=True)) is expected
+
+
+@pytest.mark.parametrize("group, membership, unanswered, expected", [
+    (RUN, None, False, A.REJOIN_BROKEN),                 # a peer died: rejoin now, not after its lease
+    (RUN, LOST, False, A.RESTART_FOR_MEMBERSHIP),        # the change says more: act on it
+    (RUN, WAIT, False, A.RESTART_FOR_MEMBERSHIP),
+    (RUN, None, True, A.RESTART_UNANSWERED),             # a worker ignored the last round: group restart
+    (FAIL, None, False, A.RESTART_AFTER_FAILURE),        # our own worker died: that is reported and charged
+    (GroupStatus.SUCCEEDED, None, False, A.FINISH),
+    (RUN, MembershipChange.CLOSED, False, A.STOP_CLOSED),
+])
+def test_a_broken_group_rejoins_unless_something_else_decides(group, membership, unanswered, expected):
+    assert decide(AgentView(group, membership, 0, 3, unanswered=unanswered, broken=True)) is expected
+
+
+@pytest.mark.parametrize("current, lost, broken", [
+    (3, {0: -1, 1: -1}, False),  # nobody reported a loss
+    (3, {0: 3, 1: -1}, True),    # local rank 0's group of the current round broke
+    (3, {0: 2}, False),          # reported for a round this node already left: it forms the next
+    (3, {0: 4}, True),           # a round it formed after the agent's (the rounds raced on the pipe)
+    (3, {}, False),              # no running worker
+])
+def test_group_broken(current, lost, broken):
+    assert group_broken(current, lost) is broken
 
 
 # -- the pipes -----------------------------------------------------------------------------------
@@ -121,6 +146,7 @@ import json, os, sys
 out = os.environ["TEST_OUT"]
 ready = int(os.environ["ELASTIC_READY_FD"])
 mute = os.environ.get("TEST_MUTE") == os.environ["LOCAL_RANK"]
+lose = os.environ.get("TEST_LOSE") == os.environ["LOCAL_RANK"]
 
 def note(**event):
     with open(out, "a") as f:
@@ -132,6 +158,9 @@ def answer(round_):
 
 note(ev="start", round=int(os.environ["ELASTIC_ROUND"]), rank=int(os.environ["RANK"]))
 answer(int(os.environ["ELASTIC_ROUND"]))
+if lose:  # its group breaks at once, as when a peer dies: it waits for the next round
+    os.write(ready, (json.dumps({"v": 1, "event": "lost", "round": int(os.environ["ELASTIC_ROUND"]), "rank": 0,
+                                 "step": 3}) + "\\n").encode())
 for line in os.fdopen(int(os.environ["ELASTIC_ROUND_FD"]), "rb"):
     value = json.loads(line)
     note(ev="round", round=value["round"], rank=value["rank"], world=value["world_size"])
@@ -157,9 +186,9 @@ def live(request, tmp_path):
     script.write_text(ANSWERING)
     out = tmp_path / "out.jsonl"
 
-    def make(mute: str = "", timeout: float = 5.0) -> tuple[LiveWorkers, Clock]:
+    def make(mute: str = "", timeout: float = 5.0, lose: str = "") -> tuple[LiveWorkers, Clock]:
         clock = Clock()
-        environ = dict(os.environ, TEST_OUT=str(out), TEST_MUTE=mute)
+        environ = dict(os.environ, TEST_OUT=str(out), TEST_MUTE=mute, TEST_LOSE=lose)
         config = _config(script=str(script), timeout=timeout)
         pool = None
         if request.param == "forked":
@@ -226,6 +255,17 @@ def test_only_the_dead_worker_restarts_and_it_starts_in_the_new_round(live):
                      "the replacement started")
     assert started[0]["round"] == 1
     _until(lambda: workers.answer() is RoundAnswer.ANSWERED, "both formed round 1")
+
+
+def test_a_worker_that_reports_its_group_lost_makes_the_node_rejoin_until_the_next_round(live):
+    workers, clock = live(lose="1")
+    _until(lambda: len(live.events()) == 2, "both workers started")
+    _until(workers.broken, "local rank 1's report that round 0's group broke")
+    pids = workers.pids()
+    workers.advance(_info(1), attempt=1, restart_count=0, use_agent_store=True)
+    assert not workers.broken()  # the loss was of round 0: round 1 is being formed
+    _until(lambda: workers.answer() is RoundAnswer.ANSWERED, "both formed round 1")
+    assert not workers.broken() and workers.pids() == pids
 
 
 def test_a_worker_that_does_not_answer_is_overdue_after_the_deadline(live):

@@ -16,6 +16,7 @@ from elastic.rendezvous.decisions import (
     decide_close,
     join_fills_round,
     last_call_deadline,
+    rejoin_deadline,
 )
 from elastic.rendezvous.round_events import (
     MonitorState,
@@ -72,6 +73,18 @@ def test_decide_close(joined, minimum, maximum, deadline, now, action, wait_unti
 )
 def test_last_call_deadline(previous, joined, minimum, now, expected):
     assert last_call_deadline(previous, joined, minimum, now, 30.0) == expected
+
+
+@pytest.mark.parametrize("opened, previous, joined, timeout, expected", [
+    (None, ("a", "b"), ["a"], 0.3, 100.3),   # a member is back: the window opens
+    (None, ("a", "b"), ["c"], 0.3, None),    # a newcomer alone does not open it (members may be stopping)
+    (None, None, ["a"], 0.3, None),          # the first round has only the last call
+    (None, ("a", "b"), ["a"], None, None),   # not configured
+    (99.0, ("a", "b"), ["a", "b"], 0.3, 99.0),  # once open, it keeps its end
+])
+def test_rejoin_deadline(opened, previous, joined, timeout, expected):
+    record = RoundRecord(4, members(*previous), 10) if previous else None
+    assert rejoin_deadline(opened, record, joined, 100.0, timeout) == expected
 
 
 @pytest.mark.parametrize(

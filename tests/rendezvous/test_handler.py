@@ -141,6 +141,31 @@ def test_without_a_spare_the_survivors_do_not_wait_for_a_live_lost_member_beyond
     assert 1.0 <= elapsed < 5.0
 
 
+def test_with_a_rejoin_window_the_survivors_close_without_a_live_lost_member_when_it_passes(make_node):
+    # --live-recovery's rejoin_timeout: members rejoin within a monitor interval, so one not back
+    # within the window is left out, long before the last call or its lease.
+    handlers = [make_node(1, 3, last_call_timeout=20.0, lease_ttl=30.0, rejoin_timeout=0.3) for _ in range(3)]
+    full = rendezvous_all(handlers)  # full: closes at once
+    started = time.monotonic()
+    infos = rendezvous_all(handlers[:2])  # the third never rejoins, its lease lives 30 s
+    elapsed = time.monotonic() - started
+    assert [info.group_world_size for info in infos] == [2, 2] and infos[0].round == full[0].round + 1
+    assert 0.3 <= elapsed < 5.0
+
+
+def test_a_newcomer_alone_does_not_open_the_rejoin_window(make_node):
+    # The members of a running round are not back yet (without --live-recovery they stop their
+    # workers first): a newcomer's join must not close a round of one after the window.
+    members = [make_node(1, 3, last_call_timeout=2.0, rejoin_timeout=0.2) for _ in range(2)]
+    rendezvous_all(members)
+    late = make_node(1, 3, last_call_timeout=2.0, rejoin_timeout=0.2)
+    with ThreadPoolExecutor(1) as pool:
+        joining = pool.submit(late.next_rendezvous)
+        time.sleep(1.0)  # well past the window, within the last call
+        infos = rendezvous_all(members) + [joining.result(timeout=30)]
+    assert [info.group_world_size for info in infos] == [3, 3, 3]
+
+
 class _JoinsUnseen:
     """A watch that never delivers join keys (``.../rounds/...``): a closer whose watch lags."""
 

@@ -24,6 +24,7 @@ def test_rdzv_conf_parses_torch_names_and_accepts_backend_options_without_readin
     ({"close_timeout": "7", "exclusion_cooldown": "8", "store_outage_timeout": "9"},
      {"close_timeout": 7, "exclusion_cooldown": 8, "store_outage_timeout": 9}),
     ({"max_node_failures": "3"}, {"max_node_failures": 3}),
+    ({"rejoin_timeout": "0.3"}, {"rejoin_timeout": 0.3}),
     ({"namespace": "team/a/"}, {"namespace": "/team/a"}),
     ({"etcd_prefix": "/torch"}, {"namespace": "/torch"}),
     ({"namespace": "/ours", "etcd_prefix": "/torch"}, {"namespace": "/ours"}),
@@ -57,6 +58,8 @@ def test_unknown_options_are_named_with_the_valid_ones():
         ({"min_nodes": 0}, "minimum number of nodes"),
         ({"max_nodes": 1, "min_nodes": 2}, "maximum number of nodes"),
         ({"join_timeout": -1}, "join timeout"),
+        ({"rejoin_timeout": 0.0}, "rejoin timeout"),
+        ({"rejoin_timeout": float("nan")}, "rejoin timeout"),
         ({"lease_ttl": 1}, "at least 2 seconds"),
         ({"namespace": "elastic"}, "namespace"),
     ],
@@ -68,7 +71,8 @@ def test_bad_settings_raise_sentences(kwargs, says):
 
 
 @pytest.mark.parametrize("text", ["join_timeout", "=5", "join_timeout=abc", "join_timeout=-3", "join_timeout=inf",
-                                  "max_node_failures=-1", "max_node_failures=1", "lease_ttl=1"])
+                                  "max_node_failures=-1", "max_node_failures=1", "lease_ttl=1",
+                                  "rejoin_timeout=0", "rejoin_timeout=-1"])
 def test_malformed_rdzv_conf_is_rejected(text):
     with pytest.raises(RendezvousConfigError):
         settings_from_conf("job", 1, 1, parse_rdzv_conf(text))

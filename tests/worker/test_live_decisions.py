@@ -11,6 +11,7 @@ from elastic.worker.decisions import (
     decide_after_loss,
     decide_round,
     interrupt_due,
+    Mark,
     plan_heal,
 )
 
@@ -41,27 +42,39 @@ def test_interrupt_due(started, now, grace, due):
     assert interrupt_due(started, now, grace) is due
 
 
+def marks(*pairs):
+    """``marks((25, 3), 0)``: Mark(25, 3), Mark(0) (a bare step: nothing committed since the start)."""
+    return [Mark(*pair) if isinstance(pair, tuple) else Mark(pair) for pair in pairs]
+
+
 @pytest.mark.parametrize(
-    ("steps", "init_sync", "plan"),
+    ("given", "init_sync", "plan"),
     [
-        ((0, 0, 0), True, HealPlan(0, 0, (1, 2))),  # job start: rank 0's initialisation everywhere
-        ((0, 0, 0), False, HealPlan(0, None, ())),
-        ((0,), True, HealPlan(0, None, ())),  # alone: nothing to send
-        ((25, 25), True, HealPlan(25, None, ())),  # survivors after a crash: nobody behind
-        ((25, 25, 0), True, HealPlan(25, 0, (2,))),  # a new worker heals from rank 0
-        ((0, 25, 25), True, HealPlan(25, 1, (0,))),  # the joiner took rank 0: the source is rank 1
-        ((25, 24, 25), True, HealPlan(25, 0, (1,))),  # a survivor whose last all-reduce failed late
-        ((7, 25, 0, 25), False, HealPlan(25, 1, (0, 2))),
+        ((0, 0, 0), True, HealPlan(Mark(0), 0, (1, 2))),  # job start: rank 0's initialisation everywhere
+        ((0, 0, 0), False, HealPlan(Mark(0), None, ())),
+        ((0,), True, HealPlan(Mark(0), None, ())),  # alone: nothing to send
+        (((25, 3), (25, 3)), True, HealPlan(Mark(25, 3), None, ())),  # survivors after a crash: nobody behind
+        (((25, 3), (25, 3), 0), True, HealPlan(Mark(25, 3), 0, (2,))),  # a new worker heals from rank 0
+        ((0, (25, 3), (25, 3)), True, HealPlan(Mark(25, 3), 1, (0,))),  # the joiner took rank 0: rank 1 sends
+        (((25, 3), (24, 3), (25, 3)), True, HealPlan(Mark(25, 3), 0, (1,))),  # its last all-reduce failed late
+        (((7, 1), (25, 3), 0, (25, 3)), False, HealPlan(Mark(25, 3), 1, (0, 2))),
+        # Level by step, but rank 1 committed step 25 in round 3, a group its peers had abandoned
+        # (it froze after the step's last collective); they ran step 25 again in round 4.
+        (((25, 4), (25, 3)), True, HealPlan(Mark(25, 4), 0, (1,))),
+        (((25, 3), (25, 4), (25, 4)), True, HealPlan(Mark(25, 4), 1, (0,))),
+        # A step ahead in the abandoned round (its collective completed with the abandoned works:
+        # a full step of the old world) wins over peers who have not run that step again yet.
+        (((26, 3), (25, 4)), True, HealPlan(Mark(26, 3), 0, (1,))),
     ],
 )
-def test_plan_heal(steps, init_sync, plan):
-    assert plan_heal(steps, init_sync) == plan
+def test_plan_heal(given, init_sync, plan):
+    assert plan_heal(marks(*given), init_sync) == plan
 
 
-@pytest.mark.parametrize("steps", [(), (3, -1)])
-def test_plan_heal_rejects_bad_steps(steps):
+@pytest.mark.parametrize("given", [(), (3, -1)])
+def test_plan_heal_rejects_bad_steps(given):
     with pytest.raises(ValueError):
-        plan_heal(steps, True)
+        plan_heal(marks(*given), True)
 
 
 @pytest.mark.parametrize(
@@ -77,3 +90,11 @@ def test_plan_heal_rejects_bad_steps(steps):
 )
 def test_decide_after_loss(pending, eof, deadline_passed, action):
     assert decide_after_loss(pending, eof, deadline_passed) is action
+
+
+@pytest.mark.parametrize(("pending", "eof", "deadline_passed"), [(True, False, False), (False, True, False),
+                                                                 (False, False, True), (False, False, False)])
+def test_too_many_failed_groups_in_a_row_give_up_whatever_else_holds(pending, eof, deadline_passed):
+    # Another round would break the same way (peers that reach the rendezvous but not each
+    # other): the agent's restart, counted against --max-restarts, ends the loop.
+    assert decide_after_loss(pending, eof, deadline_passed, failing=True) is LossAction.GIVE_UP_FAILING

@@ -10,9 +10,11 @@ from dataclasses import dataclass
 
 from elastic.agent.decisions import AgentAction
 
-KEPT_ACTIONS = frozenset({AgentAction.RESTART_AFTER_FAILURE, AgentAction.RESTART_FOR_MEMBERSHIP})
+KEPT_ACTIONS = frozenset({AgentAction.RESTART_AFTER_FAILURE, AgentAction.RESTART_FOR_MEMBERSHIP,
+                          AgentAction.REJOIN_BROKEN})
 """The restarts live recovery turns into a rejoin with the workers kept: a peer's failure, a lost
-or a new node, this node's own dead workers (the others keep training, the dead restart)."""
+or a new node, this node's own dead workers (the others keep training, the dead restart), a
+group a live worker reported broken."""
 
 
 def keeps_workers(live: bool, action: AgentAction, unanswered: bool, silent: bool) -> bool:
@@ -63,3 +65,13 @@ def decide_answer(view: AnswerView) -> RoundAnswer:
     if all(formed >= view.published for formed in view.formed.values()):
         return RoundAnswer.ANSWERED
     return RoundAnswer.OVERDUE if view.deadline_over else RoundAnswer.WAITING
+
+
+def group_broken(current_round: int, lost: dict[int, int]) -> bool:
+    """Whether a live worker reported the group of ``current_round`` (the round this node joined
+    last) as lost; ``lost``: per running local rank, the newest round it reported lost (-1: none).
+
+    A report for an older round raced with a round the agent already joined and published: that
+    round is being formed, there is nothing to rejoin for.
+    """
+    return any(round_ >= current_round for round_ in lost.values())

@@ -16,7 +16,7 @@ import logging
 import time
 from typing import Callable, Protocol
 
-from elastic.agent.live.decisions import AnswerView, RoundAnswer, decide_answer
+from elastic.agent.live.decisions import AnswerView, RoundAnswer, decide_answer, group_broken
 from elastic.agent.live.pipes import RoundPipes
 from elastic.agent.processes.failures import root_cause_summary
 from elastic.agent.processes.worker_env import worker_ranks
@@ -71,6 +71,7 @@ class LiveWorkers:
         self._current: dict[int, WorkerGroup] = {}
         self._pipes: dict[int, RoundPipes] = {}
         self._formed: dict[int, int] = {}
+        self._lost: dict[int, int] = {}  # per local rank, the newest round its worker reported lost
         self._spoke: set[int] = set()  # local ranks whose current worker wrote a ready line
         self._callbacks: list[Callable[[], None]] = []
         self._published: int | None = None
@@ -167,6 +168,13 @@ class LiveWorkers:
         self._read_answers(running)
         return not running <= self._spoke
 
+    def broken(self) -> bool:
+        """Whether a running worker reported the group of the current round as lost (a collective
+        failed: a peer died or left), so the node should join the next round now."""
+        running = self.poll().running
+        self._read_answers(running)
+        return group_broken(self.rdzv.round, {rank: self._lost[rank] for rank in running})
+
     def answer(self) -> RoundAnswer:
         """Whether every running worker formed the round published last (see :class:`RoundAnswer`)."""
         running = self.poll().running
@@ -186,6 +194,8 @@ class LiveWorkers:
                 self._spoke.add(rank)
                 if answer.event == "formed":
                     self._formed[rank] = max(self._formed[rank], answer.round)
+                elif answer.event == "lost":
+                    self._lost[rank] = max(self._lost[rank], answer.round)
 
     def _spawn(self, info: RendezvousInfo, ranks: tuple[int, ...], attempt: int, restart_count: int,
                use_agent_store: bool) -> None:
@@ -208,7 +218,7 @@ class LiveWorkers:
             old = self._pipes.get(rank)
             if old is not None:
                 old.close()
-            self._pipes[rank], self._current[rank], self._formed[rank] = end, group, -1
+            self._pipes[rank], self._current[rank], self._formed[rank], self._lost[rank] = end, group, -1, -1
             self._spoke.discard(rank)
         self._groups.append(group)
 
