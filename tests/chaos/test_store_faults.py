@@ -176,7 +176,7 @@ def delete_job_keys(ctx: Context) -> Timeline:
 
 
 KEYS_DELETED_LIVE = pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "issue 29, 5 of 5 runs: with the job's keys gone the rendezvous numbers its rounds from 0 again, and a live "
+    "issue 29, 7 of 7 runs: with the job's keys gone the rendezvous numbers its rounds from 0 again, and a live "
     "worker ignores a published round not newer than its own ('ignored round 0, older than round 1 in use'): the "
     "workers train on in the old group (worlds (2,) instead of (2, 2)); in some runs the record's deletion is a "
     "second change and round 1 re-forms them (rounds (3, 3)). A job past round N ignores the new rounds 0..N, so "
