@@ -175,15 +175,7 @@ def delete_job_keys(ctx: Context) -> Timeline:
     return Timeline(at)
 
 
-KEYS_DELETED_LIVE = pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "issue 29, 7 of 7 runs: with the job's keys gone the rendezvous numbers its rounds from 0 again, and a live "
-    "worker ignores a published round not newer than its own ('ignored round 0, older than round 1 in use'): the "
-    "workers train on in the old group (worlds (2,) instead of (2, 2)); in some runs the record's deletion is a "
-    "second change and round 1 re-forms them (rounds (3, 3)). A job past round N ignores the new rounds 0..N, so "
-    "a later recovery waits out the form timeout"))
-
-
-@pytest.mark.parametrize("launcher", [ELASTICRUN, pytest.param(ELASTICRUN_LIVE, marks=KEYS_DELETED_LIVE), TORCHRUN])
+@pytest.mark.parametrize("launcher", [ELASTICRUN, ELASTICRUN_LIVE, TORCHRUN])
 def test_deleting_the_jobs_keys_re_forms_and_every_agent_says_why(launcher, etcd_cluster_factory, job_factory,
                                                                  report_figures):
     scenario = Scenario("keys-deleted", delete_job_keys, etcd_members=1, worlds=(2, 2), rounds=(2, 2))

@@ -8,7 +8,8 @@ the process through every new round and heals a worker that is behind from a liv
 checkpoint: the state lives in the workers.
 
 It writes the records :mod:`chaoslib` reads (one JSON line per event, to
-``OUT_DIR/attempt-<round>.jsonl``), with one round of the rendezvous as one attempt:
+``OUT_DIR/attempt-<round>-<port>.jsonl``), with one round of the rendezvous (its number and its
+store's port) as one attempt:
 
 * ``formed`` for each group this worker formed (its round, ``start``: the step it healed to,
   ``role``: source, receiver or level);
@@ -17,7 +18,7 @@ It writes the records :mod:`chaoslib` reads (one JSON line per event, to
   rank's checksum after the step (``sum``);
 * ``done`` after the last step.
 
-Each line carries ``attempt`` (``round-<n>``), ``restart`` (the round's restart count),
+Each line carries ``attempt`` (``round-<n>-<port>``), ``restart`` (the round's restart count),
 ``rank``, ``world``, ``node`` (``$CHAOS_NODE``), ``pid`` and ``time`` (wall clock).
 """
 
@@ -68,10 +69,14 @@ class Recorder:
               **values: object) -> None:
         current = live.round
         number = current.round if round is None else round
-        line = json.dumps({"event": event, "attempt": f"round-{number}", "restart": current.restart_count,
+        # A round is its number and its store: after an operator deleted the job's keys the
+        # rendezvous numbers its rounds from 0 again, each on a new master port.
+        port = current.master_port if number == current.round else 0
+        line = json.dumps({"event": event, "attempt": f"round-{number}-{port}", "restart": current.restart_count,
                            "rank": live.rank, "world": live.world_size, "node": self.node, "pid": os.getpid(),
                            **values, "time": time.time() if at is None else at + self.wall_offset}) + "\n"
-        fd = os.open(self.out_dir / f"attempt-{number:04d}.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        fd = os.open(self.out_dir / f"attempt-{number:04d}-{port}.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT,
+                     0o644)
         try:
             os.write(fd, line.encode())
         finally:
