@@ -78,7 +78,10 @@ class MembershipMonitor:
         self._rounds: Watch | None = rounds
         self._reconciler: threading.Thread | None = None  # re-reads after a compacted watch
         self._held: list[WatchEvent] | None = None  # events that arrive while it re-reads
-        self._read_through = 0  # events at or below this revision are reflected in a re-read
+        # Events at or below this revision are reflected in a read: the round's own members read,
+        # at first (a state/ event delivered late, such as an operator's deletion of the job's
+        # keys that this round was formed after, is not a change of it), then each re-read.
+        self._read_through = view.record.members_revision
         self.changed = threading.Event()
         self.status = MembershipStatus()
         self.problem: str | None = None

@@ -82,6 +82,10 @@ class Arrival:
     at: float
 
 
+def _identity(round_: Round) -> tuple[int, tuple[str, int]]:
+    return round_.round, (round_.master_addr, round_.master_port)
+
+
 class RoundMailbox:
     """The newest round published and not yet adopted, and whether the pipe reached EOF.
 
@@ -89,17 +93,20 @@ class RoundMailbox:
     happens under the condition, which :meth:`wait` sleeps on.
     """
 
-    def __init__(self, current: int) -> None:
+    def __init__(self, current: int, store: tuple[str, int] | None = None) -> None:
         self._cond = threading.Condition()
         self.current = current
+        self._current_id = (current, store)  # a round is its number and its store's address
         self.pending: Arrival | None = None
         self.eof = False
 
     def offer(self, round_: Round, now: float) -> RoundAction:
         with self._cond:
-            pending = None if self.pending is None else self.pending.record.round
-            action = decide_round(self.current, pending, round_.round)
-            if action is RoundAction.NEWER:
+            pending = None if self.pending is None else self.pending.record
+            incoming = _identity(round_)
+            known = incoming == self._current_id or (pending is not None and incoming == _identity(pending))
+            action = decide_round(self.current, None if pending is None else pending.round, round_.round, known)
+            if action in (RoundAction.NEWER, RoundAction.RENUMBERED):
                 self.pending = Arrival(round_, now)
                 self._cond.notify_all()
             return action
@@ -115,7 +122,7 @@ class RoundMailbox:
         with self._cond:
             arrival = self.pending
             if arrival is not None:
-                self.current = arrival.record.round
+                self.current, self._current_id = arrival.record.round, _identity(arrival.record)
                 self.pending = None
             return arrival
 
@@ -225,8 +232,10 @@ class RoundWatcher:
         action = self._mailbox.offer(round_, self._clock())
         if action is RoundAction.NEWER:
             log.info("%s: round %d published (rank %d of %d)", self._label, round_.round, round_.rank, round_.world_size)
-        elif action is RoundAction.STALE:
-            log.warning("%s: ignored round %d, older than round %d in use", self._label, round_.round, self._mailbox.current)
+        elif action is RoundAction.RENUMBERED:
+            log.warning("%s: round %d published, a lower number than round %d in use: the rendezvous numbers its "
+                        "rounds anew (were the job's keys deleted?); forming it", self._label, round_.round,
+                        self._mailbox.current)
 
     def _interrupt(self) -> None:
         pending = self._mailbox.pending

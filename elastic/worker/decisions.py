@@ -28,24 +28,27 @@ class RoundAction(enum.Enum):
     """Newer than the round in use and than any pending one: it becomes the pending round."""
     REPEAT = "repeat"
     """The round in use or the one already pending, written again: ignored."""
-    STALE = "stale"
-    """Older than what this worker already has: ignored with a warning (the agent went back)."""
+    RENUMBERED = "renumbered"
+    """Older than what this worker already has. The agent writes rounds in order on one pipe,
+    so its rendezvous numbered rounds anew (an operator deleted the job's keys): a new round,
+    it becomes the pending round as a newer one would."""
 
 
-def decide_round(current: int, pending: int | None, incoming: int) -> RoundAction:
-    """Classify round ``incoming`` against the round in use and the pending one (if any).
+def decide_round(current: int, pending: int | None, incoming: int, known: bool) -> RoundAction:
+    """Classify round ``incoming`` against the round in use and the pending one (if any);
+    ``known``: it is one of those two, written again (same number and same store).
 
     A round is identified by its number alone: the agent publishes a round only when something
     changed (a member left or joined, a worker was replaced), and a worker cannot tell from a
     line whether the processes behind its peers' ranks are the same ones, so every newer round
-    is re-formed, even one whose ranks and world size equal the current round's.
+    is re-formed, even one whose ranks and world size equal the current round's. A lower number
+    is a renumbering (see :attr:`RoundAction.RENUMBERED`), never a stale line, and so is the same
+    number with another store.
     """
-    newest = current if pending is None else max(current, pending)
-    if incoming > newest:
-        return RoundAction.NEWER
-    if incoming == current or incoming == pending:
+    if known:
         return RoundAction.REPEAT
-    return RoundAction.STALE
+    newest = current if pending is None else max(current, pending)
+    return RoundAction.NEWER if incoming > newest else RoundAction.RENUMBERED
 
 
 def interrupt_due(started: float, now: float, grace: float) -> bool:

@@ -88,7 +88,7 @@ class LiveTraining:
         self._round: Round = round_from_env(self._environ)
         self._run_id = self._environ.get("TORCHELASTIC_RUN_ID") or "none"
         self._label = f"run {self._run_id} pid {os.getpid()}"
-        self._mailbox = RoundMailbox(self._round.round)
+        self._mailbox = RoundMailbox(self._round.round, (self._round.master_addr, self._round.master_port))
         round_fd = _fd_var(self._environ, ROUND_FD_VAR)
         ready_fd = _fd_var(self._environ, READY_FD_VAR)
         self._has_pipe = round_fd is not None
@@ -338,6 +338,10 @@ class LiveTraining:
         if target.local_rank != self._round.local_rank:
             log.warning("%s: round %d moves this worker from local rank %d to %d (its device does not change)",
                         self._where(), target.round, self._round.local_rank, target.local_rank)
+        if target.round <= self._round.round:
+            # Renumbered rounds (the job's keys were deleted): commit rounds of the old numbering
+            # say nothing against the new one; every rank that lived through it forgets them.
+            self._commit_round = -1
         self._round = target
         if isinstance(self._environ, MutableMapping):
             export_round(target, self._environ)

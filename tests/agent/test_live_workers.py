@@ -268,6 +268,20 @@ def test_a_worker_that_reports_its_group_lost_makes_the_node_rejoin_until_the_ne
     assert not workers.broken() and workers.pids() == pids
 
 
+def test_rounds_numbered_anew_forget_the_answers_of_the_old_numbering(live):
+    # An operator deleted the job's keys: the rendezvous starts again at round 0. Local rank 1's
+    # loss of the old round 0 must not read as a loss of the new one.
+    workers, clock = live(lose="1")
+    _until(lambda: len(live.events()) == 2, "both workers started")
+    _until(workers.broken, "local rank 1's report that round 0's group broke")
+    workers.advance(_info(3), attempt=1, restart_count=0, use_agent_store=True)
+    _until(lambda: workers.answer() is RoundAnswer.ANSWERED, "both formed round 3")
+    workers.advance(_info(0), attempt=2, restart_count=0, use_agent_store=True)
+    assert not workers.broken()
+    assert workers.answer() is not RoundAnswer.NONE_DUE  # round 0 of the new numbering is due, not answered by 3
+    _until(lambda: workers.answer() is RoundAnswer.ANSWERED, "both formed the new round 0")
+
+
 def test_a_worker_that_does_not_answer_is_overdue_after_the_deadline(live):
     workers, clock = live(mute="1", timeout=5.0)
     _until(lambda: len(live.events()) == 2, "both workers started")

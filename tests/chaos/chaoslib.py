@@ -33,10 +33,13 @@ from elastic.testing import agents, with_stacks
 
 HERE = Path(__file__).parent
 TRAIN = HERE / "workers" / "train.py"
+LIVE_TRAIN = HERE / "workers" / "live_train.py"
 
 ELASTICRUN = "elasticrun"
+ELASTICRUN_LIVE = "elasticrun-live"
+"""``elasticrun --live-recovery`` with the LiveTraining worker (``workers/live_train.py``)."""
 TORCHRUN = "torchrun"
-LAUNCHERS = (ELASTICRUN, TORCHRUN)
+LAUNCHERS = (ELASTICRUN, ELASTICRUN_LIVE, TORCHRUN)
 
 LEASE_TTL = 3
 RDZV_CONF = f"lease_ttl={LEASE_TTL},last_call_timeout=1"
@@ -241,6 +244,8 @@ class ChaosJob:
     steps: int = 100
     step_seconds: float = 0.25
     max_restarts: int = 3
+    extra_args: tuple[str, ...] = ()
+    """More agent flags (``--prewarm ...``), before the script."""
     run_id: str = field(default_factory=lambda: f"chaos-{uuid.uuid4().hex[:10]}")
 
     def __post_init__(self) -> None:
@@ -257,10 +262,12 @@ class ChaosJob:
         """The agent's command line."""
         common = [f"--nnodes={self.nnodes}", "--nproc-per-node=1", f"--max-restarts={self.max_restarts}",
                   "--monitor-interval=0.2", f"--rdzv-id={self.run_id}", "--rdzv-backend=etcd-v3",
-                  f"--local-addr={local_addr}", f"--log-dir={self.workdir / ('logs-' + node)}"]
-        script = [str(TRAIN), str(self.out_dir), f"--steps={self.steps}", f"--step-seconds={self.step_seconds}"]
-        if self.launcher == ELASTICRUN:
-            return [*with_stacks.command("elastic.run"), *common, f"--rdzv-endpoint={endpoints}",
+                  f"--local-addr={local_addr}", f"--log-dir={self.workdir / ('logs-' + node)}", *self.extra_args]
+        worker = LIVE_TRAIN if self.launcher == ELASTICRUN_LIVE else TRAIN
+        script = [str(worker), str(self.out_dir), f"--steps={self.steps}", f"--step-seconds={self.step_seconds}"]
+        if self.launcher in (ELASTICRUN, ELASTICRUN_LIVE):
+            live = ["--live-recovery"] if self.launcher == ELASTICRUN_LIVE else []
+            return [*with_stacks.command("elastic.run"), *common, *live, f"--rdzv-endpoint={endpoints}",
                     f"--rdzv-conf={RDZV_CONF}", f"--event-log={self.workdir / (node + '.events.jsonl')}", *script]
         if self.launcher == TORCHRUN:
             plain = ",".join(item.split("://", 1)[-1] for item in endpoints.split(","))
@@ -286,7 +293,7 @@ class ChaosJob:
     def rounds_joined(self, node: str) -> int:
         """``round_joined`` events in node ``node``'s event log (elasticrun only; 0 without one)."""
         event_log = self.workdir / f"{node}.events.jsonl"
-        if self.launcher != ELASTICRUN or not event_log.exists():
+        if self.launcher == TORCHRUN or not event_log.exists():
             return 0
         count = 0
         for line in event_log.read_text(errors="replace").splitlines():

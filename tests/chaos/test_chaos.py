@@ -15,6 +15,14 @@ lease_ttl=3,last_call_timeout=1``, injects one fault once a worker finished step
   event, never a worker's own failure); under ``elasticrun`` each agent joined the expected
   number of rounds (its event log).
 
+The ``elasticrun-live`` rows run the same scenarios once more under ``elasticrun
+--live-recovery`` with the LiveTraining worker (``workers/live_train.py``: a small DDP model, a
+parameter checksum all-reduced at the start of every step, no checkpoint). The same verdict, and
+in addition (``live_records``): every worker keeps its process (none fails here), each node
+commits each step once and in order (or goes on from the step a heal brought it to), every step
+starts with equal parameters on every rank, and every worker that committed a step ended it
+with the same parameters.
+
 Each run's figures (world sizes, worker restarts per node, charged restarts, longest time
 without a finished step, time from the fault to the first step of a new attempt) are printed
 in the session's "chaos figures" summary. Scenarios that fail on today's code are marked
@@ -34,7 +42,8 @@ import pytest
 from etcd3 import etcdrpc
 
 import chaoslib
-from chaoslib import ELASTICRUN, LEASE_TTL, TORCHRUN, ChaosJob
+import live_records
+from chaoslib import ELASTICRUN, ELASTICRUN_LIVE, LEASE_TTL, TORCHRUN, ChaosJob
 from elastic.testing.etcd_cluster import EtcdCluster
 from elastic.testing.freeze import freeze
 from elastic.testing.netns import NamespaceLink
@@ -204,8 +213,9 @@ SCENARIOS = {
     "corrupt-state": Scenario("corrupt-state", corrupt_round_state),
 }
 
-# What happens on today's code (issue 15's baseline, measured on this branch = main at c92bd2f);
-# each mark goes with the fix that makes its scenario pass. (scenario, launcher) -> (reason, strict)
+# What happens on today's code (issue 15's baseline, measured on this branch = main at c92bd2f; the
+# elasticrun-live rows: issue 29); each mark goes with the fix that makes its scenario pass.
+# (scenario, launcher) -> (reason, strict)
 TODAY: dict[tuple[str, str], tuple[str, bool]] = {
     ("partition", TORCHRUN): (
         "7 of 9 runs re-formed once more after growing back (worlds 2->1->2->2, a restart charged by torch's "
@@ -220,19 +230,26 @@ TODAY: dict[tuple[str, str], tuple[str, bool]] = {
         "worker failed before it saw the membership change, as in agent-sigstop); not strict", False),
     ("agent-sigstop", TORCHRUN): (
         "two re-formations (worlds 2->2->2, 6 of 6 runs) instead of one, a restart charged by torch's agent", True),
+    ("partition", ELASTICRUN_LIVE): (
+        "4 of 4 runs: the cut-off node's worker commits the step it was in, in the round its peer abandoned, when "
+        "the link heals (gloo cannot abort the survivor's abandoned collective, which completes with it), while "
+        "the survivor ran that step again alone: the two versions of that step differ and the abandoned round "
+        "trained beside the new one. The next heal makes the stale node receive, so the job ends with equal "
+        "parameters; refusing the stale commit needs a vote on every step (TorchFT's should_commit)", True),
 }
 
 
 def cases(names: list[str]) -> list:
     params = []
     for name in names:
-        for launcher in (ELASTICRUN, TORCHRUN):
+        for launcher in (ELASTICRUN, ELASTICRUN_LIVE, TORCHRUN):
             marks = []
             if (name, launcher) in TODAY:
                 reason, strict = TODAY[(name, launcher)]
+                issue = 29 if launcher == ELASTICRUN_LIVE else 15
                 # raises=AssertionError: only the scenario's verdict may fail expectedly; a harness
                 # failure (no etcd, no namespace, the job never reached the fault) stays a failure.
-                marks.append(pytest.mark.xfail(strict=strict, raises=AssertionError, reason=f"issue 15: {reason}"))
+                marks.append(pytest.mark.xfail(strict=strict, raises=AssertionError, reason=f"issue {issue}: {reason}"))
             params.append(pytest.param(SCENARIOS[name], launcher, id=f"{name}-{launcher}", marks=marks))
     return params
 
@@ -291,7 +308,13 @@ def judge(scenario: Scenario, launcher: str, job: ChaosJob, codes: dict, found: 
         problems.append(f"attempts trained with world sizes {found.worlds}, expected {expected[0]}")
     if found.empty_attempts:
         problems.append(f"{found.empty_attempts} attempt(s) formed and were torn down before a step")
-    if launcher == ELASTICRUN:
+    if launcher == ELASTICRUN_LIVE:
+        problems += live_records.live_problems(live_records.read_rows(job.out_dir), STEPS)
+        crashed = {node: scenario.charged if node == "b" else 0 for node in found.restarts}  # faults crash b's
+        if found.restarts != crashed:
+            problems.append(f"workers were restarted {found.restarts} times per node, expected {crashed} (the "
+                            "crashed ones only): live recovery keeps every healthy worker's process")
+    if launcher in (ELASTICRUN, ELASTICRUN_LIVE):
         if found.charged != scenario.charged:
             problems.append(f"{found.charged} restart(s) charged to --max-restarts, expected {scenario.charged}")
         rounds = (job.rounds_joined("a"), job.rounds_joined("b"))

@@ -41,12 +41,16 @@ def test_line_splitter(chunks, limit, items):
 def test_the_mailbox_keeps_the_newest_round_and_hands_it_over_once():
     mailbox = RoundMailbox(current=3)
     assert mailbox.offer(_round(5), 1.0) is RoundAction.NEWER
-    assert mailbox.offer(_round(4), 2.0) is RoundAction.STALE
+    assert mailbox.offer(_round(4), 2.0) is RoundAction.RENUMBERED  # the rendezvous numbered anew: it replaces 5
+    assert mailbox.pending.record.round == 4
     assert mailbox.offer(_round(6), 3.0) is RoundAction.NEWER
     arrival = mailbox.take()
     assert (arrival.record.round, arrival.at, mailbox.current, mailbox.pending) == (6, 3.0, 6, None)
     assert mailbox.take() is None
     assert mailbox.offer(_round(6), 4.0) is RoundAction.REPEAT
+    # The same number with another store: the rendezvous numbered anew and reached it again.
+    other = Round(6, 0, 2, 0, 1, 0, "127.0.0.1", 29501, 0, "p/6")
+    assert mailbox.offer(other, 5.0) is RoundAction.RENUMBERED and mailbox.take().record == other
 
 
 def test_mailbox_wait_wakes_on_a_round_and_on_eof():

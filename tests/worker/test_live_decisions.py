@@ -17,21 +17,23 @@ from elastic.worker.decisions import (
 
 
 @pytest.mark.parametrize(
-    ("current", "pending", "incoming", "action"),
+    ("current", "pending", "incoming", "known", "action"),
     [
-        (3, None, 4, RoundAction.NEWER),
-        (3, None, 9, RoundAction.NEWER),  # rounds may be skipped
-        (3, None, 3, RoundAction.REPEAT),  # the round in use, written again
-        (3, None, 2, RoundAction.STALE),
-        (3, 5, 6, RoundAction.NEWER),  # replaces the pending one
-        (3, 5, 5, RoundAction.REPEAT),
-        (3, 5, 4, RoundAction.STALE),  # older than the pending one
-        (3, 5, 3, RoundAction.REPEAT),
-        (0, None, 0, RoundAction.REPEAT),
+        (3, None, 4, False, RoundAction.NEWER),
+        (3, None, 9, False, RoundAction.NEWER),  # rounds may be skipped
+        (3, None, 3, True, RoundAction.REPEAT),  # the round in use, written again
+        (3, None, 2, False, RoundAction.RENUMBERED),  # the job's keys were deleted: rounds start again at 0
+        (0, None, 0, False, RoundAction.RENUMBERED),  # ... and may reach the number in use: another store
+        (3, 5, 6, False, RoundAction.NEWER),  # replaces the pending one
+        (3, 5, 5, True, RoundAction.REPEAT),
+        (3, 5, 4, False, RoundAction.RENUMBERED),  # lower than the pending one: numbered anew after it
+        (3, 0, 1, False, RoundAction.RENUMBERED),  # the new numbering goes on: replaces the pending 0
+        (3, 5, 3, True, RoundAction.REPEAT),
+        (0, None, 0, True, RoundAction.REPEAT),
     ],
 )
-def test_decide_round(current, pending, incoming, action):
-    assert decide_round(current, pending, incoming) is action
+def test_decide_round(current, pending, incoming, known, action):
+    assert decide_round(current, pending, incoming, known) is action
 
 
 @pytest.mark.parametrize(

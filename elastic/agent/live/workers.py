@@ -149,6 +149,14 @@ class LiveWorkers:
         """
         running = self.poll().running
         dead = tuple(rank for rank in range(self.config.nproc_per_node) if rank not in running)
+        if info.round <= self.rdzv.round:
+            # The rendezvous numbered its rounds anew (the job's keys were deleted): what the
+            # workers answered for the old numbering says nothing about the new one.
+            log.warning("Run %s node %s: round %d follows round %d: the rendezvous numbers its rounds anew",
+                        info.run_id, self._node_id, info.round, self.rdzv.round)
+            self._read_answers(running)
+            for rank in self._formed:
+                self._formed[rank], self._lost[rank] = -1, -1
         self.rdzv = info
         for rank in sorted(running):
             if not self._pipes[rank].publish(round_for(self.config, info, rank, restart_count)):
