@@ -1,13 +1,20 @@
-"""Live recovery, worker side: what a survivor and a joiner see, with a simulated agent.
+"""Live recovery: the real launchers side by side, and what a survivor and a joiner see.
 
-Run:  python benchmarks/live_recovery.py [--cases crash,freeze,transfer] [--repetitions N] [--json FILE]
+Run:  python benchmarks/live_recovery.py --side-by-side [--systems ...] [--faults crash,node_loss]
+                                         [--window 60] [--schedule 120] [--quick]
+      python benchmarks/live_recovery.py [--cases crash,freeze,transfer] [--repetitions N] [--json FILE]
 
-A skeleton of the issue's side-by-side benchmark (issue 29): it measures the worker-side
-figures now, with :class:`elastic.testing.live_agent.SimulatedAgent` standing in for the
-agents (it hosts each round's TCPStore and writes the round lines as soon as the test decides,
-so no rendezvous or lease time is in these figures except the lease TTL it waits out for a
-freeze). The elasticrun ``--live-recovery``, ``elasticrun --prewarm``, torchrun and TorchFT
-columns come with the agent side.
+``--side-by-side`` (``live_side.py``, ``live_systems.py``): the same small DDP model under
+``elasticrun --live-recovery`` (with and without ``--prewarm``), ``elasticrun --prewarm`` (whole
+group restart, checkpoint every 10 steps), stock torchrun (likewise) and TorchFT 0.2.0 (installed
+on demand into a venv under ``~/.cache/etcd-elastic-bench``; skipped with one line saying why if
+it cannot be), for a worker crash and a node loss at step 25. ``--quick``: a smoke of
+``live+prewarm`` and ``torchrun`` with a crash and a 10 s window.
+
+Without it, the worker-side figures, with :class:`elastic.testing.live_agent.SimulatedAgent`
+standing in for the agents (it hosts each round's TCPStore and writes the round lines as soon as
+the test decides, so no rendezvous or lease time is in these figures except the lease TTL it
+waits out for a freeze).
 
 Every case runs the same small model as the tests (``tests/worker/workers/live_train.py``,
 gloo, CPU, a DDP through :meth:`LiveTraining.ddp`), 2 nodes × 1 worker, one step every
@@ -43,7 +50,12 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests" / "worker" / "workers"))
 
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import live_side  # noqa: E402
 from elastic.testing.live_agent import SimulatedAgent  # noqa: E402
+from live_side import FAULTS  # noqa: E402
+from live_systems import SYSTEMS  # noqa: E402
 
 WORKER = REPO / "tests" / "worker" / "workers" / "live_train.py"
 CASES = ("crash", "freeze", "transfer")
@@ -200,16 +212,43 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--cases", default=",".join(CASES), help=f"any of {','.join(CASES)}")
     parser.add_argument("--step-seconds", type=float, default=0.12, help="sleep per step, the model's compute (default 0.12)")
     parser.add_argument("--lease-ttl", type=float, default=2.0, help="freeze: seconds before the agent publishes (default 2)")
-    parser.add_argument("--window", type=float, default=10.0, help="seconds after the fault for the useful-step fraction")
+    parser.add_argument("--window", type=float, help="seconds after the fault for the useful-step fraction "
+                        "(default 10; 60 with --side-by-side)")
     parser.add_argument("--big-mb", type=int, default=100, help="transfer: MB of parameters + Adam state (default 100)")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for any one thing (default 120)")
     parser.add_argument("--repetitions", type=int, default=1, help="runs per case; medians are printed (default 1)")
     parser.add_argument("--json", help="also write the figures (and every run's) to this file")
+    side = parser.add_argument_group("launcher-level side by side (--side-by-side)")
+    side.add_argument("--side-by-side", action="store_true", help="run the real launchers side by side instead")
+    side.add_argument("--systems", default=",".join(SYSTEMS), help=f"any of {','.join(SYSTEMS)}")
+    side.add_argument("--faults", default=",".join(FAULTS), help=f"any of {','.join(FAULTS)}")
+    side.add_argument("--schedule", type=float, default=0.0,
+                      help="also: a fault every 10 s for this many seconds, per system (default: none)")
+    side.add_argument("--quick", action="store_true", help="a smoke: live+prewarm and torchrun, a crash, a 10 s window")
     args = parser.parse_args(argv)
+    if args.side_by_side:
+        return _side_args(parser, args)
+    args.window = 10.0 if args.window is None else args.window
     args.cases = [case for case in args.cases.split(",") if case]
     unknown = sorted(set(args.cases) - set(CASES))
     if unknown:
         parser.error(f"unknown cases: {', '.join(unknown)} (choose from {', '.join(CASES)})")
+    return args
+
+
+def _side_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.Namespace:
+    args.systems = [name for name in args.systems.split(",") if name]
+    args.faults = [name for name in args.faults.split(",") if name]
+    if args.quick:
+        args.systems = [name for name in ("live+prewarm", "torchrun") if name in args.systems]
+        args.faults, args.window, args.schedule = ["crash"], args.window or 10.0, 0.0
+    args.window = 60.0 if args.window is None else args.window
+    unknown = sorted(set(args.systems) - set(SYSTEMS) | set(args.faults) - set(FAULTS))
+    if unknown:
+        parser.error(f"unknown systems or faults: {', '.join(unknown)} (systems {', '.join(SYSTEMS)}; "
+                     f"faults {', '.join(FAULTS)})")
+    if args.step_seconds <= 0 or args.window <= 0 or args.schedule < 0:
+        parser.error("--step-seconds and --window must be positive, --schedule not negative")
     return args
 
 
@@ -224,6 +263,12 @@ def _summary(runs: list[dict]) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.side_by_side:
+        try:
+            return live_side.main(args)
+        except KeyboardInterrupt as interrupted:
+            print(f"interrupted ({interrupted or 'Ctrl-C'}); every process it started was stopped", file=sys.stderr)
+            return 130
     runs: dict[str, list[dict]] = {}
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="live-recovery-") as directory:

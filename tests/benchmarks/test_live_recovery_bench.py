@@ -33,3 +33,15 @@ def test_unknown_cases_are_refused_with_one_line(bench, capsys):
 def test_repeated_runs_are_summarised_by_median_and_range(bench):
     assert bench._summary([{"gap": 0.3}, {"gap": 0.1}, {"gap": 0.2}]) == {"gap": {"median": 0.2, "min": 0.1, "max": 0.3}}
     assert bench._summary([{"gap": 0.3}]) == {"gap": 0.3}
+
+
+def test_side_by_side_quick_is_one_pair_one_crash_and_a_short_window(bench):
+    args = bench.parse_args(["--side-by-side", "--quick"])
+    assert (args.systems, args.faults, args.window, args.schedule) == (["live+prewarm", "torchrun"], ["crash"], 10.0, 0.0)
+    assert bench.parse_args(["--side-by-side"]).window == 60.0 and bench.parse_args([]).window == 10.0
+
+
+def test_side_by_side_refuses_unknown_systems_with_one_line(bench, capsys):
+    with pytest.raises(SystemExit) as exited:
+        bench.parse_args(["--side-by-side", "--systems", "live,deepspeed", "--faults", "crash,flood"])
+    assert exited.value.code == 2 and "unknown systems or faults: deepspeed, flood" in capsys.readouterr().err

@@ -1,0 +1,111 @@
+"""The side-by-side live-recovery benchmark's figures, from the step events workers log.
+
+Pure functions over :class:`Commit` lists (a worker's committed steps with its own
+``time.monotonic()`` stamps; one clock for the machine), so they are tested without a launcher
+(``tests/benchmarks/test_live_figures.py``).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+
+@dataclass(frozen=True)
+class Commit:
+    """One committed training step: its number and when the worker committed it."""
+
+    step: int
+    t: float
+
+
+@dataclass(frozen=True)
+class FaultFigures:
+    """What one fault cost, seen from the survivor (and the failed node for ``back_s``).
+
+    ``back_s`` is None when the failed node committed no step within the window; ``useful`` counts
+    the survivor's commits in the window that advanced the training (a redone step does not).
+    """
+
+    longest_gap_s: float
+    steps_redone: int
+    back_s: float | None
+    useful: int
+    undisturbed: float
+
+    @property
+    def goodput(self) -> float:
+        return self.useful / self.undisturbed if self.undisturbed else float("nan")
+
+
+def commits(events: Iterable[dict]) -> list[Commit]:
+    """The ``{"ev": "step", "step": N, "t": T}`` events of a worker log, in time order."""
+    return sorted((Commit(e["step"], e["t"]) for e in events if e.get("ev") == "step"), key=lambda c: c.t)
+
+
+def step_period(done: Sequence[Commit], before: float, last: int = 15) -> float:
+    """The median time between the last ``last`` commits before ``before`` (the undisturbed rate).
+
+    Raises:
+        ValueError: fewer than two commits before ``before``.
+    """
+    times = [c.t for c in done if c.t <= before][-(last + 1):]
+    if len(times) < 2:
+        raise ValueError(f"{len(times)} step(s) committed before the fault: no undisturbed rate")
+    return statistics.median(b - a for a, b in zip(times, times[1:]))
+
+
+def longest_gap(done: Sequence[Commit], start: float, end: float) -> float:
+    """The longest time without a commit in [start, end]: between two commits, or from the last
+    commit before ``start`` to the first after it, or to ``end`` when nothing followed."""
+    times = [c.t for c in done]
+    before = [t for t in times if t <= start]
+    inside = [t for t in times if start < t <= end]
+    points = ([before[-1]] if before else [start]) + inside
+    gaps = [b - a for a, b in zip(points, points[1:])]
+    gaps.append(end - points[-1])
+    return max(gaps)
+
+
+def useful_and_redone(done: Sequence[Commit], start: float, end: float) -> tuple[int, int]:
+    """Commits in (start, end] that advanced the step count, and those that repeated a step
+    already committed (a restart from a checkpoint)."""
+    high = max((c.step for c in done if c.t <= start), default=-1)
+    useful = redone = 0
+    for commit in done:
+        if commit.t <= start:
+            continue
+        if commit.t > end:
+            break
+        if commit.step > high:
+            useful += 1
+            high = commit.step
+        else:
+            redone += 1
+    return useful, redone
+
+
+def first_after(done: Sequence[Commit], moment: float, end: float) -> float | None:
+    """Seconds from ``moment`` to the first commit after it, if one came by ``end``."""
+    return next((c.t - moment for c in done if moment < c.t <= end), None)
+
+
+def fault_figures(survivor: Sequence[Commit], failed: Sequence[Commit], fault_at: float, window: float) -> FaultFigures:
+    """One fault's figures over ``window`` seconds after ``fault_at``.
+
+    Raises:
+        ValueError: the survivor committed too few steps before the fault to have a rate.
+    """
+    end = fault_at + window
+    period = step_period(survivor, fault_at)
+    useful, redone = useful_and_redone(survivor, fault_at, end)
+    return FaultFigures(longest_gap_s=longest_gap(survivor, fault_at, end), steps_redone=redone,
+                        back_s=first_after(failed, fault_at, end), useful=useful, undisturbed=window / period)
+
+
+def ratio(value: float | None, reference: float | None) -> str:
+    """``value / reference`` as ``1.23x``, or ``n/a`` when either is missing or the reference 0."""
+    if value is None or reference is None or reference == 0 or value != value or reference != reference:
+        return "n/a"
+    return f"{value / reference:.2f}x"

@@ -1,0 +1,199 @@
+"""The launcher-level side-by-side mode of ``benchmarks/live_recovery.py``.
+
+For every system of :mod:`live_systems` and every fault (``crash``: SIGKILL of node 1's worker;
+``node_loss``: SIGKILL of node 1's whole process tree, then the node is started again), at the
+survivor's step 25: the survivor's longest step gap, the steps it redid, seconds until node 1
+commits a step again, and goodput over ``--window`` seconds after the fault (useful steps ÷ the
+steps at the pre-fault rate). ``--schedule S``: one fault every 10 s for S seconds, alternating
+crash and node loss, and the useful-step fraction over those S seconds. Times are the workers'
+``time.monotonic()`` stamps.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from live_figures import commits, fault_figures, ratio, step_period, useful_and_redone  # noqa: E402
+from live_systems import LABELS, REPO, Run, SystemFailed, torchft_python  # noqa: E402
+
+FAULT_STEP = 25
+FAULTS = ("crash", "node_loss")
+SCHEDULE_EVERY_S = 10.0
+CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "etcd-elastic-bench"
+
+
+@dataclass(frozen=True)
+class ScheduleFigures:
+    """A fault schedule's outcome for one system: useful steps over the schedule and faults dealt."""
+
+    useful: int
+    undisturbed: float
+    redone: int
+    faults: int
+    skipped: int
+
+    @property
+    def fraction(self) -> float:
+        return self.useful / self.undisturbed if self.undisturbed else float("nan")
+
+
+def _start(run: Run) -> None:
+    run.start_node(0)
+    run.start_node(1)
+
+    def both_training() -> bool:
+        survivor = commits(run.events(0))
+        return bool(survivor) and survivor[-1].step >= FAULT_STEP and bool(commits(run.events(1)))
+
+    run.wait_for(f"step {FAULT_STEP} on both nodes", both_training)
+
+
+def _hold(run: Run, until: float) -> None:
+    """Let the job train until ``until`` (monotonic), failing if a node's launcher exits."""
+    while time.monotonic() < until:
+        run.check_running()
+        time.sleep(0.1)
+
+
+def _fault(run: Run, kind: str) -> float | None:
+    return run.crash(1) if kind == "crash" else run.lose(1)
+
+
+def measure_fault(run: Run, kind: str, window: float):
+    _start(run)
+    fault_at = _fault(run, kind)
+    if fault_at is None:
+        raise SystemFailed(f"{run.system}: no worker of node 1 to crash")
+    _hold(run, fault_at + window + 0.5)
+    return fault_figures(commits(run.events(0)), commits(run.events(1)), fault_at, window)
+
+
+def measure_schedule(run: Run, seconds: float) -> ScheduleFigures:
+    _start(run)
+    began = time.monotonic()
+    dealt = skipped = 0
+    for index in range(int(seconds // SCHEDULE_EVERY_S)):
+        _hold(run, began + index * SCHEDULE_EVERY_S)
+        if _fault(run, FAULTS[index % 2]) is None:
+            skipped += 1
+        else:
+            dealt += 1
+    _hold(run, began + seconds)
+    survivor = commits(run.events(0))
+    useful, redone = useful_and_redone(survivor, began, began + seconds)
+    return ScheduleFigures(useful, seconds / step_period(survivor, began), redone, dealt, skipped)
+
+
+def _fmt(value, spec: str = ".2f") -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
+def fault_table(results: dict[tuple[str, str], object], systems: list[str], window: float) -> str:
+    lines = [f"{'fault':<10} {'system':<37} {'gap s':>6} {'redone':>6} {'back s':>7} {'useful/undisturbed':>19} "
+             f"{'goodput':>7} {'gap vs torchrun':>15} {'goodput vs torchrun':>19}"]
+    for kind in FAULTS:
+        reference = results.get((kind, "torchrun"))
+        for system in systems:
+            figures = results.get((kind, system))
+            if figures is None:
+                continue
+            if isinstance(figures, str):
+                lines.append(f"{kind:<10} {LABELS[system]:<37} {figures}")
+                continue
+            ref = reference if reference is not None and not isinstance(reference, str) else None
+            lines.append(f"{kind:<10} {LABELS[system]:<37} {figures.longest_gap_s:>6.2f} {figures.steps_redone:>6} "
+                         f"{_fmt(figures.back_s):>7} {f'{figures.useful}/{figures.undisturbed:.0f}':>19} "
+                         f"{figures.goodput:>7.3f} {ratio(figures.longest_gap_s, ref and ref.longest_gap_s):>15} "
+                         f"{ratio(figures.goodput, ref and ref.goodput):>19}")
+    return f"faults at step {FAULT_STEP}; goodput over {window:g} s after the fault\n" + "\n".join(lines)
+
+
+def schedule_table(results: dict[str, object], systems: list[str], seconds: float) -> str:
+    lines = [f"schedule: a fault every {SCHEDULE_EVERY_S:g} s for {seconds:g} s (crash, node loss, ...)",
+             f"{'system':<37} {'useful/undisturbed':>19} {'fraction':>8} {'redone':>6} {'faults':>6}"]
+    for system in systems:
+        figures = results.get(system)
+        if isinstance(figures, ScheduleFigures):
+            lines.append(f"{LABELS[system]:<37} {f'{figures.useful}/{figures.undisturbed:.0f}':>19} "
+                         f"{figures.fraction:>8.3f} {figures.redone:>6} {figures.faults:>6}"
+                         + (f" ({figures.skipped} skipped: no worker running)" if figures.skipped else ""))
+        elif figures is not None:
+            lines.append(f"{LABELS[system]:<37} {figures}")
+    return "\n".join(lines)
+
+
+def _interrupted(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def main(args) -> int:
+    """Run the side-by-side mode with ``live_recovery.py``'s parsed arguments; 1 if a run failed.
+
+    SIGINT and SIGTERM end it like Ctrl-C: every process it started is stopped on the way out.
+    """
+    signal.signal(signal.SIGINT, _interrupted)
+    signal.signal(signal.SIGTERM, _interrupted)
+    systems = list(args.systems)
+    notes: dict[str, str] = {}
+    python = None
+    if "torchft" in systems:
+        python, how = torchft_python(CACHE)
+        if python is None:
+            print(f"TorchFT not run: {how}")
+            notes["torchft"] = f"not run: {how}"
+            systems.remove("torchft")
+    load_before = os.getloadavg()
+    faults: dict[tuple[str, str], object] = {}
+    schedule: dict[str, object] = {}
+    failed = 0
+    with ExitStack() as cleanup:
+        sys.path.insert(0, str(REPO))
+        from elastic.testing.etcd_server import EtcdServerOptions, start_etcd_server
+
+        server = start_etcd_server(EtcdServerOptions())
+        cleanup.callback(server.close)
+        workdir = Path(tempfile.mkdtemp(prefix="live-side-"))
+        plan = [(kind, system) for kind in args.faults for system in systems]
+        plan += [("schedule", system) for system in systems] if args.schedule else []
+        for kind, system in plan:
+            rundir = workdir / f"{kind}-{system}"
+            rundir.mkdir()
+            run = Run(system, rundir, server.endpoints, args.step_seconds, python, args.timeout)
+            try:
+                if kind == "schedule":
+                    schedule[system] = figures = measure_schedule(run, args.schedule)
+                else:
+                    faults[kind, system] = figures = measure_fault(run, kind, args.window)
+                print(f"  {kind:<9} {LABELS[system]:<37} {asdict(figures)}", file=sys.stderr, flush=True)
+            except (SystemFailed, ValueError) as error:
+                failed += 1
+                (schedule if kind == "schedule" else faults)[(kind, system) if kind != "schedule" else system] = \
+                    f"FAILED: {error}"
+                print(f"  {kind:<9} {LABELS[system]:<37} FAILED: {error}", file=sys.stderr, flush=True)
+            finally:
+                run.stop()
+    load_after = os.getloadavg()
+    print(f"load average (1/5/15 min) before {tuple(round(x, 2) for x in load_before)}, "
+          f"after {tuple(round(x, 2) for x in load_after)} on {os.cpu_count()} CPUs; "
+          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    for system, note in notes.items():
+        print(f"{LABELS[system]}: {note}")
+    if faults:
+        print(fault_table(faults, systems, args.window))
+    if schedule:
+        print(schedule_table(schedule, systems, args.schedule))
+    if failed:
+        print(f"{failed} run(s) failed; worker and launcher logs kept in {workdir}", file=sys.stderr)
+    else:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return 1 if failed else 0

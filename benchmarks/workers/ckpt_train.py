@@ -1,0 +1,63 @@
+"""A plain DDP worker that resumes from its checkpoint: the side-by-side benchmark's model for
+the launchers that restart the whole group (stock torchrun, ``elasticrun`` without
+``--live-recovery``). Writes JSON events to $LIVE_LOG as ``live_train.py`` does.
+
+Settings (environment): LIVE_STEPS, LIVE_STEP_SLEEP (seconds of "compute" per step),
+CKPT_PATH (rank 0 writes the model and optimizer there every CKPT_EVERY steps, atomically;
+every rank resumes from it), CKPT_EVERY (10).
+"""
+
+import time
+
+STARTED = time.monotonic()
+
+import json  # noqa: E402
+import os  # noqa: E402
+import sys  # noqa: E402
+from datetime import timedelta  # noqa: E402
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "worker", "workers"))
+from live_model import LR, make_model, shard  # noqa: E402
+
+steps = int(os.environ.get("LIVE_STEPS", "40"))
+step_sleep = float(os.environ.get("LIVE_STEP_SLEEP", "0.05"))
+path = os.environ["CKPT_PATH"]
+every = int(os.environ.get("CKPT_EVERY", "10"))
+log_file = open(os.environ["LIVE_LOG"], "a", buffering=1)
+
+
+def emit(**event):
+    log_file.write(json.dumps(event) + "\n")
+
+
+emit(ev="start", t=STARTED, pid=os.getpid())
+dist.init_process_group("gloo", timeout=timedelta(seconds=10))
+rank, world = dist.get_rank(), dist.get_world_size()
+model = make_model(0)
+opt = torch.optim.SGD(model.parameters(), lr=LR)
+first = 0
+if os.path.exists(path):
+    state = torch.load(path, weights_only=True)
+    model.load_state_dict(state["model"])
+    opt.load_state_dict(state["opt"])
+    first = int(state["step"])
+emit(ev="resumed", step=first, t=time.monotonic(), rank=rank, world=world)
+ddp = DistributedDataParallel(model)
+for step in range(first, steps):
+    x, y = shard(step, rank, world)
+    time.sleep(step_sleep)
+    opt.zero_grad()
+    F.mse_loss(ddp(x), y).backward()
+    opt.step()
+    emit(ev="step", step=step, t=time.monotonic(), rank=rank, world=world)
+    if rank == 0 and (step + 1) % every == 0:
+        partial = f"{path}.{os.getpid()}"
+        torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step + 1}, partial)
+        os.replace(partial, path)
+dist.destroy_process_group()
+emit(ev="done", t=time.monotonic())

@@ -1,0 +1,83 @@
+"""The side-by-side benchmark's model under TorchFT (its Manager, its DDP, a lighthouse): one
+replica group of one worker. Writes JSON events to $LIVE_LOG as ``live_train.py`` does.
+
+Settings (environment): LIVE_STEPS, LIVE_STEP_SLEEP, REPLICA_GROUP_ID, TORCHFT_LIGHTHOUSE and
+the MASTER_ADDR/MASTER_PORT of the replica group's store (torchrun sets them). A replica that
+(re)starts heals from a live one; a step counts when the Manager commits it.
+
+One change to TorchFT 0.2.0: its DDP communication hook asserts when the all-reduce fails (a
+peer died: the work's wait raised, so its future chain was never set up), which kills the
+survivor too. :class:`DDP` returns the bucket unreduced instead; the Manager has recorded the
+error, so the step is not committed and the next quorum leaves the dead peer out.
+"""
+
+import time
+
+STARTED = time.monotonic()
+
+import json  # noqa: E402
+import os  # noqa: E402
+import sys  # noqa: E402
+from datetime import timedelta  # noqa: E402
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torchft import DistributedDataParallel, Manager, ProcessGroupGloo  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "worker", "workers"))
+from live_model import LR, make_model, shard  # noqa: E402
+
+steps = int(os.environ.get("LIVE_STEPS", "40"))
+step_sleep = float(os.environ.get("LIVE_STEP_SLEEP", "0.05"))
+replica = int(os.environ.get("REPLICA_GROUP_ID", "0"))
+log_file = open(os.environ["LIVE_LOG"], "a", buffering=1)
+
+
+def emit(**event):
+    log_file.write(json.dumps(event) + "\n")
+
+
+
+
+class DDP(DistributedDataParallel):
+    @staticmethod
+    def _comm_hook(state, bucket):
+        work = state.allreduce(bucket.buffer())
+        work.wait()
+        future = work.get_future()._fut
+        if future is None:  # the all-reduce failed; the Manager skips this step
+            future = torch.futures.Future()
+            future.set_result(bucket.buffer())
+        return future
+
+
+emit(ev="start", t=STARTED, pid=os.getpid())
+model = make_model(0)
+opt = torch.optim.SGD(model.parameters(), lr=LR)
+
+
+def state_dict():
+    return {"model": model.state_dict(), "opt": opt.state_dict()}
+
+
+def load_state_dict(state):
+    model.load_state_dict(state["model"])
+    opt.load_state_dict(state["opt"])
+
+
+manager = Manager(pg=ProcessGroupGloo(timeout=timedelta(seconds=10)), min_replica_size=1, load_state_dict=load_state_dict,
+                  state_dict=state_dict, replica_id=f"bench_{replica}", timeout=timedelta(seconds=10),
+                  quorum_timeout=timedelta(seconds=60))
+ddp = DDP(manager, model)
+while manager.current_step() < steps:
+    manager.start_quorum()
+    opt.zero_grad()
+    rank, world = manager.participating_rank(), manager.num_participants()
+    x, y = shard(manager.current_step(), rank or 0, max(world, 1))
+    time.sleep(step_sleep)
+    F.mse_loss(ddp(x), y).backward()
+    if manager.should_commit():
+        opt.step()
+        emit(ev="step", step=manager.current_step() - 1, t=time.monotonic(), rank=rank, world=world)
+manager.shutdown(wait=False)
+emit(ev="done", t=time.monotonic())

@@ -1,0 +1,84 @@
+"""The side-by-side live-recovery benchmark's figures (benchmarks/live_figures.py), from made-up
+step events: a steady run, a restart from a checkpoint, a survivor that never stops."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def figures():
+    spec = importlib.util.spec_from_file_location("live_figures", REPO / "benchmarks" / "live_figures.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        del sys.modules[spec.name]
+
+
+def steady(figures, first: int, last: int, start: float, period: float = 0.1):
+    return [figures.Commit(step, start + (step - first) * period) for step in range(first, last + 1)]
+
+
+def test_commits_keeps_step_events_in_time_order(figures):
+    events = [{"ev": "start", "t": 0.0}, {"ev": "step", "step": 1, "t": 2.0}, {"ev": "step", "step": 0, "t": 1.0},
+              {"ev": "recovery", "t": 1.5}]
+    assert figures.commits(events) == [figures.Commit(0, 1.0), figures.Commit(1, 2.0)]
+
+
+def test_the_step_period_is_the_median_before_the_fault(figures):
+    done = [figures.Commit(i, t) for i, t in enumerate([0.0, 0.1, 0.2, 0.5, 0.6, 5.0])]
+    assert figures.step_period(done, before=0.6) == pytest.approx(0.1)
+    with pytest.raises(ValueError, match="1 step"):
+        figures.step_period(done, before=0.05)
+
+
+@pytest.mark.parametrize("times, start, end, gap", [
+    ([0.0, 0.1, 0.2, 2.2, 2.3], 0.15, 3.0, 2.0),   # the gap spanning the fault counts
+    ([0.0, 0.1, 0.2], 0.15, 3.0, 2.8),              # nothing after the gap: up to the window's end
+    ([0.0, 1.0, 1.1, 1.2], 0.5, 1.2, 1.0),          # from the last commit before the fault
+    ([0.0, 0.1, 0.2, 0.3, 5.0], 0.15, 0.35, 0.1),   # a gap after the window's end is not counted
+])
+def test_the_longest_gap_within_the_window(figures, times, start, end, gap):
+    done = [figures.Commit(i, t) for i, t in enumerate(times)]
+    assert figures.longest_gap(done, start, end) == pytest.approx(gap)
+
+
+def test_a_restart_from_a_checkpoint_counts_the_repeated_steps_as_redone_not_useful(figures):
+    done = steady(figures, 0, 25, 0.0) + steady(figures, 20, 40, 5.0)  # died after 25, resumed at 20
+    useful, redone = figures.useful_and_redone(done, start=2.55, end=100.0)
+    assert (useful, redone) == (15, 6)  # 26..40 advance; 20..25 again
+
+
+def test_fault_figures_for_a_survivor_that_never_stops(figures):
+    survivor = steady(figures, 0, 24, 0.0) + steady(figures, 25, 124, 2.9)  # 0.5 s gap after step 24
+    failed = steady(figures, 0, 24, 0.0) + steady(figures, 30, 124, 3.4)
+    result = figures.fault_figures(survivor, failed, fault_at=2.45, window=10.0)
+    assert result.longest_gap_s == pytest.approx(0.5)
+    assert result.steps_redone == 0
+    assert result.back_s == pytest.approx(0.95)
+    assert result.undisturbed == pytest.approx(100.0)
+    assert result.useful == 96  # 25 at 2.9 s .. 120 at 12.4 s
+    assert result.goodput == pytest.approx(0.96)
+
+
+def test_a_failed_node_that_never_returns_has_no_back_time(figures):
+    survivor = steady(figures, 0, 100, 0.0)
+    result = figures.fault_figures(survivor, steady(figures, 0, 24, 0.0), fault_at=2.45, window=5.0)
+    assert result.back_s is None
+
+
+@pytest.mark.parametrize("value, reference, text", [
+    (1.0, 4.0, "0.25x"), (None, 1.0, "n/a"), (1.0, None, "n/a"), (1.0, 0.0, "n/a"), (math.nan, 1.0, "n/a"),
+])
+def test_ratios_against_torchrun(figures, value, reference, text):
+    assert figures.ratio(value, reference) == text
