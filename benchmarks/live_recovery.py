@@ -224,6 +224,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     side.add_argument("--faults", default=",".join(FAULTS), help=f"any of {','.join(FAULTS)}")
     side.add_argument("--schedule", type=float, default=0.0,
                       help="also: a fault every 10 s for this many seconds, per system (default: none)")
+    side.add_argument("--rejoin-timeout", type=float, default=0.5,
+                      help="--rdzv-conf rejoin_timeout of the live systems (default 0.5)")
     side.add_argument("--quick", action="store_true", help="a smoke: live+prewarm and torchrun, a crash, a 10 s window")
     args = parser.parse_args(argv)
     if args.side_by_side:

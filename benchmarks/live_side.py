@@ -168,7 +168,8 @@ def main(args) -> int:
         for kind, system in plan:
             rundir = workdir / f"{kind}-{system}"
             rundir.mkdir()
-            run = Run(system, rundir, server.endpoints, args.step_seconds, python, args.timeout)
+            run = Run(system, rundir, server.endpoints, args.step_seconds, python, args.timeout,
+                      rejoin_timeout=args.rejoin_timeout)
             try:
                 if kind == "schedule":
                     schedule[system] = figures = measure_schedule(run, args.schedule)

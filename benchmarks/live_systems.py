@@ -117,6 +117,7 @@ class Run:
     nodes: dict[int, subprocess.Popen] = field(default_factory=dict)
     retired: list[subprocess.Popen] = field(default_factory=list)
     lighthouse: subprocess.Popen | None = None
+    rejoin_timeout: float = REJOIN_S
 
     def __post_init__(self) -> None:
         self.store_port = free_port()
@@ -161,7 +162,7 @@ class Run:
                 *rendezvous]
         if self.system == "prewarm":
             return [*head, "--rdzv-conf", conf, "--prewarm", str(CKPT_WORKER)], env
-        head += ["--rdzv-conf", f"{conf},rejoin_timeout={REJOIN_S}"]
+        head += ["--rdzv-conf", f"{conf},rejoin_timeout={self.rejoin_timeout:g}"]
         env.update(LIVE_OPTIONS=json.dumps(LIVE_OPTIONS), LIVE_CHECK="0", LIVE_SLOT=f"node{node}")
         extra = LIVE_PREWARM if self.system == "live+prewarm" else []
         return [*head, "--live-recovery", *extra, str(LIVE_WORKER)], env
