@@ -80,7 +80,7 @@ def pipe_watcher():
 
     def make(registry=None, grace=0.2):
         read_fd, write_fd = os.pipe()
-        mailbox = RoundMailbox(current=0)
+        mailbox = RoundMailbox(current=0, store=("127.0.0.1", 29500))  # the store of _round(0)
         watcher = RoundWatcher(read_fd, mailbox, lambda: registry, grace, "run t pid 1")
         watcher.start()
         made.append((watcher, write_fd))
