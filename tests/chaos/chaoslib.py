@@ -223,6 +223,20 @@ def figures(records: list[Record], fault_at: float) -> Figures:
     )
 
 
+def common_problems(job: "ChaosJob", codes: dict, found: Figures, steps: int) -> list[str]:
+    """What every chaos run must hold: agents exit 0, the last step reached, nothing left
+    behind, no two attempts training a rank at once."""
+    problems = []
+    if any(code != 0 for code in codes.values()):
+        problems.append(f"agents exited {codes} (None: still running), not all 0")
+    if found.last_step != steps:
+        problems.append(f"training reached step {found.last_step}, not {steps}")
+    leftovers = job.leftovers()
+    if leftovers:
+        problems.append(f"processes outlived the job: {leftovers}")
+    return problems + list(found.overlaps)
+
+
 # -- processes ---------------------------------------------------------------------------------
 
 

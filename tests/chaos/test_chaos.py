@@ -292,15 +292,7 @@ def run(scenario: Scenario, launcher: str, ctx_cluster: EtcdCluster, job: ChaosJ
 
 def judge(scenario: Scenario, launcher: str, job: ChaosJob, codes: dict, found: chaoslib.Figures) -> list[str]:
     """Everything wrong with the run (empty: it behaved as a statically stable job must)."""
-    problems = []
-    if any(code != 0 for code in codes.values()):
-        problems.append(f"agents exited {codes} (None: still running), not all 0")
-    if found.last_step != STEPS:
-        problems.append(f"training reached step {found.last_step}, not {STEPS}")
-    leftovers = job.leftovers()
-    if leftovers:
-        problems.append(f"processes outlived the job: {leftovers}")
-    problems += list(found.overlaps)
+    problems = chaoslib.common_problems(job, codes, found, STEPS)
     expected = scenario.worlds, scenario.rounds
     if scenario.alternative is not None and found.worlds == scenario.alternative[0]:
         expected = scenario.alternative

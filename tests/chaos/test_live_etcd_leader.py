@@ -73,15 +73,7 @@ def test_a_live_recovery_is_the_same_when_the_etcd_leader_dies_in_it(etcd_fault,
     report_figures(line)
     print("\n" + line)
 
-    problems = []
-    if any(code != 0 for code in codes.values()):
-        problems.append(f"agents exited {codes} (None: still running), not all 0")
-    if found.last_step != STEPS:
-        problems.append(f"training reached step {found.last_step}, not {STEPS}")
-    leftovers = job.leftovers()
-    if leftovers:
-        problems.append(f"processes outlived the job: {leftovers}")
-    problems += list(found.overlaps)
+    problems = chaoslib.common_problems(job, codes, found, STEPS)
     problems += live_records.live_problems(rows, STEPS)
     if len({row["pid"] for row in survivor}) != 1:
         problems.append(f"the survivor's worker was restarted: pids {sorted({row['pid'] for row in survivor})}")
