@@ -3,26 +3,17 @@ step events: a steady run, a restart from a checkpoint, a survivor that never st
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from bench_modules import loaded
 
 
 @pytest.fixture(scope="module")
 def figures():
-    spec = importlib.util.spec_from_file_location("live_figures", REPO / "benchmarks" / "live_figures.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    try:
-        spec.loader.exec_module(module)
+    with loaded("live_figures", "live_figures.py") as module:
         yield module
-    finally:
-        del sys.modules[spec.name]
 
 
 def steady(figures, first: int, last: int, start: float, period: float = 0.1):

@@ -3,25 +3,15 @@ are the live-recovery tests' scenarios, measured)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from bench_modules import loaded
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("live_recovery_benchmark", REPO / "benchmarks" / "live_recovery.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    try:
-        spec.loader.exec_module(module)
+    with loaded("live_recovery_benchmark", "live_recovery.py") as module:
         yield module
-    finally:
-        del sys.modules[spec.name]
 
 
 def test_unknown_cases_are_refused_with_one_line(bench, capsys):

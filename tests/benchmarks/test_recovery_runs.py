@@ -2,25 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from bench_modules import loaded
 
 
 @pytest.fixture(scope="module")
 def recovery():
-    spec = importlib.util.spec_from_file_location("recovery_benchmark", REPO / "benchmarks" / "recovery.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    try:
-        spec.loader.exec_module(module)
+    with loaded("recovery_benchmark", "recovery.py") as module:  # its dataclasses look their module up there
         yield module
-    finally:
-        del sys.modules[spec.name]
 
 
 @pytest.mark.parametrize("cases, runs", [
