@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -32,6 +31,7 @@ from pathlib import Path
 
 from elastic.testing.agents import clean_env, kill_tree
 from elastic.testing.ports import free_port
+from recovery import wait_for_port  # benchmarks/ is on the path (live_side.py, live_recovery.py)
 
 REPO = Path(__file__).resolve().parents[1]
 LIVE_WORKER = REPO / "tests" / "worker" / "workers" / "live_train.py"
@@ -93,14 +93,10 @@ def read_events(path: Path) -> list[dict]:
 
 
 def _wait_for_port(port: int, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise SystemFailed(f"nothing listens on 127.0.0.1:{port} after {timeout:g}s")
+    try:
+        wait_for_port(port, time.monotonic() + timeout)
+    except RuntimeError as error:
+        raise SystemFailed(f"{error} after {timeout:g}s") from error
 
 
 @dataclass
