@@ -12,6 +12,10 @@ Liveness is alike: etcd lease 2 s (torchrun: keep-alive 1 s x 2, TorchFT: heartb
 2 s), last call 1 s (TorchFT: join timeout 1 s); ``elasticrun --live-recovery`` also
 ``rejoin_timeout=0.5``.
 
+The ``control_plane`` fault (``live_side.py``) also kills TorchFT's lighthouse
+(:meth:`Run.kill_lighthouse`) or the leader of the 3-member etcd cluster the elasticrun systems
+then run against.
+
 Every node's worker appends JSON events (``{"ev": "step", "step", "t"}``) to ``node<i>.jsonl`` in
 the run's directory; a node started again appends to the same file. Node 1 takes the faults
 (node 0 hosts torchrun's store).
@@ -184,6 +188,11 @@ class Run:
             if proc.poll() is not None:
                 raise SystemFailed(f"{self.system}: node {node} exited {proc.returncode} (logs in {self.workdir})")
 
+    def exited(self) -> dict[int, int]:
+        """The nodes whose launcher has exited, with its exit code (a lost node started again is
+        the new process)."""
+        return {node: proc.returncode for node, proc in self.nodes.items() if proc.poll() is not None}
+
     def wait_for(self, what: str, predicate) -> None:
         deadline = time.monotonic() + self.timeout
         while not predicate():
@@ -212,6 +221,14 @@ class Run:
         proc.wait(timeout=10)
         self.retired.append(proc)
         self.start_node(node)
+        return at
+
+    def kill_lighthouse(self) -> float:
+        """SIGKILL TorchFT's lighthouse by PID (not started again: it has no replica); the
+        monotonic time of the signal."""
+        at = time.monotonic()
+        os.kill(self.lighthouse.pid, signal.SIGKILL)
+        self.lighthouse.wait(timeout=10)
         return at
 
     def stop(self) -> None:
