@@ -119,7 +119,7 @@ def measure_control_plane(run: Run, window: float, cluster=None) -> tuple[FaultF
     exits = _hold_through(run, fault_at + window + 0.5)
     figures = fault_figures(commits(run.events(0)), commits(run.events(1)), fault_at, window)
     after = outcome(figures, exits)
-    return figures, f"{what} killed {1000 * (killed_at - fault_at):.0f} ms after the crash" + (f"; {after}" if after else "")
+    return figures, f"{what} killed {1000 * (killed_at - fault_at):.1f} ms after the crash" + (f"; {after}" if after else "")
 
 
 def measure_schedule(run: Run, seconds: float) -> ScheduleFigures:
