@@ -165,8 +165,9 @@ OPTIONS: tuple[Option, ...] = (
     _option("--no-prewarm", ADDITIONS, "Start every worker as a fresh process even with --live-recovery "
             "(which otherwise turns --prewarm on); not with --prewarm."),
     _option("--prewarm-modules", ADDITIONS, "Comma-separated modules the --prewarm templates import "
-            f"(with --live-recovery the default is {','.join(LIVE_PREWARM_MODULES)}: what a LiveTraining "
-            "worker imports before its first step).", metavar="MODULE,...", default="torch"),
+            f"(with --live-recovery the default is {', '.join(LIVE_PREWARM_MODULES[:-1])} and "
+            f"{LIVE_PREWARM_MODULES[-1]}: what a LiveTraining worker imports before its first step).",
+            metavar="MODULE,...", default="torch"),
     _option("--live-recovery", ADDITIONS, "Keep healthy workers running through a peer's failure or a "
             "membership change: the agent publishes each new round to its workers (ELASTIC_ROUND_FD) and "
             "restarts only those that died; for scripts that use elastic.worker.LiveTraining "
