@@ -17,7 +17,7 @@ from elastic.config import Entrypoint
 from elastic.launch.flags import LIVE_PREWARM_MODULES
 from elastic.launch.values import ConfigError, Sources, as_given, module_names
 
-__all__ = ["PrewarmAsked", "PrewarmChoice", "choose_prewarm", "prewarm_fields"]
+__all__ = ["PrewarmAsked", "PrewarmChoice", "PrewarmConflict", "choose_prewarm", "prewarm_fields"]
 
 
 @dataclass(frozen=True)
