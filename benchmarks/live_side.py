@@ -138,10 +138,14 @@ def measure_schedule(run: Run, seconds: float) -> ScheduleFigures:
     return ScheduleFigures(useful, seconds / step_period(survivor, began), redone, dealt, skipped)
 
 
+WIDTH = max(len(label) for label in LABELS.values())
+"""The system column's width: the longest label."""
+
+
 def fault_table(results: dict[tuple[str, str], object], systems: list[str], window: float,
                 notes: dict[tuple[str, str], str] | None = None) -> str:
     """One line per fault and system: the figures, or the reason it has none; then its note."""
-    lines = [f"{'fault':<13} {'system':<37} {'gap s':>6} {'redone':>6} {'back s':>7} {'useful/undisturbed':>19} "
+    lines = [f"{'fault':<13} {'system':<{WIDTH}} {'gap s':>6} {'redone':>6} {'back s':>7} {'useful/undisturbed':>19} "
              f"{'goodput':>7} {'gap vs torchrun':>15} {'goodput vs torchrun':>19}  notes"]
     for kind in FAULTS:
         reference = results.get((kind, "torchrun"))
@@ -150,11 +154,11 @@ def fault_table(results: dict[tuple[str, str], object], systems: list[str], wind
             if figures is None:
                 continue
             if isinstance(figures, str):
-                lines.append(f"{kind:<13} {LABELS[system]:<37} {figures}")
+                lines.append(f"{kind:<13} {LABELS[system]:<{WIDTH}} {figures}")
                 continue
             ref = reference if reference is not None and not isinstance(reference, str) else None
             gap_ratio = "n/a" if figures.stalled else ratio(figures.longest_gap_s, ref and ref.longest_gap_s)
-            lines.append(f"{kind:<13} {LABELS[system]:<37} {gap_cell(figures):>6} {figures.steps_redone:>6} "
+            lines.append(f"{kind:<13} {LABELS[system]:<{WIDTH}} {gap_cell(figures):>6} {figures.steps_redone:>6} "
                          f"{back_cell(figures):>7} {f'{figures.useful}/{figures.undisturbed:.0f}':>19} "
                          f"{figures.goodput:>7.3f} {gap_ratio:>15} "
                          f"{ratio(figures.goodput, ref and ref.goodput):>19}  {(notes or {}).get((kind, system), '')}"
@@ -164,15 +168,15 @@ def fault_table(results: dict[tuple[str, str], object], systems: list[str], wind
 
 def schedule_table(results: dict[str, object], systems: list[str], seconds: float) -> str:
     lines = [f"schedule: a fault every {SCHEDULE_EVERY_S:g} s for {seconds:g} s (crash, node loss, ...)",
-             f"{'system':<37} {'useful/undisturbed':>19} {'fraction':>8} {'redone':>6} {'faults':>6}"]
+             f"{'system':<{WIDTH}} {'useful/undisturbed':>19} {'fraction':>8} {'redone':>6} {'faults':>6}"]
     for system in systems:
         figures = results.get(system)
         if isinstance(figures, ScheduleFigures):
-            lines.append(f"{LABELS[system]:<37} {f'{figures.useful}/{figures.undisturbed:.0f}':>19} "
+            lines.append(f"{LABELS[system]:<{WIDTH}} {f'{figures.useful}/{figures.undisturbed:.0f}':>19} "
                          f"{figures.fraction:>8.3f} {figures.redone:>6} {figures.faults:>6}"
                          + (f" ({figures.skipped} skipped: no worker running)" if figures.skipped else ""))
         elif figures is not None:
-            lines.append(f"{LABELS[system]:<37} {figures}")
+            lines.append(f"{LABELS[system]:<{WIDTH}} {figures}")
     return "\n".join(lines)
 
 
@@ -234,12 +238,12 @@ def main(args) -> int:
                     figures, note = measure_fault(run, kind, args.window)
                 if kind != "schedule":
                     faults[kind, system], row_notes[kind, system] = figures, note
-                print(f"  {kind:<13} {LABELS[system]:<37} {asdict(figures)} {note}", file=sys.stderr, flush=True)
+                print(f"  {kind:<13} {LABELS[system]:<{WIDTH}} {asdict(figures)} {note}", file=sys.stderr, flush=True)
             except (SystemFailed, ValueError, EtcdServerError) as error:
                 failed += 1
                 (schedule if kind == "schedule" else faults)[(kind, system) if kind != "schedule" else system] = \
                     f"FAILED: {error}"
-                print(f"  {kind:<13} {LABELS[system]:<37} FAILED: {error}", file=sys.stderr, flush=True)
+                print(f"  {kind:<13} {LABELS[system]:<{WIDTH}} FAILED: {error}", file=sys.stderr, flush=True)
             finally:
                 if run is not None:
                     run.stop()

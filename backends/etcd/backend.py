@@ -69,13 +69,13 @@ class EtcdBackend(KVBackend):
     # -- reads -------------------------------------------------------------------------------
     def get(self, key: str) -> ReadResult:
         request = etcdrpc.RangeRequest(key=encode_key(key))
-        response = self._call(f"get {key!r}", lambda c, o: c.kv.Range(request, **o.kwargs), writes=False)
+        response = self._call(f"get {key!r}", lambda c, o: o.unary(c.kv.Range, request), writes=False)
         return ReadResult(revision=response.header.revision, kv=first_key_value(response.kvs))
 
     def get_prefix(self, prefix: str) -> RangeResult:
         raw = encode_key(prefix)
         request = etcdrpc.RangeRequest(key=raw, range_end=prefix_range_end(raw))
-        response = self._call(f"get prefix {prefix!r}", lambda c, o: c.kv.Range(request, **o.kwargs), writes=False)
+        response = self._call(f"get prefix {prefix!r}", lambda c, o: o.unary(c.kv.Range, request), writes=False)
         return RangeResult(revision=response.header.revision, kvs=tuple(key_value(kv) for kv in response.kvs))
 
     def round_trip(self, budget: float) -> float:
@@ -89,9 +89,9 @@ class EtcdBackend(KVBackend):
         """
         request = etcdrpc.RangeRequest(key=b"/", count_only=True)
         what = "get '/'"  # what its errors say: a read, like any other (e.g. resolving a wrong host name)
-        self._connection.call(what, lambda c, o: c.kv.Range(request, **o.kwargs), budget=budget)
+        self._connection.call(what, lambda c, o: o.unary(c.kv.Range, request), budget=budget)
         started = time.monotonic()
-        self._connection.call(what, lambda c, o: c.kv.Range(request, **o.kwargs), budget=budget)
+        self._connection.call(what, lambda c, o: o.unary(c.kv.Range, request), budget=budget)
         return time.monotonic() - started
 
     # -- writes ------------------------------------------------------------------------------
@@ -103,7 +103,7 @@ class EtcdBackend(KVBackend):
             LeaseNotFoundError: ``lease`` does not exist.
         """
         request = etcdrpc.PutRequest(key=encode_key(key), value=self._checked(key, value), lease=lease)
-        response = self._call(f"put {key!r}", lambda c, o: c.kv.Put(request, **o.kwargs))
+        response = self._call(f"put {key!r}", lambda c, o: o.unary(c.kv.Put, request))
         return response.header.revision
 
     def txn(self, txn: Txn) -> TxnResult:
@@ -120,19 +120,19 @@ class EtcdBackend(KVBackend):
         check_txn(txn, self.max_value_bytes)
         request = txn_request(txn)
         response = self._call(f"txn of {len(txn.compares)} comparisons",
-                              lambda c, o: c.kv.Txn(request, **o.kwargs), resend_safe=not txn.writes,
+                              lambda c, o: o.unary(c.kv.Txn, request), resend_safe=not txn.writes,
                               writes=txn.writes)
         return txn_result(txn, response, response.header.revision)
 
     def delete(self, key: str) -> WriteResult:
         request = etcdrpc.DeleteRangeRequest(key=encode_key(key))
-        response = self._call(f"delete {key!r}", lambda c, o: c.kv.DeleteRange(request, **o.kwargs), resend_safe=False)
+        response = self._call(f"delete {key!r}", lambda c, o: o.unary(c.kv.DeleteRange, request), resend_safe=False)
         return WriteResult(response.deleted > 0, response.header.revision, None)
 
     def delete_prefix(self, prefix: str) -> int:
         raw = encode_key(prefix)
         request = etcdrpc.DeleteRangeRequest(key=raw, range_end=prefix_range_end(raw))
-        response = self._call(f"delete prefix {prefix!r}", lambda c, o: c.kv.DeleteRange(request, **o.kwargs))
+        response = self._call(f"delete prefix {prefix!r}", lambda c, o: o.unary(c.kv.DeleteRange, request))
         return response.deleted
 
     # -- leases ------------------------------------------------------------------------------
@@ -145,7 +145,7 @@ class EtcdBackend(KVBackend):
         if not ttl > 0:
             raise ValueError(f"The lease TTL ({ttl}) must be positive.")
         request = etcdrpc.LeaseGrantRequest(TTL=math.ceil(ttl))
-        response = self._call("grant lease", lambda c, o: c.lease.LeaseGrant(request, **o.kwargs), resend_safe=False)
+        response = self._call("grant lease", lambda c, o: o.unary(c.lease.LeaseGrant, request), resend_safe=False)
         if response.error:
             raise BackendError(f"etcd refused to grant a {ttl}s lease: {response.error}.")
         return Lease(id=response.ID, ttl=float(response.TTL))
@@ -167,7 +167,7 @@ class EtcdBackend(KVBackend):
         request = etcdrpc.LeaseRevokeRequest(ID=lease_id)
         try:
             self._call(
-                f"revoke lease {lease_id:x}", lambda c, o: c.lease.LeaseRevoke(request, **o.kwargs), resend_safe=False
+                f"revoke lease {lease_id:x}", lambda c, o: o.unary(c.lease.LeaseRevoke, request), resend_safe=False
             )
         except LeaseNotFoundError:
             return False
@@ -194,7 +194,7 @@ class EtcdBackend(KVBackend):
         """Compact history before ``revision``; compacting an already-compacted revision is a no-op."""
         request = etcdrpc.CompactionRequest(revision=revision, physical=False)
         try:
-            self._call(f"compact to revision {revision}", lambda c, o: c.kv.Compact(request, **o.kwargs))
+            self._call(f"compact to revision {revision}", lambda c, o: o.unary(c.kv.Compact, request))
         except CompactedError:
             log.debug("etcd history before revision %d was already compacted", revision)
 

@@ -5,6 +5,8 @@ cannot be reached the call moves on to the next one, and a round over all endpoi
 with the config's :class:`~backends.retry.RetryPolicy` until the call's deadline. A request is
 resent after a failure only when that is safe: always if it was never sent (no connection), and
 otherwise only for requests marked ``resend_safe`` (reads, unconditional puts, keepalives).
+A write that is not is given up as of unknown outcome as soon as its member reports that the
+leader it was sent under is gone (:mod:`backends.etcd.leader_watch`), not at ``request_timeout``.
 
 Auth: with a user and password, each endpoint gets its own token (etcd's simple tokens are
 valid only on the member that issued them and are lost when it restarts); a request refused
@@ -26,7 +28,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, TypeVar
+from typing import Any, Callable, Iterator, TypeVar
 
 import grpc
 from etcd3 import etcdrpc
@@ -43,6 +45,7 @@ from backends.errors import (
 )
 from backends.etcd.channel_options import ChannelLimits, channel_options, request_limit
 from backends.etcd.config import EtcdConfig
+from backends.etcd.leader_watch import WriteWatch, member_status, raft_term
 from backends.etcd.translate import DialFailure, RequestNotSent, merge_not_sent, translate_rpc_error
 from backends.retry import RetryPolicy
 from backends.untrusted import read_small_file
@@ -67,15 +70,32 @@ MAX_TLS_FILE_BYTES = 4 * 1024 * 1024
 
 @dataclass(frozen=True)
 class CallOptions:
-    """Per-attempt RPC settings handed to an invoke function."""
+    """Per-attempt RPC settings handed to an invoke function.
+
+    ``watch``: for a write that must not be resent, what abandons it once the etcd leader it
+    was sent under is gone (see :mod:`backends.etcd.leader_watch`); None for other requests.
+    """
 
     timeout: float
     metadata: tuple[tuple[str, str], ...]
+    watch: WriteWatch | None = None
 
     @property
     def kwargs(self) -> dict[str, object]:
         """Keyword arguments for a unary stub call (fail fast when not connected)."""
         return {"timeout": self.timeout, "metadata": self.metadata, "wait_for_ready": False}
+
+    def unary(self, method: grpc.UnaryUnaryMultiCallable, request: object) -> Any:
+        """Send ``request`` with a stub's ``method`` and return the response.
+
+        Raises:
+            grpc.RpcError: the request failed.
+            BackendTimeoutError: the write was abandoned after a leader change (``watch``).
+        """
+        if self.watch is None:
+            return method(request, **self.kwargs)
+        deadline = self.watch.clock() + self.timeout
+        return self.watch.result(method.future(request, **self.kwargs), deadline)
 
 
 class EndpointChannel:
@@ -94,6 +114,8 @@ class EndpointChannel:
         self.lease = etcdrpc.LeaseStub(self.channel)
         self.watch = etcdrpc.WatchStub(self.channel)
         self.auth = etcdrpc.AuthStub(self.channel)
+        self.maintenance = etcdrpc.MaintenanceStub(self.channel)
+        self.raft_term: int | None = None  # the term in the newest response seen from this member
         self.token: str | None = None
         self._token_lock = threading.Lock()  # held only to read or swap the token, never across a call
         self.authenticating = threading.Lock()  # one Authenticate call at a time per endpoint
@@ -262,7 +284,8 @@ class EtcdConnection:
                 break
             attempt_deadline = min(deadline, time.monotonic() + share) if resend_safe else deadline
             try:
-                result = self._call_on(channel, operation, invoke, attempt_deadline, writes)
+                result = self._call_on(channel, operation, invoke, attempt_deadline, writes,
+                                       watched=writes and not resend_safe)
             except RequestNotSent as error:
                 failures.append(error)
             except (BackendConnectionError, BackendTimeoutError) as error:
@@ -312,18 +335,18 @@ class EtcdConnection:
 
     # -- one endpoint ------------------------------------------------------------------------
     def _call_on(self, channel: EndpointChannel, operation: str, invoke: Invoke[T], deadline: float,
-                 writes: bool = True) -> T:
+                 writes: bool = True, watched: bool = False) -> T:
         self._dial(channel, deadline)
         fresh = channel.token is None
         stale = channel.token
         try:
-            return self._invoke(channel, operation, invoke, deadline, writes)
+            return self._invoke(channel, operation, invoke, deadline, writes, watched)
         except BackendAuthError:
             if self.config.user is None or fresh:
                 raise
             log.info("etcd %s: token for %s refused; authenticating again", operation, channel)
             channel.forget_token(stale)
-            return self._invoke(channel, operation, invoke, deadline, writes)
+            return self._invoke(channel, operation, invoke, deadline, writes, watched)
 
     def _dial(self, channel: EndpointChannel, deadline: float) -> None:
         """Wait (up to the dial timeout) until the channel is connected or has failed.
@@ -341,14 +364,23 @@ class EtcdConnection:
             )
 
     def _invoke(self, channel: EndpointChannel, operation: str, invoke: Invoke[T], deadline: float,
-                writes: bool = True) -> T:
+                writes: bool = True, watched: bool = False) -> T:
+        """Send once on ``channel``; ``watched``: abandon the write if the leader changes under it."""
         remaining = deadline - time.monotonic()
         timeout = max(min(self.config.request_timeout, remaining), 0.001)
         try:
-            options = CallOptions(timeout=timeout, metadata=self._auth_metadata(channel, timeout))
-            return invoke(channel, options)
+            metadata = self._auth_metadata(channel, timeout)
+            watch = None
+            if watched:
+                watch = WriteWatch(operation, str(channel), channel.raft_term,
+                                   lambda probe_timeout: member_status(channel.maintenance, metadata, probe_timeout))
+            result = invoke(channel, CallOptions(timeout=timeout, metadata=metadata, watch=watch))
         except grpc.RpcError as error:
             raise self.translate(error, operation, channel, timeout, writes) from error
+        term = raft_term(result)
+        if term is not None:
+            channel.raft_term = term
+        return result
 
     def translate(
         self, error: grpc.RpcError, operation: str, channel: EndpointChannel, timeout: float | None,

@@ -35,3 +35,19 @@ def test_side_by_side_refuses_unknown_systems_with_one_line(bench, capsys):
     with pytest.raises(SystemExit) as exited:
         bench.parse_args(["--side-by-side", "--systems", "live,deepspeed", "--faults", "crash,flood"])
     assert exited.value.code == 2 and "unknown systems or faults: deepspeed, flood" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("system, prewarm", [("live", False), ("live+prewarm", True)])
+def test_the_live_systems_start_their_replacements_as_their_names_say(bench, tmp_path, system, prewarm):
+    """``live`` measures fresh replacement processes although ``--live-recovery`` pre-warms by
+    default; ``live+prewarm`` measures the forks, with the modules a LiveTraining worker needs."""
+    from elastic.launch.cli import config_from_args
+    from elastic.launch.flags import LIVE_PREWARM_MODULES
+
+    with loaded("live_systems_bench", "live_systems.py") as systems:
+        argv, _ = systems.Run(system, tmp_path, "http://127.0.0.1:2379", 0.1)._argv(1)
+    flags = argv[argv.index("elastic.run") + 1:]
+    config = config_from_args(flags, {}, warn=lambda _: None)
+    assert config.live_recovery and config.prewarm is prewarm
+    if prewarm:
+        assert config.prewarm_modules == LIVE_PREWARM_MODULES
