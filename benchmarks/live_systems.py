@@ -6,7 +6,8 @@
   live+prewarm   the same pre-warmed: ``--prewarm --prewarm-modules torch,...,elastic.worker.live``
                  (what ``--live-recovery`` does by default, spelled out)
   prewarm        ``elasticrun --prewarm`` (etcd), whole-group restart, checkpoint resume
-  torchrun       stock ``torchrun`` (c10d, store on node 0, TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1)
+  torchrun       stock ``torchrun`` (c10d, store on node 0 alone: ``is_host``;
+                 TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1)
   torchft        TorchFT 0.2.0: one lighthouse, one ``torchrun --standalone`` per replica group
                  (it restarts a crashed worker), its Manager and DDP; run from its own venv
 
@@ -156,7 +157,10 @@ class Run:
         rendezvous = ["--nnodes", "1:2", "--rdzv-id", self.run_id, "--local-addr", "127.0.0.1", *common]
         if self.system == "torchrun":
             env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"  # torch's workaround for pytorch/pytorch#135712
-            conf = f"last_call_timeout={LAST_CALL_S},keep_alive_interval=1,keep_alive_max_attempt={LEASE_TTL_S}"
+            # Only node 0 hosts the store: on loopback both nodes match the endpoint's host, and a
+            # second TCPStore server binds the same port (SO_REUSEPORT), splitting the job in two.
+            conf = (f"last_call_timeout={LAST_CALL_S},keep_alive_interval=1,keep_alive_max_attempt={LEASE_TTL_S},"
+                    f"is_host={'true' if node == 0 else 'false'}")
             return [sys.executable, "-m", "torch.distributed.run", "--rdzv-backend", "c10d", "--rdzv-endpoint",
                     f"127.0.0.1:{self.store_port}", "--rdzv-conf", conf, *rendezvous, str(CKPT_WORKER)], env
         conf = f"lease_ttl={LEASE_TTL_S},last_call_timeout={LAST_CALL_S}"
