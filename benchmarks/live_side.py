@@ -62,9 +62,16 @@ def _start(run: Run) -> None:
 
     def both_training() -> bool:
         survivor = commits(run.events(0))
-        return bool(survivor) and survivor[-1].step >= FAULT_STEP and bool(commits(run.events(1)))
+        return (bool(survivor) and survivor[-1].step >= FAULT_STEP and bool(commits(run.events(1)))
+                and one_world(run.events(0), run.events(1)))
 
-    run.wait_for(f"step {FAULT_STEP} on both nodes", both_training)
+    run.wait_for(f"step {FAULT_STEP} on both nodes, in one world of 2", both_training)
+
+
+def one_world(*logs: list[dict]) -> bool:
+    """Whether every log's last step was taken in a world of ``len(logs)`` (not two jobs of one)."""
+    last = [next((e for e in reversed(events) if e.get("ev") == "step"), None) for events in logs]
+    return all(event is not None and event.get("world") == len(logs) for event in last)
 
 
 def _hold(run: Run, until: float) -> None:

@@ -37,3 +37,15 @@ def test_the_control_plane_rows_say_what_was_killed_and_whether_it_recovered(sid
 
 def test_the_schedule_alternates_the_two_faults_that_bring_a_node_back(side):
     assert side.SCHEDULE_FAULTS == ("crash", "node_loss") and "control_plane" in side.FAULTS
+
+
+@pytest.mark.parametrize("worlds, joined", [
+    ((2, 2), True),
+    ((1, 1), False),     # two one-node jobs (a store on each node)
+    ((2, None), False),  # node 1 has not committed yet
+    ((2, 1), False),
+])
+def test_the_fault_waits_for_both_nodes_in_one_world(side, worlds, joined):
+    logs = [[{"ev": "start"}] + ([{"ev": "step", "step": 3, "t": 1.0, "world": world}] if world else [])
+            for world in worlds]
+    assert side.one_world(*logs) is joined
