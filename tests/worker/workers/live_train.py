@@ -100,8 +100,9 @@ try:
             if big_mb and not seen_state:  # once per process: the state's size, as the other workers log it
                 emit(ev="state", nbytes=state_nbytes(state_dict()), t=time.monotonic())
                 seen_state = True
+            total = float(checksum()[0]) if not big_mb else None  # the big model: no per-step extra, as the others
             emit(ev="step", step=step, t=time.monotonic(), round=live.round.round, rank=live.rank, world=live.world_size,
-                 loss=loss, sum=float(checksum()[0]), equal=equal, threads=count("/proc/self/task"), fds=count("/proc/self/fd"),
+                 loss=loss, sum=total, equal=equal, threads=count("/proc/self/task"), fds=count("/proc/self/fd"),
                  hung=live.abandoned_works)
         for recovery in list(live.recoveries)[seen:]:
             emit(ev="recovery", **{key: plain(value) for key, value in dataclasses.asdict(recovery).items()})
