@@ -14,7 +14,9 @@ first committed step).
 One change to TorchFT 0.2.0: its DDP communication hook asserts when the all-reduce fails (a
 peer died: the work's wait raised, so its future chain was never set up), which kills the
 survivor too. :class:`DDP` returns the bucket unreduced instead; the Manager has recorded the
-error, so the step is not committed and the next quorum leaves the dead peer out.
+error, so the step is not committed and the next quorum leaves the dead peer out. For the
+buckets after that one in the same step, its all-reduce is a no-op whose future has no
+``_fut``, which its hook does not expect either: :class:`DDP` returns that future as it is.
 """
 
 import time
@@ -66,7 +68,10 @@ class DDP(DistributedDataParallel):
     def _comm_hook(state, bucket):
         work = state.allreduce(bucket.buffer())
         work.wait()
-        future = work.get_future()._fut
+        future = work.get_future()
+        # After an error the Manager's all-reduce is a no-op whose future is plain (no _fut): the
+        # second bucket of a model with several (LIVE_BIG_MB) gets that one.
+        future = getattr(future, "_fut", future)
         if future is None:  # the all-reduce failed; the Manager skips this step
             future = torch.futures.Future()
             future.set_result(bucket.buffer())
