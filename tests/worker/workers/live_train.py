@@ -3,7 +3,8 @@
 Settings (environment): LIVE_STEPS (40), LIVE_STEP_SLEEP (0.05 s of "compute" per step),
 LIVE_OPTIONS (JSON kwargs of LiveOptions), LIVE_CHECK (1: all-reduce a parameter checksum at
 the start of every step and log whether every rank had the same), LIVE_BIG_MB (0: the small
-model with SGD; N: a hidden layer of N/3 MiB of parameters, and Adam, for a state of ~N MiB).
+model with SGD; N: a hidden layer of N/3 MiB of parameters, and Adam, for a state of ~N MiB;
+a ``state`` event gives its bytes after the first step, and steps log no parameter sum).
 """
 
 import time
