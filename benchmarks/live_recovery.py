@@ -5,8 +5,8 @@ Run:  python benchmarks/live_recovery.py --side-by-side [--systems ...] [--fault
       python benchmarks/live_recovery.py [--cases crash,freeze,transfer] [--repetitions N] [--json FILE]
 
 ``--side-by-side`` (``live_side.py``, ``live_systems.py``): the same small DDP model under
-``elasticrun --live-recovery`` (with and without ``--prewarm``), ``elasticrun --prewarm`` (whole
-group restart, checkpoint every 10 steps), stock torchrun (likewise) and TorchFT 0.2.0 (installed
+``elasticrun --live-recovery`` (pre-warmed, and with ``--no-prewarm``), ``elasticrun --prewarm``
+(whole group restart, checkpoint every 10 steps), stock torchrun (likewise) and TorchFT 0.2.0 (installed
 on demand into a venv under ``~/.cache/etcd-elastic-bench``; skipped with one line saying why if
 it cannot be), for a worker crash and a node loss at step 25. ``--quick``: a smoke of
 ``live+prewarm`` and ``torchrun`` with a crash and a 10 s window. ``--state-mb N``: every

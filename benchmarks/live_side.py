@@ -109,8 +109,12 @@ def _fmt(value, spec: str = ".2f") -> str:
     return "n/a" if value is None else format(value, spec)
 
 
+WIDTH = max(len(label) for label in LABELS.values())
+"""The system column's width: the longest label."""
+
+
 def fault_table(results: dict[tuple[str, str], object], systems: list[str], window: float) -> str:
-    lines = [f"{'fault':<10} {'system':<37} {'gap s':>6} {'redone':>6} {'back s':>7} {'useful/undisturbed':>19} "
+    lines = [f"{'fault':<10} {'system':<{WIDTH}} {'gap s':>6} {'redone':>6} {'back s':>7} {'useful/undisturbed':>19} "
              f"{'goodput':>7} {'gap vs torchrun':>15} {'goodput vs torchrun':>19}"]
     for kind in FAULTS:
         reference = results.get((kind, "torchrun"))
@@ -119,10 +123,10 @@ def fault_table(results: dict[tuple[str, str], object], systems: list[str], wind
             if figures is None:
                 continue
             if isinstance(figures, str):
-                lines.append(f"{kind:<10} {LABELS[system]:<37} {figures}")
+                lines.append(f"{kind:<10} {LABELS[system]:<{WIDTH}} {figures}")
                 continue
             ref = reference if reference is not None and not isinstance(reference, str) else None
-            lines.append(f"{kind:<10} {LABELS[system]:<37} {figures.longest_gap_s:>6.2f} {figures.steps_redone:>6} "
+            lines.append(f"{kind:<10} {LABELS[system]:<{WIDTH}} {figures.longest_gap_s:>6.2f} {figures.steps_redone:>6} "
                          f"{_fmt(figures.back_s):>7} {f'{figures.useful}/{figures.undisturbed:.0f}':>19} "
                          f"{figures.goodput:>7.3f} {ratio(figures.longest_gap_s, ref and ref.longest_gap_s):>15} "
                          f"{ratio(figures.goodput, ref and ref.goodput):>19}")
@@ -132,7 +136,7 @@ def fault_table(results: dict[tuple[str, str], object], systems: list[str], wind
 def state_table(states: dict[tuple[str, str], object], systems: list[str], state_mb: int) -> str:
     """The ``--state-mb`` columns, one row per fault and system as in :func:`fault_table`."""
     lines = [f"state: ~{state_mb} MiB of parameters + Adam (LIVE_BIG_MB={state_mb}); n/a: not this system's way",
-             f"{'fault':<10} {'system':<37} {'state MB':>8} {'transfer s':>10} {'ckpt save s':>11} "
+             f"{'fault':<10} {'system':<{WIDTH}} {'state MB':>8} {'transfer s':>10} {'ckpt save s':>11} "
              f"{'reload s':>8} {'heal s':>6}"]
     for kind in FAULTS:
         for system in systems:
@@ -140,7 +144,7 @@ def state_table(states: dict[tuple[str, str], object], systems: list[str], state
             if figures is None:
                 continue
             size = _fmt(figures.state_bytes and figures.state_bytes / 1e6, ".1f")
-            lines.append(f"{kind:<10} {LABELS[system]:<37} {size:>8} {_fmt(figures.transfer_s, '.3f'):>10} "
+            lines.append(f"{kind:<10} {LABELS[system]:<{WIDTH}} {size:>8} {_fmt(figures.transfer_s, '.3f'):>10} "
                          f"{_fmt(figures.save_s, '.3f'):>11} {_fmt(figures.reload_s, '.3f'):>8} "
                          f"{_fmt(figures.heal_s, '.3f'):>6}")
     return "\n".join(lines)
@@ -148,15 +152,15 @@ def state_table(states: dict[tuple[str, str], object], systems: list[str], state
 
 def schedule_table(results: dict[str, object], systems: list[str], seconds: float) -> str:
     lines = [f"schedule: a fault every {SCHEDULE_EVERY_S:g} s for {seconds:g} s (crash, node loss, ...)",
-             f"{'system':<37} {'useful/undisturbed':>19} {'fraction':>8} {'redone':>6} {'faults':>6}"]
+             f"{'system':<{WIDTH}} {'useful/undisturbed':>19} {'fraction':>8} {'redone':>6} {'faults':>6}"]
     for system in systems:
         figures = results.get(system)
         if isinstance(figures, ScheduleFigures):
-            lines.append(f"{LABELS[system]:<37} {f'{figures.useful}/{figures.undisturbed:.0f}':>19} "
+            lines.append(f"{LABELS[system]:<{WIDTH}} {f'{figures.useful}/{figures.undisturbed:.0f}':>19} "
                          f"{figures.fraction:>8.3f} {figures.redone:>6} {figures.faults:>6}"
                          + (f" ({figures.skipped} skipped: no worker running)" if figures.skipped else ""))
         elif figures is not None:
-            lines.append(f"{LABELS[system]:<37} {figures}")
+            lines.append(f"{LABELS[system]:<{WIDTH}} {figures}")
     return "\n".join(lines)
 
 
@@ -206,15 +210,15 @@ def main(args) -> int:
                 elif state_mb:
                     figures, states[kind, system] = measure_fault_and_state(run, kind, args.window)
                     faults[kind, system] = figures
-                    print(f"  {kind:<9} {LABELS[system]:<37} {asdict(states[kind, system])}", file=sys.stderr, flush=True)
+                    print(f"  {kind:<9} {LABELS[system]:<{WIDTH}} {asdict(states[kind, system])}", file=sys.stderr, flush=True)
                 else:
                     faults[kind, system] = figures = measure_fault(run, kind, args.window)
-                print(f"  {kind:<9} {LABELS[system]:<37} {asdict(figures)}", file=sys.stderr, flush=True)
+                print(f"  {kind:<9} {LABELS[system]:<{WIDTH}} {asdict(figures)}", file=sys.stderr, flush=True)
             except (SystemFailed, ValueError) as error:
                 failed += 1
                 (schedule if kind == "schedule" else faults)[(kind, system) if kind != "schedule" else system] = \
                     f"FAILED: {error}"
-                print(f"  {kind:<9} {LABELS[system]:<37} FAILED: {error}", file=sys.stderr, flush=True)
+                print(f"  {kind:<9} {LABELS[system]:<{WIDTH}} FAILED: {error}", file=sys.stderr, flush=True)
             finally:
                 run.stop()
     load_after = os.getloadavg()

@@ -1,8 +1,10 @@
 """The systems of the side-by-side live-recovery benchmark: how each is launched on loopback as
 2 nodes x 1 worker, how a worker crash and a node loss are dealt to it, and its cleanup.
 
-  live           ``elasticrun --live-recovery`` (etcd rendezvous), LiveTraining worker
-  live+prewarm   the same with ``--prewarm --prewarm-modules torch,...,elastic.worker.live``
+  live           ``elasticrun --live-recovery --no-prewarm`` (etcd rendezvous), LiveTraining worker
+                 started as a fresh process
+  live+prewarm   the same pre-warmed: ``--prewarm --prewarm-modules torch,...,elastic.worker.live``
+                 (what ``--live-recovery`` does by default, spelled out)
   prewarm        ``elasticrun --prewarm`` (etcd), whole-group restart, checkpoint resume
   torchrun       stock ``torchrun`` (c10d, store on node 0, TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1)
   torchft        TorchFT 0.2.0: one lighthouse, one ``torchrun --standalone`` per replica group
@@ -38,7 +40,7 @@ LIVE_WORKER = REPO / "tests" / "worker" / "workers" / "live_train.py"
 CKPT_WORKER = REPO / "benchmarks" / "workers" / "ckpt_train.py"
 TORCHFT_WORKER = REPO / "benchmarks" / "workers" / "torchft_train.py"
 SYSTEMS = ("live", "live+prewarm", "prewarm", "torchrun", "torchft")
-LABELS = {"live": "elasticrun --live-recovery", "live+prewarm": "elasticrun --live-recovery --prewarm",
+LABELS = {"live": "elasticrun --live-recovery --no-prewarm", "live+prewarm": "elasticrun --live-recovery --prewarm",
           "prewarm": "elasticrun --prewarm", "torchrun": "torchrun (c10d)", "torchft": "TorchFT 0.2.0"}
 LIVE_PREWARM = ["--prewarm", "--prewarm-modules", "torch,torch.distributed,torch._dynamo,elastic.worker.live"]
 LEASE_TTL_S = 2
@@ -163,7 +165,7 @@ class Run:
             return [*head, "--rdzv-conf", conf, "--prewarm", str(CKPT_WORKER)], env
         head += ["--rdzv-conf", f"{conf},rejoin_timeout={self.rejoin_timeout:g}"]
         env.update(LIVE_OPTIONS=json.dumps(LIVE_OPTIONS), LIVE_CHECK="0", LIVE_SLOT=f"node{node}")
-        extra = LIVE_PREWARM if self.system == "live+prewarm" else []
+        extra = LIVE_PREWARM if self.system == "live+prewarm" else ["--no-prewarm"]
         return [*head, "--live-recovery", *extra, str(LIVE_WORKER)], env
 
     def start_node(self, node: int) -> None:

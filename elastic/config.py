@@ -88,7 +88,9 @@ class LaunchConfig:
         event_log: path of the JSON-lines event log (None: off).
         dry_run: print the resolved config and exit.
         verbose: ``-v``: every INFO line on the console, not only the meaningful changes.
-        prewarm: fork workers from pre-warmed templates (:mod:`elastic.agent.prewarm.pool`).
+        prewarm: fork workers from pre-warmed templates (:mod:`elastic.agent.prewarm.pool`);
+            resolved by :mod:`elastic.launch.prewarm_flags` (on with live recovery unless
+            ``--no-prewarm``; never for ``--no-python`` workers).
         prewarm_modules: what the templates import (``--prewarm-modules``).
         live_recovery: keep healthy workers across rounds, publishing each round to them
             (:mod:`elastic.agent.live`); ``--live-recovery``.

@@ -36,6 +36,7 @@ from elastic.launch.devices import DeviceProbe, HostDevices
 from elastic.launch.flags import (
     COMPAT, LOG_LINE_PREFIX_TEMPLATE_ENV, NUMA_MODES, OPTIONS, PROG, SHUTDOWN_TIMEOUT_ENV, START_METHODS,
 )
+from elastic.launch.prewarm_flags import prewarm_fields
 from elastic.launch.rendezvous_flags import rendezvous_fields
 from elastic.launch.scan import HelpRequested, split_command_line
 from elastic.rendezvous.backend_spec import StaticSpec
@@ -110,17 +111,6 @@ def _local_ranks(text: str | None, where: str) -> frozenset[int] | None:
     if not all(re.fullmatch(r"[0-9]+", item) for item in items):
         raise fail(where, f"{text!r} is not a comma-separated list of local ranks, such as 0,1")
     return frozenset(int(item) for item in items)
-
-
-def _modules(text: str | None, where: str) -> tuple[str, ...]:
-    """``--prewarm-modules``: dotted module names, comma-separated, at least one."""
-    names = tuple(name.strip() for name in (text or "").split(",") if name.strip())
-    if not names:
-        raise fail(where, "name at least one module, e.g. torch or torch,numpy")
-    for name in names:
-        if not all(part.isidentifier() for part in name.split(".")):
-            raise fail(where, f"{name!r} is not a module name (dotted identifiers, e.g. torch.distributed)")
-    return names
 
 
 def _signals(text: str | None, where: str) -> tuple[str, ...]:
@@ -260,10 +250,8 @@ def config_from_args(
     secrets = inline_secret_options(parse_rdzv_conf(given["rdzv_conf"])) if "rdzv_conf" in given else ()
     if secrets:  # on the command line, every user of the machine reads it in ps
         pending.append(command_line_secret_warning(secrets))
-    if entrypoint.kind == "command" and sources.switch("prewarm"):
-        pending.append(f"{as_given(sources, 'prewarm')} is ignored with --no-python: the workers are not "
-                       "Python, so they start as usual")
     live_recovery = _live_recovery(sources, rendezvous)
+    prewarm = prewarm_fields(sources, entrypoint, live_recovery, pending.append)
     config = LaunchConfig(
         min_nodes=min_nodes,
         max_nodes=max_nodes,
@@ -289,10 +277,9 @@ def config_from_args(
         event_log=optional_text(sources.text("event_log")[0]),
         dry_run=sources.switch("dry_run"),
         verbose=sources.switch("verbose"),
-        prewarm=sources.switch("prewarm"),
-        prewarm_modules=_modules(*sources.text("prewarm_modules")),
         live_recovery=live_recovery,
         live_recovery_timeout=seconds(*sources.text("live_recovery_timeout")),
+        **prewarm,
         **rendezvous,
     )
     config = _with_job_identity(config)

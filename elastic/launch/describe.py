@@ -44,7 +44,7 @@ def describe(config: LaunchConfig) -> str:
         ("metrics_addr", config.metrics_addr),
         ("event_log", config.event_log or "off"),
         ("prewarm", _yes_no(config.prewarm)),
-        ("prewarm_modules", ",".join(config.prewarm_modules)),
+        ("prewarm_modules", ",".join(config.prewarm_modules) if config.prewarm else "none (no prewarm)"),
         ("live_recovery", _yes_no(config.live_recovery)),
         ("live_recovery_timeout", f"{config.live_recovery_timeout:g}s"),
         ("verbose", _yes_no(config.verbose)),

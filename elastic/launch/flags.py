@@ -34,6 +34,10 @@ ADDITIONS = "elasticrun additions (not in torchrun)"
 COMPAT = "accepted for torchrun compatibility"
 _GROUPS = (NODES, RENDEZVOUS, COMMAND, OUTPUT, STATIC, LIFECYCLE, ADDITIONS, COMPAT)
 _NO_EFFECT = "Accepted for torchrun compatibility; has no effect in elasticrun"
+LIVE_PREWARM_MODULES = ("torch", "torch.distributed", "torch._dynamo", "elastic.worker.live")
+"""``--prewarm-modules``' default with ``--live-recovery``: what a LiveTraining worker imports before
+its first step (its first optimizer imports ``torch._dynamo``), so a forked replacement only builds
+its state."""
 
 
 @dataclass(frozen=True)
@@ -155,14 +159,20 @@ OPTIONS: tuple[Option, ...] = (
             "JSON lines (default: off).", metavar="FILE"),
     _option("--prewarm", ADDITIONS, "Fork each worker from a template process per local rank that has "
             "already imported --prewarm-modules, so a (re)start costs a fork instead of an interpreter start "
-            "and torch's import. Python entrypoints only (not --no-python); a template that initialised CUDA "
-            "or started threads is refused and its workers start normally."),
-    _option("--prewarm-modules", ADDITIONS, "Comma-separated modules the --prewarm templates import.",
+            "and torch's import. On by default with --live-recovery (turn it off with --no-prewarm). Python "
+            "entrypoints only (not --no-python); a template that initialised CUDA or started threads is "
+            "refused and its workers start normally."),
+    _option("--no-prewarm", ADDITIONS, "Start every worker as a fresh process even with --live-recovery "
+            "(which otherwise turns --prewarm on); not with --prewarm."),
+    _option("--prewarm-modules", ADDITIONS, "Comma-separated modules the --prewarm templates import "
+            f"(with --live-recovery the default is {', '.join(LIVE_PREWARM_MODULES[:-1])} and "
+            f"{LIVE_PREWARM_MODULES[-1]}: what a LiveTraining worker imports before its first step).",
             metavar="MODULE,...", default="torch"),
     _option("--live-recovery", ADDITIONS, "Keep healthy workers running through a peer's failure or a "
             "membership change: the agent publishes each new round to its workers (ELASTIC_ROUND_FD) and "
             "restarts only those that died; for scripts that use elastic.worker.LiveTraining "
-            "(docs/live-recovery.md). Not with the static rendezvous."),
+            "(docs/live-recovery.md). Turns --prewarm on, so a replacement worker is a fork that has "
+            "imported --prewarm-modules (--no-prewarm: a fresh process). Not with the static rendezvous."),
     _option("--live-recovery-timeout", ADDITIONS, "Seconds a live worker has to form a new round before "
             "the agent restarts the node's whole group as without --live-recovery.", metavar="SECONDS",
             default="60"),

@@ -123,6 +123,17 @@ def seconds(text: str | None, where: str, *, zero_allowed: bool = False) -> floa
     return value
 
 
+def module_names(text: str | None, where: str) -> tuple[str, ...]:
+    """``--prewarm-modules``: dotted module names, comma-separated, at least one."""
+    names = tuple(name.strip() for name in (text or "").split(",") if name.strip())
+    if not names:
+        raise fail(where, "name at least one module, e.g. torch or torch,numpy")
+    for name in names:
+        if not all(part.isidentifier() for part in name.split(".")):
+            raise fail(where, f"{name!r} is not a module name (dotted identifiers, e.g. torch.distributed)")
+    return names
+
+
 def choice(text: str | None, where: str, choices: Sequence[str]) -> str:
     if text not in choices:
         raise fail(where, f"{text!r} is not one of {', '.join(choices)}")

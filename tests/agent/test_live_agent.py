@@ -31,8 +31,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.etcd, pytest.mark.needs_torch]
 
 FAULT_STEP = 25
 STEP_SLEEP = 0.1
-PREWARM = ["--prewarm", "--prewarm-modules", "torch,torch.distributed,torch._dynamo,elastic.worker.live"]
-"""What the worker imports before its LiveTraining starts: a forked replacement only builds its state."""
+START = {"spawned": ["--no-prewarm"], "prewarm": []}
+"""How a replacement starts: a fresh process, or (``--live-recovery``'s default) a fork of a
+template that imported what the worker needs before its LiveTraining starts, so it only builds
+its state."""
 
 
 REJOIN = 0.2
@@ -83,7 +85,7 @@ def test_a_crashed_worker_restarts_alone_and_heals_while_the_survivor_keeps_its_
     logs = {name: tmp_path / f"{name}.jsonl" for name in ("a", "b")}
     try:
         for name, log in logs.items():
-            _agent(procs, etcd_server, rid, name, log, total, *(PREWARM if start == "prewarm" else []))
+            _agent(procs, etcd_server, rid, name, log, total, *START[start])
         procs.wait_for("both workers past the fault step", lambda: all(_at_step(log, FAULT_STEP, 2) for log in logs.values()))
         [victim] = _pids(logs["b"])
         killed = time.monotonic()
@@ -121,7 +123,7 @@ def test_a_crashed_worker_restarts_alone_and_heals_while_the_survivor_keeps_its_
 def test_a_lost_node_leaves_the_survivor_training_alone_and_heals_when_it_comes_back(procs, etcd_server, tmp_path,
                                                                                    start):
     total = 110
-    extra = PREWARM if start == "prewarm" else []
+    extra = START[start]
     rid = run_id()
     logs = {name: tmp_path / f"{name}.jsonl" for name in ("a", "b", "b2")}
     try:

@@ -52,3 +52,19 @@ def test_the_state_table_says_n_a_where_a_system_does_not_move_its_state_that_wa
     rows = bench.live_side.state_table(states, ["live+prewarm", "torchrun"], 100).splitlines()[2:]
     assert rows[0].split()[-5:] == ["104.9", "0.089", "n/a", "n/a", "n/a"] and "--live-recovery" in rows[0]
     assert rows[1].split()[-5:] == ["104.9", "n/a", "0.279", "0.037", "n/a"] and "torchrun" in rows[1]
+
+
+@pytest.mark.parametrize("system, prewarm", [("live", False), ("live+prewarm", True)])
+def test_the_live_systems_start_their_replacements_as_their_names_say(bench, tmp_path, system, prewarm):
+    """``live`` measures fresh replacement processes although ``--live-recovery`` pre-warms by
+    default; ``live+prewarm`` measures the forks, with the modules a LiveTraining worker needs."""
+    from elastic.launch.cli import config_from_args
+    from elastic.launch.flags import LIVE_PREWARM_MODULES
+
+    with loaded("live_systems_bench", "live_systems.py") as systems:
+        argv, _ = systems.Run(system, tmp_path, "http://127.0.0.1:2379", 0.1)._argv(1)
+    flags = argv[argv.index("elastic.run") + 1:]
+    config = config_from_args(flags, {}, warn=lambda _: None)
+    assert config.live_recovery and config.prewarm is prewarm
+    if prewarm:
+        assert config.prewarm_modules == LIVE_PREWARM_MODULES

@@ -115,6 +115,8 @@ def test_our_flag_table_has_exactly_torchruns_long_spellings_first():
     ("--dry-", ("--dry-run",)),
     ("--vers", ("--version",)),
     ("--pre", ("--prewarm", "--prewarm-modules", "--prewarm_modules")),
+    ("--no-p", ("--no-python",)),  # torchrun's flag wins over our --no-prewarm
+    ("--no-pr", ("--no-prewarm",)),
     ("--bogus", ()),
     ("-x", ()),
     ("-m", ("-m",)),

@@ -159,7 +159,8 @@ SPELLINGS = [
     ("--metrics-addr", "[::]", (), "metrics_addr", "::"),
     ("--event-log", "/tmp/events.jsonl", (), "event_log", "/tmp/events.jsonl"),
     ("--dry-run", None, (), "dry_run", True),
-    ("--prewarm-modules", "torch,numpy", (), "prewarm_modules", ("torch", "numpy")),
+    ("--prewarm-modules", "torch,numpy", ("--prewarm",), "prewarm_modules", ("torch", "numpy")),
+    ("--no-prewarm", None, ("--standalone", "--live-recovery"), "prewarm", False),
     ("--live-recovery", None, (), "live_recovery", True),
     ("--live-recovery-timeout", "12.5", (), "live_recovery_timeout", 12.5),
     ("--event-log-handler", "console", (), "event_log", None),
@@ -245,7 +246,8 @@ TWINS = [
     ("PET_EVENT_LOG", "/e.jsonl", (), "event_log", "/e.jsonl"),
     ("PET_PREWARM", "1", (), "prewarm", True),
     ("PET_VERBOSE", "1", (), "verbose", True),
-    ("PET_PREWARM_MODULES", "torch.distributed", (), "prewarm_modules", ("torch.distributed",)),
+    ("PET_PREWARM_MODULES", "torch.distributed", ("--prewarm",), "prewarm_modules", ("torch.distributed",)),
+    ("PET_NO_PREWARM", "1", ("--standalone", "--live-recovery"), "prewarm", False),
     ("PET_LIVE_RECOVERY", "1", (), "live_recovery", True),
     ("PET_LIVE_RECOVERY_TIMEOUT", "30", (), "live_recovery_timeout", 30.0),
 ]
@@ -632,7 +634,7 @@ def test_bad_input_raises_one_line_naming_the_flag(argv, environ, starts):
 
 def test_prewarm_is_off_by_default_and_imports_torch_when_on():
     config = parse("t.py")
-    assert (config.prewarm, config.prewarm_modules) == (False, ("torch",))
+    assert config.prewarm is False
     assert parse("--prewarm", "t.py").prewarm_modules == ("torch",)
 
 
@@ -642,9 +644,9 @@ def test_live_recovery_is_off_by_default_with_a_60_s_answer_deadline():
     assert parse("--live-recovery", "--prewarm", "t.py").prewarm  # forked workers get the pipes too
 
 
-def test_prewarm_with_no_python_is_accepted_with_one_warning():
+def test_prewarm_with_no_python_is_accepted_with_one_warning_and_not_used():
     config, warnings = parse_with_warnings("--prewarm", "--no-python", "t.sh")
-    assert config.prewarm and config.entrypoint.kind == "command"
+    assert not config.prewarm and config.entrypoint.kind == "command"
     assert warnings == ["--prewarm is ignored with --no-python: the workers are not Python, so they start as usual"]
 
 
