@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from live_figures import commits, fault_figures, ratio, step_period, useful_and_redone  # noqa: E402
+from live_figures import commits, fault_figures, ratio, state_figures, step_period, useful_and_redone  # noqa: E402
 from live_systems import LABELS, REPO, Run, SystemFailed, torchft_python  # noqa: E402
 
 FAULT_STEP = 25
@@ -78,6 +78,17 @@ def measure_fault(run: Run, kind: str, window: float):
     return fault_figures(commits(run.events(0)), commits(run.events(1)), fault_at, window)
 
 
+def measure_fault_and_state(run: Run, kind: str, window: float):
+    """:func:`measure_fault`, plus what moving the state cost (``--state-mb``): (figures, state)."""
+    _start(run)
+    fault_at = _fault(run, kind)
+    if fault_at is None:
+        raise SystemFailed(f"{run.system}: no worker of node 1 to crash")
+    _hold(run, fault_at + window + 0.5)
+    figures = fault_figures(commits(run.events(0)), commits(run.events(1)), fault_at, window)
+    return figures, state_figures(run.events(0) + run.events(1), fault_at)
+
+
 def measure_schedule(run: Run, seconds: float) -> ScheduleFigures:
     _start(run)
     began = time.monotonic()
@@ -122,6 +133,23 @@ def fault_table(results: dict[tuple[str, str], object], systems: list[str], wind
     return f"faults at step {FAULT_STEP}; goodput over {window:g} s after the fault\n" + "\n".join(lines)
 
 
+def state_table(states: dict[tuple[str, str], object], systems: list[str], state_mb: int) -> str:
+    """The ``--state-mb`` columns, one row per fault and system as in :func:`fault_table`."""
+    lines = [f"state: ~{state_mb} MiB of parameters + Adam (LIVE_BIG_MB={state_mb}); n/a: not this system's way",
+             f"{'fault':<10} {'system':<{WIDTH}} {'state MB':>8} {'transfer s':>10} {'ckpt save s':>11} "
+             f"{'reload s':>8} {'heal s':>6}"]
+    for kind in FAULTS:
+        for system in systems:
+            figures = states.get((kind, system))
+            if figures is None:
+                continue
+            size = _fmt(figures.state_bytes and figures.state_bytes / 1e6, ".1f")
+            lines.append(f"{kind:<10} {LABELS[system]:<{WIDTH}} {size:>8} {_fmt(figures.transfer_s, '.3f'):>10} "
+                         f"{_fmt(figures.save_s, '.3f'):>11} {_fmt(figures.reload_s, '.3f'):>8} "
+                         f"{_fmt(figures.heal_s, '.3f'):>6}")
+    return "\n".join(lines)
+
+
 def schedule_table(results: dict[str, object], systems: list[str], seconds: float) -> str:
     lines = [f"schedule: a fault every {SCHEDULE_EVERY_S:g} s for {seconds:g} s (crash, node loss, ...)",
              f"{'system':<{WIDTH}} {'useful/undisturbed':>19} {'fraction':>8} {'redone':>6} {'faults':>6}"]
@@ -159,6 +187,8 @@ def main(args) -> int:
     load_before = os.getloadavg()
     faults: dict[tuple[str, str], object] = {}
     schedule: dict[str, object] = {}
+    states: dict[tuple[str, str], object] = {}
+    state_mb = getattr(args, "state_mb", 0)
     failed = 0
     with ExitStack() as cleanup:
         sys.path.insert(0, str(REPO))
@@ -173,10 +203,14 @@ def main(args) -> int:
             rundir = workdir / f"{kind}-{system}"
             rundir.mkdir()
             run = Run(system, rundir, server.endpoints, args.step_seconds, python, args.timeout,
-                      rejoin_timeout=args.rejoin_timeout)
+                      rejoin_timeout=args.rejoin_timeout, state_mb=state_mb)
             try:
                 if kind == "schedule":
                     schedule[system] = figures = measure_schedule(run, args.schedule)
+                elif state_mb:
+                    figures, states[kind, system] = measure_fault_and_state(run, kind, args.window)
+                    faults[kind, system] = figures
+                    print(f"  {kind:<9} {LABELS[system]:<{WIDTH}} {asdict(states[kind, system])}", file=sys.stderr, flush=True)
                 else:
                     faults[kind, system] = figures = measure_fault(run, kind, args.window)
                 print(f"  {kind:<9} {LABELS[system]:<{WIDTH}} {asdict(figures)}", file=sys.stderr, flush=True)
@@ -195,6 +229,8 @@ def main(args) -> int:
         print(f"{LABELS[system]}: {note}")
     if faults:
         print(fault_table(faults, systems, args.window))
+    if states:
+        print(state_table(states, systems, state_mb))
     if schedule:
         print(schedule_table(schedule, systems, args.schedule))
     if failed:
