@@ -145,6 +145,7 @@ class Session:
         self._clock = clock
         self.keepalive_interval = interval
         self._name = name
+        asked = clock()
         lease = backend.grant(ttl)
         self.lease_id = lease.id
         self.ttl = lease.ttl
@@ -155,6 +156,7 @@ class Session:
         self._callbacks_lock = threading.Lock()
         self._renewing = threading.RLock()  # held while a renewal runs, so close() can wait it out
         self._last_renewal = clock()
+        self._valid_until = asked + self.ttl  # the server granted it after ``asked``
         self._failing_since: float | None = None  # last success before the current run of failures
         self.outage_limit = outage_limit
         self._outage_callbacks: list[Callable[[float], None]] = []
@@ -167,6 +169,16 @@ class Session:
     def alive(self) -> bool:
         """True while the lease is believed held (not lost and not closed)."""
         return not self.lost.is_set() and not self._closed.is_set()
+
+    @property
+    def valid_until(self) -> float:
+        """The clock time before which the server cannot have expired the lease (no I/O).
+
+        A renewal sent at ``t`` and answered with ``ttl`` seconds left proves the lease lives until
+        ``t + ttl`` at least: the server renewed it after ``t`` (the grant likewise). Meaningless
+        once :attr:`lost` is set.
+        """
+        return self._valid_until
 
     @property
     def outage(self) -> float:
@@ -216,8 +228,9 @@ class Session:
         with self._renewing:
             if not self.alive:
                 return False
+            sent = self._clock()
             try:
-                self._backend.keepalive(self.lease_id)
+                left = self._backend.keepalive(self.lease_id)
             except LeaseNotFoundError:
                 self._mark_lost("the server says the lease expired or was revoked")
                 return False
@@ -233,6 +246,7 @@ class Session:
                 self._failing_since = None
                 self._outage_reported = False
             self._last_renewal = now
+            self._valid_until = max(self._valid_until, sent + left)
             return True
 
     def _note_failure(self, error: BackendError) -> None:

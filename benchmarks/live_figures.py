@@ -144,3 +144,41 @@ def ratio(value: float | None, reference: float | None) -> str:
     if value is None or reference is None or reference == 0 or value != value or reference != reference:
         return "n/a"
     return f"{value / reference:.2f}x"
+
+
+@dataclass(frozen=True)
+class StateFigures:
+    """What moving the training state cost in one fault's run (``--state-mb``); None: not seen.
+
+    ``transfer_s``: the replacement's heal from a live peer (a live system's ``recovery`` record
+    as receiver, ``healed - formed``); ``save_s``: the median checkpoint save; ``reload_s``: the
+    slowest rank's checkpoint load after the fault (the group waits for it); ``heal_s``: TorchFT's
+    heal of the replacement (its fetch plus our ``load_state_dict``).
+    """
+
+    state_bytes: int | None
+    transfer_s: float | None
+    transfer_bytes: int | None
+    save_s: float | None
+    reload_s: float | None
+    heal_s: float | None
+
+
+def state_figures(events: Iterable[dict], fault_at: float) -> StateFigures:
+    """The state figures from both nodes' worker events (``state``, ``recovery``, ``saved``,
+    ``loaded`` and ``heal``); only the heals and loads after ``fault_at`` count."""
+    events = list(events)
+    sizes = [e["nbytes"] for e in events if e.get("ev") == "state"]
+    received = sorted((e for e in events if e.get("ev") == "recovery" and e.get("role") == "receiver"
+                       and e["formed"] > fault_at), key=lambda e: e["formed"])
+    saves = [e["save_s"] for e in events if e.get("ev") == "saved"]
+    loads = [e["load_s"] for e in events if e.get("ev") == "loaded" and e["t"] > fault_at]
+    heals = sorted((e for e in events if e.get("ev") == "heal" and e["t"] > fault_at), key=lambda e: e["t"])
+    heal = heals[0] if heals else None
+    return StateFigures(
+        state_bytes=max(sizes) if sizes else None,
+        transfer_s=received[0]["healed"] - received[0]["formed"] if received else None,
+        transfer_bytes=received[0]["nbytes"] if received else None,
+        save_s=statistics.median(saves) if saves else None,
+        reload_s=max(loads) if loads else None,
+        heal_s=heal["fetch_s"] + heal["load_s"] if heal and heal.get("fetch_s") is not None else None)

@@ -1,7 +1,7 @@
 """Live recovery: the real launchers side by side, and what a survivor and a joiner see.
 
 Run:  python benchmarks/live_recovery.py --side-by-side [--systems ...] [--faults crash,node_loss,control_plane]
-                                         [--window 60] [--schedule 120] [--quick]
+                                         [--window 60] [--schedule 120] [--state-mb 100] [--quick]
       python benchmarks/live_recovery.py [--cases crash,freeze,transfer] [--repetitions N] [--json FILE]
 
 ``--side-by-side`` (``live_side.py``, ``live_systems.py``): the same small DDP model under
@@ -10,7 +10,11 @@ Run:  python benchmarks/live_recovery.py --side-by-side [--systems ...] [--fault
 on demand into a venv under ``~/.cache/etcd-elastic-bench``; skipped with one line saying why if
 it cannot be), for a worker crash, a node loss, and a crash with the control plane SIGKILLed at
 once (the etcd leader of a 3-member cluster; TorchFT's lighthouse), at step 25. ``--quick``: a
-smoke of ``live+prewarm`` and ``torchrun`` with a crash and a 10 s window.
+smoke of ``live+prewarm`` and ``torchrun`` with a crash and a 10 s window. ``--state-mb N``:
+every worker's model has ~N MiB of parameters + Adam state (LIVE_BIG_MB), and a second table
+gives per fault and system the state's size, the joiner's transfer from a live peer (live
+systems), the checkpoint save and the reload after the fault (checkpointing systems, local disk)
+and TorchFT's heal, from the workers' events (not for ``control_plane``).
 
 Without it, the worker-side figures, with :class:`elastic.testing.live_agent.SimulatedAgent`
 standing in for the agents (it hosts each round's TCPStore and writes the round lines as soon as
@@ -227,6 +231,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                       help="also: a fault every 10 s for this many seconds, per system (default: none)")
     side.add_argument("--rejoin-timeout", type=float, default=0.5,
                       help="--rdzv-conf rejoin_timeout of the live systems (default 0.5)")
+    side.add_argument("--state-mb", type=int, default=0,
+                      help="every worker's model: ~N MiB of parameters + Adam state (default 0: the small model)")
     side.add_argument("--quick", action="store_true", help="a smoke: live+prewarm and torchrun, a crash, a 10 s window")
     args = parser.parse_args(argv)
     if args.side_by_side:
@@ -250,8 +256,8 @@ def _side_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> arg
     if unknown:
         parser.error(f"unknown systems or faults: {', '.join(unknown)} (systems {', '.join(SYSTEMS)}; "
                      f"faults {', '.join(FAULTS)})")
-    if args.step_seconds <= 0 or args.window <= 0 or args.schedule < 0:
-        parser.error("--step-seconds and --window must be positive, --schedule not negative")
+    if args.step_seconds <= 0 or args.window <= 0 or args.schedule < 0 or args.state_mb < 0:
+        parser.error("--step-seconds and --window must be positive, --schedule and --state-mb not negative")
     return args
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from live_figures import (FaultFigures, back_cell, commits, fault_figures, gap_cell, outcome, ratio,  # noqa: E402
-                          step_period, useful_and_redone)
+                          state_figures, step_period, useful_and_redone)
 from live_systems import LABELS, REPO, Run, SystemFailed, torchft_python  # noqa: E402
 
 FAULT_STEP = 25
@@ -129,6 +129,17 @@ def measure_control_plane(run: Run, window: float, cluster=None) -> tuple[FaultF
     return figures, f"{what} killed {1000 * (killed_at - fault_at):.1f} ms after the crash" + (f"; {after}" if after else "")
 
 
+def measure_fault_and_state(run: Run, kind: str, window: float):
+    """:func:`measure_fault`, plus what moving the state cost (``--state-mb``): (figures, state)."""
+    _start(run)
+    fault_at = _fault(run, kind)
+    if fault_at is None:
+        raise SystemFailed(f"{run.system}: no worker of node 1 to crash")
+    _hold(run, fault_at + window + 0.5)
+    figures = fault_figures(commits(run.events(0)), commits(run.events(1)), fault_at, window)
+    return figures, state_figures(run.events(0) + run.events(1), fault_at)
+
+
 def measure_schedule(run: Run, seconds: float) -> ScheduleFigures:
     _start(run)
     began = time.monotonic()
@@ -143,6 +154,10 @@ def measure_schedule(run: Run, seconds: float) -> ScheduleFigures:
     survivor = commits(run.events(0))
     useful, redone = useful_and_redone(survivor, began, began + seconds)
     return ScheduleFigures(useful, seconds / step_period(survivor, began), redone, dealt, skipped)
+
+
+def _fmt(value, spec: str = ".2f") -> str:
+    return "n/a" if value is None else format(value, spec)
 
 
 WIDTH = max(len(label) for label in LABELS.values())
@@ -171,6 +186,23 @@ def fault_table(results: dict[tuple[str, str], object], systems: list[str], wind
                          f"{ratio(figures.goodput, ref and ref.goodput):>19}  {(notes or {}).get((kind, system), '')}"
                          .rstrip())
     return f"faults at step {FAULT_STEP}; goodput over {window:g} s after the fault\n" + "\n".join(lines)
+
+
+def state_table(states: dict[tuple[str, str], object], systems: list[str], state_mb: int) -> str:
+    """The ``--state-mb`` columns, one row per fault and system as in :func:`fault_table`."""
+    lines = [f"state: ~{state_mb} MiB of parameters + Adam (LIVE_BIG_MB={state_mb}); n/a: not this system's way",
+             f"{'fault':<10} {'system':<{WIDTH}} {'state MB':>8} {'transfer s':>10} {'ckpt save s':>11} "
+             f"{'reload s':>8} {'heal s':>6}"]
+    for kind in FAULTS:
+        for system in systems:
+            figures = states.get((kind, system))
+            if figures is None:
+                continue
+            size = _fmt(figures.state_bytes and figures.state_bytes / 1e6, ".1f")
+            lines.append(f"{kind:<10} {LABELS[system]:<{WIDTH}} {size:>8} {_fmt(figures.transfer_s, '.3f'):>10} "
+                         f"{_fmt(figures.save_s, '.3f'):>11} {_fmt(figures.reload_s, '.3f'):>8} "
+                         f"{_fmt(figures.heal_s, '.3f'):>6}")
+    return "\n".join(lines)
 
 
 def schedule_table(results: dict[str, object], systems: list[str], seconds: float) -> str:
@@ -211,6 +243,8 @@ def main(args) -> int:
     faults: dict[tuple[str, str], object] = {}
     row_notes: dict[tuple[str, str], str] = {}
     schedule: dict[str, object] = {}
+    states: dict[tuple[str, str], object] = {}
+    state_mb = getattr(args, "state_mb", 0)
     failed = 0
     with ExitStack() as cleanup:
         sys.path.insert(0, str(REPO))
@@ -235,12 +269,16 @@ def main(args) -> int:
                     cluster = EtcdCluster(ETCD_MEMBERS)
                     endpoints = cluster.endpoints()
                 run = Run(system, rundir, endpoints, args.step_seconds, python, args.timeout,
-                          rejoin_timeout=args.rejoin_timeout)
+                          rejoin_timeout=args.rejoin_timeout, state_mb=state_mb)
                 note = ""
                 if kind == "schedule":
                     schedule[system] = figures = measure_schedule(run, args.schedule)
                 elif kind == "control_plane":
                     figures, note = measure_control_plane(run, args.window, cluster)
+                elif state_mb:
+                    figures, states[kind, system] = measure_fault_and_state(run, kind, args.window)
+                    note = outcome(figures)
+                    print(f"  {kind:<13} {LABELS[system]:<{WIDTH}} {asdict(states[kind, system])}", file=sys.stderr, flush=True)
                 else:
                     figures, note = measure_fault(run, kind, args.window)
                 if kind != "schedule":
@@ -264,6 +302,8 @@ def main(args) -> int:
         print(f"{LABELS[system]}: {note}")
     if faults:
         print(fault_table(faults, systems, args.window, row_notes))
+    if states:
+        print(state_table(states, systems, state_mb))
     if schedule:
         print(schedule_table(schedule, systems, args.schedule))
     if failed:

@@ -121,6 +121,8 @@ class Run:
     retired: list[subprocess.Popen] = field(default_factory=list)
     lighthouse: subprocess.Popen | None = None
     rejoin_timeout: float = REJOIN_S
+    state_mb: int = 0
+    """LIVE_BIG_MB of every worker: ~this many MiB of parameters + Adam state (0: the small model)."""
 
     def __post_init__(self) -> None:
         self.store_port = free_port()
@@ -147,7 +149,8 @@ class Run:
 
     def _argv(self, node: int) -> tuple[list[str], dict[str, str]]:
         env = clean_env(PYTHONPATH=str(REPO), LIVE_LOG=str(self.log(node)), LIVE_STEPS="1000000",
-                        LIVE_STEP_SLEEP=str(self.step_seconds), OMP_NUM_THREADS="1", LOGLEVEL="WARNING")
+                        LIVE_STEP_SLEEP=str(self.step_seconds), OMP_NUM_THREADS="1", LOGLEVEL="WARNING",
+                        LIVE_BIG_MB=str(self.state_mb))
         common = ["--nproc-per-node", "1", "--max-restarts", "1000", "--monitor-interval", "0.1"]
         if self.system == "torchft":
             env.update(REPLICA_GROUP_ID=str(node), TORCHFT_LIGHTHOUSE=self.lighthouse_addr)

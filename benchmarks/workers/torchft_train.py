@@ -2,13 +2,21 @@
 replica group of one worker. Writes JSON events to $LIVE_LOG as ``live_train.py`` does.
 
 Settings (environment): LIVE_STEPS, LIVE_STEP_SLEEP, REPLICA_GROUP_ID, TORCHFT_LIGHTHOUSE and
-the MASTER_ADDR/MASTER_PORT of the replica group's store (torchrun sets them). A replica that
-(re)starts heals from a live one; a step counts when the Manager commits it.
+the MASTER_ADDR/MASTER_PORT of the replica group's store (torchrun sets them), LIVE_BIG_MB (0:
+the small model with SGD; N: the model and Adam of ``live_train.py``'s LIVE_BIG_MB). A replica
+that (re)starts heals from a live one; a step counts when the Manager commits it.
+
+Events beside the steps: ``heal`` when the Manager applies a state fetched from a peer
+(``fetch_s``: its checkpoint transport's ``recv_checkpoint``, timed by wrapping it; ``load_s``:
+our ``load_state_dict``) and, with LIVE_BIG_MB, ``state`` (the state's tensor bytes, after the
+first committed step).
 
 One change to TorchFT 0.2.0: its DDP communication hook asserts when the all-reduce fails (a
 peer died: the work's wait raised, so its future chain was never set up), which kills the
 survivor too. :class:`DDP` returns the bucket unreduced instead; the Manager has recorded the
-error, so the step is not committed and the next quorum leaves the dead peer out.
+error, so the step is not committed and the next quorum leaves the dead peer out. For the
+buckets after that one in the same step, its all-reduce is a no-op whose future has no
+``_fut``, which its hook does not expect either: :class:`DDP` returns that future as it is.
 """
 
 import time
@@ -25,11 +33,12 @@ import torch.nn.functional as F  # noqa: E402
 from torchft import DistributedDataParallel, Manager, ProcessGroupGloo  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "worker", "workers"))
-from live_model import LR, make_model, shard  # noqa: E402
+from live_model import LR, big_hidden, make_model, shard, state_nbytes  # noqa: E402
 
 steps = int(os.environ.get("LIVE_STEPS", "40"))
 step_sleep = float(os.environ.get("LIVE_STEP_SLEEP", "0.05"))
 replica = int(os.environ.get("REPLICA_GROUP_ID", "0"))
+big_mb = int(os.environ.get("LIVE_BIG_MB", "0"))
 log_file = open(os.environ["LIVE_LOG"], "a", buffering=1)
 
 
@@ -37,6 +46,21 @@ def emit(**event):
     log_file.write(json.dumps(event) + "\n")
 
 
+fetches: list[float] = []  # seconds of each recv_checkpoint, appended on TorchFT's quorum thread
+
+
+def timed_fetches(transport):
+    """Time ``transport.recv_checkpoint`` (the heal's fetch from a peer) into ``fetches``."""
+    recv = transport.recv_checkpoint
+
+    def recv_checkpoint(*args, **kwargs):
+        began = time.monotonic()
+        try:
+            return recv(*args, **kwargs)
+        finally:
+            fetches.append(time.monotonic() - began)
+
+    transport.recv_checkpoint = recv_checkpoint
 
 
 class DDP(DistributedDataParallel):
@@ -44,7 +68,10 @@ class DDP(DistributedDataParallel):
     def _comm_hook(state, bucket):
         work = state.allreduce(bucket.buffer())
         work.wait()
-        future = work.get_future()._fut
+        future = work.get_future()
+        # After an error the Manager's all-reduce is a no-op whose future is plain (no _fut): the
+        # second bucket of a model with several (LIVE_BIG_MB) gets that one.
+        future = getattr(future, "_fut", future)
         if future is None:  # the all-reduce failed; the Manager skips this step
             future = torch.futures.Future()
             future.set_result(bucket.buffer())
@@ -52,8 +79,8 @@ class DDP(DistributedDataParallel):
 
 
 emit(ev="start", t=STARTED, pid=os.getpid())
-model = make_model(0)
-opt = torch.optim.SGD(model.parameters(), lr=LR)
+model = make_model(0, hidden=big_hidden(big_mb))
+opt = torch.optim.Adam(model.parameters(), lr=1e-3) if big_mb else torch.optim.SGD(model.parameters(), lr=LR)
 
 
 def state_dict():
@@ -61,14 +88,19 @@ def state_dict():
 
 
 def load_state_dict(state):
+    began = time.monotonic()
     model.load_state_dict(state["model"])
     opt.load_state_dict(state["opt"])
+    done = time.monotonic()
+    emit(ev="heal", fetch_s=fetches[-1] if fetches else None, load_s=done - began, nbytes=state_nbytes(state), t=done)
 
 
 manager = Manager(pg=ProcessGroupGloo(timeout=timedelta(seconds=10)), min_replica_size=1, load_state_dict=load_state_dict,
                   state_dict=state_dict, replica_id=f"bench_{replica}", timeout=timedelta(seconds=10),
                   quorum_timeout=timedelta(seconds=60))
+timed_fetches(manager._checkpoint_transport)
 ddp = DDP(manager, model)
+state_logged = False
 while manager.current_step() < steps:
     manager.start_quorum()
     opt.zero_grad()
@@ -79,5 +111,8 @@ while manager.current_step() < steps:
     if manager.should_commit():
         opt.step()
         emit(ev="step", step=manager.current_step() - 1, t=time.monotonic(), rank=rank, world=world)
+        if big_mb and not state_logged:
+            emit(ev="state", nbytes=state_nbytes(state_dict()), t=time.monotonic())
+            state_logged = True
 manager.shutdown(wait=False)
 emit(ev="done", t=time.monotonic())

@@ -240,6 +240,8 @@ class ElasticAgent:
             reported_exits = self._report.worker_exits(state, reported_exits)
             membership = self.rendezvous.membership()
             self._report.looked(state, membership)
+            if live:
+                self._attempts.held(membership.held_until)
             rejoin_pending = False
             if (membership.change is MembershipChange.NODES_WAITING and state.status is GroupStatus.RUNNING
                     and 0 < membership.waiting <= membership.rejoining and not live):

@@ -137,6 +137,11 @@ class Attempts:
         """Whether a live worker reported the group of the current round as lost."""
         return isinstance(self.running, LiveWorkers) and self.running.broken()
 
+    def held(self, until: float | None) -> None:
+        """Tell live workers until when the store cannot have dropped this node (no-op otherwise)."""
+        if isinstance(self.running, LiveWorkers) and until is not None:
+            self.running.held(until)
+
     def silent(self) -> bool:
         """Whether a running worker never spoke the live protocol (or the group is not live)."""
         return not isinstance(self.running, LiveWorkers) or self.running.silent()

@@ -108,6 +108,9 @@ class MembershipStatus:
             answers).
         store_full: the store refused this node's last write for lack of space (etcd's NOSPACE
             alarm): a join waits for an operator (see :mod:`elastic.rendezvous.store_full`).
+        held_until: ``time.monotonic()`` before which the store cannot have dropped this node
+            (its lease renewed, see :attr:`backends.session.Session.valid_until`); None when no
+            lease holds the membership (lost, or a rendezvous without leases).
     """
 
     change: MembershipChange | None = None
@@ -117,6 +120,7 @@ class MembershipStatus:
     spares: int = 0
     store_outage: float = 0.0
     store_full: bool = False
+    held_until: float | None = None
 
 
 class Rendezvous(abc.ABC):

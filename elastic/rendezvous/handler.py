@@ -150,7 +150,8 @@ class RendezvousHandler(Rendezvous):
         """The current round's membership as last seen. No I/O, no lock."""
         monitor = self._monitor
         status = monitor.status if monitor is not None else MembershipStatus()
-        return dataclasses.replace(status, store_outage=self._membership.outage, store_full=self._membership.store_full)
+        return dataclasses.replace(status, store_outage=self._membership.outage, store_full=self._membership.store_full,
+                                   held_until=self._membership.held_until)
 
     def on_change(self, callback: Callable[[], None]) -> None:
         self._change_callbacks.append(callback)

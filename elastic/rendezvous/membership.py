@@ -256,6 +256,12 @@ class Membership:
         return session.outage if session is not None else 0.0
 
     @property
+    def held_until(self) -> float | None:
+        """Before when the store cannot have expired this node's lease; None without a live one. No I/O."""
+        session = self._session
+        return session.valid_until if session is not None and session.alive else None
+
+    @property
     def store_full(self) -> bool:
         """Whether the store refused this node's last write for lack of space. No I/O."""
         return self.refusals.full

@@ -4,7 +4,10 @@ Torch-free. The watcher is one daemon thread blocked in ``select`` on the pipe, 
 loop's check at a step boundary is an attribute read (:attr:`RoundMailbox.pending`); the thread
 is also what wakes a worker hung in a collective on a frozen peer: while a newer round is
 pending it asks the current :class:`~elastic.worker.guard.OpRegistry` to abandon collectives
-in flight for longer than the grace (:func:`elastic.worker.decisions.interrupt_due`).
+in flight for longer than the grace (:func:`elastic.worker.decisions.interrupt_due`). It keeps
+the agent's lease renewals (:class:`~elastic.worker.rounds.Held`) and notices when this process
+was frozen (it wakes at least every :data:`_TICK` s; a wake much later than that is a freeze),
+for the commit fence (:mod:`elastic.worker.fence`).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from typing import Callable, Protocol
 
 from elastic.worker.decisions import RoundAction, decide_round
 from elastic.worker.errors import RoundLineError
-from elastic.worker.rounds import MAX_LINE_BYTES, Round, parse_round_line
+from elastic.worker.rounds import MAX_LINE_BYTES, Held, Round, parse_pipe_line
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +31,10 @@ __all__ = ["Arrival", "LineSplitter", "Overlong", "RoundMailbox", "RoundWatcher"
 _READ_BYTES = 64 * 1024
 _PENDING_POLL = 0.02
 """While a round is pending, how often the watcher looks for collectives to abandon."""
+_TICK = 0.25
+"""The longest the watcher sleeps, so that a late wake shows a freeze of the process."""
+FROZEN_AFTER = 1.0
+"""A wake this much later than asked for means the process was frozen (SIGSTOP, a suspended VM)."""
 
 
 @dataclass(frozen=True)
@@ -99,6 +106,10 @@ class RoundMailbox:
         self._current_id = (current, store)  # a round is its number and its store's address
         self.pending: Arrival | None = None
         self.eof = False
+        self.held: float | None = None
+        """Before when the store cannot have dropped this node (the agent's newest lease renewal)."""
+        self.froze_at: float | None = None
+        """When this process was last seen waking from a freeze."""
 
     def offer(self, round_: Round, now: float) -> RoundAction:
         with self._cond:
@@ -110,6 +121,23 @@ class RoundMailbox:
                 self.pending = Arrival(round_, now)
                 self._cond.notify_all()
             return action
+
+    def offer_held(self, held: Held) -> None:
+        """The agent renewed its lease: keep the newest ``until``."""
+        with self._cond:
+            if self.held is None or held.until > self.held:
+                self.held = held.until
+                self._cond.notify_all()
+
+    def note_freeze(self, at: float) -> None:
+        with self._cond:
+            self.froze_at = at
+            self._cond.notify_all()
+
+    def wait_news(self, timeout: float) -> None:
+        """Sleep until anything is offered (a round, a renewal, EOF) or ``timeout`` seconds passed."""
+        with self._cond:
+            self._cond.wait(timeout)
 
     def close(self) -> None:
         """The pipe is at EOF (or there never was one): no round will come."""
@@ -184,10 +212,15 @@ class RoundWatcher:
 
     def _run(self) -> None:
         watching = [self._fd, self._wake_r]
+        last = self._clock()
         try:
             while True:
-                timeout = _PENDING_POLL if self._mailbox.pending is not None else None
+                timeout = _PENDING_POLL if self._mailbox.pending is not None else _TICK
                 ready, _, _ = select.select(watching, [], [], timeout)
+                woke = self._clock()
+                if woke - last > _TICK + FROZEN_AFTER:
+                    self._mailbox.note_freeze(woke)
+                last = woke
                 if self._wake_r in ready:
                     return
                 if self._fd in ready and not self._read():
@@ -225,10 +258,14 @@ class RoundWatcher:
             log.warning("%s: ignored a %d-byte line on the round pipe (over the %d-byte limit)", self._label, item.size, MAX_LINE_BYTES)
             return
         try:
-            round_ = parse_round_line(item)
+            parsed = parse_pipe_line(item)
         except RoundLineError as error:
             log.warning("%s: ignored a bad line on the round pipe (%s): %r", self._label, error, item[:200])
             return
+        if isinstance(parsed, Held):
+            self._mailbox.offer_held(parsed)
+            return
+        round_ = parsed
         action = self._mailbox.offer(round_, self._clock())
         if action is RoundAction.NEWER:
             log.info("%s: round %d published (rank %d of %d)", self._label, round_.round, round_.rank, round_.world_size)

@@ -10,13 +10,17 @@ from dataclasses import dataclass
 from typing import Sequence
 
 __all__ = [
+    "FenceVerdict",
+    "FenceView",
     "HealPlan",
     "LossAction",
     "Mark",
     "RoundAction",
     "decide_after_loss",
     "decide_round",
+    "fence_verdict",
     "interrupt_due",
+    "suspect_completion",
     "plan_heal",
 ]
 
@@ -61,6 +65,72 @@ def interrupt_due(started: float, now: float, grace: float) -> bool:
     collective is already older than any sensible grace when the round arrives).
     """
     return now - started >= grace
+
+
+def suspect_completion(started: float, now: float, last_ok: float, froze_at: float | None, stall: float) -> bool:
+    """Whether a collective that completed at ``now`` may be one its peers had abandoned.
+
+    Peers abandon a collective only once it has been in flight for ``stall`` (the interrupt
+    grace) with a newer round pending; gloo cannot cancel it, so it still completes when this
+    rank's bytes arrive. That takes a stall on this side too: the collective was in flight for
+    ``stall`` or more (the link was cut), or this process was frozen (``froze_at``: when the
+    round watcher last saw itself wake late) since the last collective that completed
+    unsuspected (``last_ok``). A collective that completes without either is committed without
+    asking anything; a rank that only computed slowly while its agent lost the store is not
+    caught (see docs/live-recovery.md).
+    """
+    return now - started >= stall or (froze_at is not None and froze_at >= last_ok)
+
+
+class FenceVerdict(enum.Enum):
+    """What a suspect completion becomes."""
+
+    COMMIT = "commit"
+    """Its peers cannot have gone on without this rank: the result is used."""
+    WAIT = "wait"
+    """Not known yet: wait for the agent's word."""
+    ABANDON = "abandon"
+    """The group is, or may be, gone on without this rank: the result is dropped, the step
+    is not committed, and the rank forms the next round."""
+
+
+@dataclass(frozen=True)
+class FenceView:
+    """What a worker knows when it judges a suspect completion (times: ``time.monotonic()``).
+
+    Attributes:
+        suspected_at: when the collective completed.
+        held_until: before when the store cannot have dropped this node (the agent's last
+            lease renewal); None when the agent never said (it publishes no renewals).
+        newer_round: a newer round is pending.
+        agent_gone: the round pipe is at EOF.
+        now: the time of the look.
+        deadline: when to stop waiting (the collective timeout after ``suspected_at``).
+    """
+
+    suspected_at: float
+    held_until: float | None
+    newer_round: bool
+    agent_gone: bool
+    now: float
+    deadline: float
+
+
+def fence_verdict(view: FenceView) -> FenceVerdict:
+    """Whether a suspect completion is committed, dropped, or waits.
+
+    Peers go on without this rank only in a round that leaves it out, and a round leaves out a
+    node whose lease did not expire only when an operator revoked the lease or deleted the keys;
+    so a lease known held past the completion means nobody abandoned it (but for those). A newer round pending, or no agent left, means the
+    group may be gone. Past the deadline the completion is dropped as a failed collective.
+    """
+    if view.newer_round or view.agent_gone:
+        return FenceVerdict.ABANDON
+    if view.held_until is None or view.held_until > view.suspected_at:
+        return FenceVerdict.COMMIT
+    if view.now >= view.deadline:
+        return FenceVerdict.ABANDON
+    return FenceVerdict.WAIT
 
 
 @dataclass(frozen=True, order=True)

@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from elastic.worker.channel import RoundMailbox
 from elastic.worker.errors import CollectiveFailed, NoRoundError, Superseded
+from elastic.worker.fence import CommitFence
 from elastic.worker.guard import Graveyard, OpRegistry
 from elastic.worker.options import LiveOptions
 from elastic.worker.rounds import Round
@@ -53,8 +54,9 @@ def pick_backend(options: LiveOptions) -> str:
 
 
 def form_group(round_: Round, options: LiveOptions, mailbox: RoundMailbox, label: str,
-               clock: Callable[[], float] = time.monotonic) -> FormedGroup:
-    """Form the default process group of ``round_``.
+               clock: Callable[[], float] = time.monotonic, fenced: bool = True) -> FormedGroup:
+    """Form the default process group of ``round_``; ``fenced``: judge completions after a stall
+    (:mod:`elastic.worker.fence`; only with an agent that publishes to ``mailbox``).
 
     Raises:
         Superseded: a newer round arrived before every rank committed to this one.
@@ -70,7 +72,8 @@ def form_group(round_: Round, options: LiveOptions, mailbox: RoundMailbox, label
                                 timeout=timedelta(seconds=options.collective_timeout))
     except RuntimeError as error:
         raise CollectiveFailed(f"round {round_.round}: init_process_group failed: {error}", round_.round) from error
-    return FormedGroup(round_, dist.group.WORLD, OpRegistry(round_.round, label, clock), backend)
+    fence = CommitFence(mailbox, options.interrupt_grace, options.collective_timeout, label, clock) if fenced else None
+    return FormedGroup(round_, dist.group.WORLD, OpRegistry(round_.round, label, clock, fence), backend)
 
 
 def _connect(round_: Round, options: LiveOptions, mailbox: RoundMailbox, clock: Callable[[], float]) -> Any:

@@ -9,6 +9,10 @@ Every collective that live recovery waits on (its own, the user's through
 * an interrupt from the round watcher (:class:`Superseded`), when a newer round is pending and
   the collective has been in flight for longer than the grace.
 
+A collective that completes after a stall is first judged by the :class:`CommitFence` (on a
+thread of its own, not gloo's): its result is used only once the peers cannot have gone on
+without this rank (see :mod:`elastic.worker.fence`).
+
 Waiting on that future releases the GIL and returns as soon as either happens, so a worker
 never stays hung on a frozen peer once the agent has published the next round. The gloo work
 left behind keeps its thread and sockets until the group's own timeout ends it; the registry
@@ -27,7 +31,9 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from elastic.worker.decisions import FenceVerdict
 from elastic.worker.errors import CollectiveFailed, GroupLost, Superseded
+from elastic.worker.fence import CommitFence
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +69,10 @@ class GuardedOp:
             self.future.set_exception(error)
         return True
 
+    @property
+    def settled(self) -> bool:
+        return self._settled
+
     def wait(self) -> Any:
         """The result; raises the :class:`GroupLost` the op settled with."""
         return self.future.wait()
@@ -76,10 +86,13 @@ class OpRegistry:
         label: names the run and rank in log lines.
     """
 
-    def __init__(self, round_number: int, label: str, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, round_number: int, label: str, clock: Callable[[], float] = time.monotonic,
+                 fence: CommitFence | None = None) -> None:
         self.round = round_number
         self._label = label
         self._clock = clock
+        self._fence = fence
+        self._last_ok = clock()  # when the last collective completed unsuspected (or the group formed)
         self._lock = threading.Lock()
         self._ops: set[GuardedOp] = set()
         self._closed: GroupLost | None = None
@@ -124,10 +137,27 @@ class OpRegistry:
             self._record(lost)
             op.settle(error=lost)
         else:
-            try:
-                op.settle(value=value())
-            except Exception as error:  # value() itself failed: report it to the waiter as it is
-                op.settle(error=error)
+            now = self._clock()
+            fence = self._fence
+            if fence is not None and not op.settled and fence.suspect(op.started, now, self._last_ok):
+                threading.Thread(target=self._fenced, args=(fence, op, value, now), name="elastic-commit-fence",
+                                 daemon=True).start()
+                return
+            self._last_ok = now
+            _settle_value(op, value)
+        with self._lock:
+            self._ops.discard(op)
+
+    def _fenced(self, fence: CommitFence, op: GuardedOp, value: Callable[[], Any], completed: float) -> None:
+        """Settle a collective that completed after a stall as the fence judges it."""
+        if fence.judge(self.round, completed) is FenceVerdict.COMMIT:
+            self._last_ok = self._clock()
+            _settle_value(op, value)
+        else:
+            lost = Superseded(f"round {self.round}: a collective completed after a stall and the round may have "
+                              "gone on without this rank; its result is dropped", self.round)
+            self._record(lost)
+            op.settle(error=lost)
         with self._lock:
             self._ops.discard(op)
 
@@ -159,6 +189,13 @@ class OpRegistry:
             # group: a reference cycle that would keep its threads and sockets until the next GC.
             self.failure.__traceback__ = None
         return [work for op in ops for work in op.works if not _completed(work)]
+
+
+def _settle_value(op: GuardedOp, value: Callable[[], Any]) -> None:
+    try:
+        op.settle(value=value())
+    except Exception as error:  # value() itself failed: report it to the waiter as it is
+        op.settle(error=error)
 
 
 def _completed(work: Any) -> bool:

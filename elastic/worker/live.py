@@ -345,7 +345,7 @@ class LiveTraining:
         self._round = target
         if isinstance(self._environ, MutableMapping):
             export_round(target, self._environ)
-        self._formed = form_group(target, self.options, self._mailbox, self._label, self._clock)
+        self._formed = form_group(target, self.options, self._mailbox, self._label, self._clock, fenced=self._has_pipe)
         formed_at = self._clock()
         healed = heal(self._formed, Mark(self._step, self._commit_round), self.options, self._state_dict,
                       self._load_state_dict, self._clock)

@@ -13,6 +13,14 @@ The wire format (one line of JSON per round, UTF-8, ``\\n``-terminated, at most
 Unknown fields are ignored (so the agent may add some without a version bump); a missing or
 mistyped field, or another ``v``, makes the line invalid.
 
+The agent also writes, after each renewal of its lease, a line saying until when the store
+cannot have dropped the node (``time.monotonic()``, one clock per machine)::
+
+    {"v": 1, "held_until": 81234.5}
+
+A worker that completes a collective after a stall uses it to tell whether its peers may have
+gone on without it (see :func:`elastic.worker.decisions.commit_fence`).
+
 The environment a worker starts with describes its first round: torchrun's variables plus
 ``ELASTIC_ROUND`` and ``ELASTIC_STORE_PREFIX`` (required when ``ELASTIC_ROUND_FD`` is set, so a
 worker never mistakes a repeat of its own round for a new one).
@@ -21,6 +29,7 @@ worker never mistakes a repeat of its own round for a new one).
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping, MutableMapping
 
@@ -33,10 +42,13 @@ __all__ = [
     "ROUND_FD_VAR",
     "ROUND_VAR",
     "STORE_PREFIX_VAR",
+    "Held",
     "Round",
     "default_store_prefix",
+    "encode_held_line",
     "encode_round_line",
     "export_round",
+    "parse_pipe_line",
     "parse_round_line",
     "round_from_env",
 ]
@@ -97,6 +109,33 @@ class Round:
             raise ValueError(f"The master port ({self.master_port}) must be in [1, 65535].")
 
 
+@dataclass(frozen=True)
+class Held:
+    """The store cannot have dropped this node before ``until`` (``time.monotonic()``)."""
+
+    until: float
+
+
+def encode_held_line(held: Held) -> bytes:
+    """The pipe line for ``held`` (what the agent writes after a lease renewal), newline included."""
+    return json.dumps({"v": FORMAT_VERSION, "held_until": held.until}, separators=(",", ":")).encode() + b"\n"
+
+
+def parse_pipe_line(line: bytes) -> Round | Held:
+    """A round line or a held line (see the module docstring).
+
+    Raises:
+        RoundLineError: as :func:`parse_round_line`; or a held line whose time is not a finite number.
+    """
+    value = _json_object(line)
+    if "held_until" in value and "round" not in value:
+        until = value["held_until"]
+        if type(until) not in (int, float) or not math.isfinite(until):
+            raise RoundLineError(f"held_until must be a finite number, not {until!r}")
+        return Held(float(until))
+    return _round(value)
+
+
 def encode_round_line(round_: Round) -> bytes:
     """The pipe line for ``round_`` (what the agent writes), newline included."""
     line = json.dumps({"v": FORMAT_VERSION, **asdict(round_)}, separators=(",", ":")).encode() + b"\n"
@@ -112,6 +151,10 @@ def parse_round_line(line: bytes) -> Round:
         RoundLineError: the line is not UTF-8 JSON, not an object, of another version, or a
             field is missing or out of range; the message says which.
     """
+    return _round(_json_object(line))
+
+
+def _json_object(line: bytes) -> dict[str, Any]:
     if len(line) > MAX_LINE_BYTES:
         raise RoundLineError(f"the line is {len(line)} bytes, over the {MAX_LINE_BYTES}-byte limit")
     try:
@@ -122,6 +165,10 @@ def parse_round_line(line: bytes) -> Round:
         raise RoundLineError(f"the line is JSON {type(value).__name__}, not an object")
     if value.get("v") != FORMAT_VERSION:
         raise RoundLineError(f"the line has version {value.get('v')!r}; this worker reads version {FORMAT_VERSION}")
+    return value
+
+
+def _round(value: dict[str, Any]) -> Round:
     missing = [name for name in (*_INT_FIELDS, *_TEXT_FIELDS) if name not in value]
     if missing:
         raise RoundLineError(f"the line lacks {', '.join(missing)}")

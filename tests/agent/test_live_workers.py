@@ -23,7 +23,15 @@ from elastic.agent.processes.group_state import GroupStatus
 from elastic.agent.processes.workers import WorkerGroup
 from elastic.config import Entrypoint, LaunchConfig, Std, StdMask
 from elastic.rendezvous.api import MembershipChange, RendezvousInfo
-from elastic.worker.rounds import READY_FD_VAR, ROUND_FD_VAR, ROUND_VAR, STORE_PREFIX_VAR, parse_round_line
+from elastic.worker.rounds import (
+    READY_FD_VAR,
+    ROUND_FD_VAR,
+    ROUND_VAR,
+    STORE_PREFIX_VAR,
+    Held,
+    parse_pipe_line,
+    parse_round_line,
+)
 
 A = AgentAction
 RUN, FAIL = GroupStatus.RUNNING, GroupStatus.FAILED
@@ -110,6 +118,21 @@ def _info(round_: int, group_rank: int = 0, group_world_size: int = 1, port: int
 def _config(nproc: int = 2, script: str = "", timeout: float = 60.0) -> LaunchConfig:
     return LaunchConfig(min_nodes=1, max_nodes=4, nproc_per_node=nproc, entrypoint=Entrypoint("script", script),
                         redirects=StdMask(Std.ALL), live_recovery=True, live_recovery_timeout=timeout)
+
+
+def test_the_pipes_carry_each_lease_renewal_once_and_never_an_older_one():
+    pipes = RoundPipes("test")
+    extras = pipes.extras(round_for(_config(), _info(4, 1, 2), 1, restart_count=0))
+    reader = os.dup(extras.fds[ROUND_FD_VAR])
+    pipes.started()
+    try:
+        assert pipes.publish_held(Held(10.0)) and pipes.publish_held(Held(10.0)) and pipes.publish_held(Held(9.0))
+        assert pipes.publish_held(Held(12.5))
+        lines = os.read(reader, 65536).splitlines()
+        assert [parse_pipe_line(line) for line in lines] == [Held(10.0), Held(12.5)]
+    finally:
+        os.close(reader)
+        pipes.close()
 
 
 def test_the_pipes_carry_round_lines_one_way_and_answers_the_other():

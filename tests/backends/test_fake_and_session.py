@@ -96,6 +96,24 @@ def test_a_session_is_lost_when_the_server_answers_that_its_lease_expired_during
     store.close()
 
 
+def test_a_session_knows_until_when_the_server_cannot_have_expired_its_lease():
+    store = InMemoryStore()
+    client = store.client()
+    before = time.monotonic()
+    with Session(client, ttl=2.0, keepalive_interval=0.1) as session:
+        granted = session.valid_until
+        assert before + 2.0 <= granted <= time.monotonic() + 2.0  # counted from before the grant
+        time.sleep(0.35)
+        renewed = session.valid_until
+        assert renewed > granted and renewed <= time.monotonic() + 2.0  # from the renewal's sending
+        store.stop()
+        time.sleep(0.3)  # a renewal in flight at the stop has ended by now
+        stopped = session.valid_until
+        time.sleep(0.35)
+        assert session.valid_until == stopped  # no answer: no proof
+    store.close()
+
+
 def test_a_session_survives_a_brief_outage_shorter_than_its_ttl():
     store = InMemoryStore()
     client = store.client()

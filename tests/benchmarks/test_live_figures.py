@@ -102,3 +102,33 @@ def test_launchers_that_exited_are_named_with_their_codes(figures):
     survivor = steady(figures, 0, 24, 0.0)
     result = figures.fault_figures(survivor, survivor, fault_at=2.45, window=10.0)
     assert figures.outcome(result, {1: -9, 0: 1}).endswith("node 0's launcher exited 1; node 1's launcher exited -9")
+
+
+def recovery(role, formed, healed, nbytes=104_000_000):
+    return {"ev": "recovery", "role": role, "formed": formed, "healed": healed, "nbytes": nbytes}
+
+
+@pytest.mark.parametrize("events, expected", [
+    # a live system: the joiner's heal after the fault counts, not the first round's equalising one
+    ([{"ev": "state", "nbytes": 104_858_856, "t": 1.0}, recovery("receiver", 0.5, 0.7, 10), recovery("source", 0.5, 0.7),
+      recovery("receiver", 12.0, 12.09), recovery("receiver", 20.0, 20.5)],
+     dict(state_bytes=104_858_856, transfer_s=0.09, transfer_bytes=104_000_000, save_s=None, reload_s=None,
+          heal_s=None)),
+    # a checkpointing system: the median save; the slowest reload after the fault
+    ([{"ev": "saved", "save_s": s, "t": t} for s, t in [(0.3, 2.0), (0.2, 3.0), (0.5, 11.0)]]
+     + [{"ev": "loaded", "load_s": 0.04, "t": 12.0}, {"ev": "loaded", "load_s": 0.06, "t": 12.1},
+        {"ev": "loaded", "load_s": 9.0, "t": 5.0}],
+     dict(state_bytes=None, transfer_s=None, transfer_bytes=None, save_s=0.3, reload_s=0.06, heal_s=None)),
+    # TorchFT: its first heal after the fault is the fetch plus our load_state_dict
+    ([{"ev": "heal", "fetch_s": 0.2, "load_s": 0.05, "t": 13.0}, {"ev": "heal", "fetch_s": 1.0, "load_s": 1.0, "t": 30.0},
+      {"ev": "heal", "fetch_s": 7.0, "load_s": 7.0, "t": 3.0}],
+     dict(state_bytes=None, transfer_s=None, transfer_bytes=None, save_s=None, reload_s=None, heal_s=0.25)),
+    # a heal whose fetch was not timed gives no heal time; nothing at all gives None everywhere
+    ([{"ev": "heal", "fetch_s": None, "load_s": 0.05, "t": 13.0}], dict.fromkeys(
+        ("state_bytes", "transfer_s", "transfer_bytes", "save_s", "reload_s", "heal_s"))),
+    ([], dict.fromkeys(("state_bytes", "transfer_s", "transfer_bytes", "save_s", "reload_s", "heal_s"))),
+])
+def test_state_figures_count_what_moved_the_state_after_the_fault(figures, events, expected):
+    result = figures.state_figures(events, fault_at=10.0)
+    for key, value in expected.items():
+        assert getattr(result, key) == (pytest.approx(value) if isinstance(value, float) else value), key

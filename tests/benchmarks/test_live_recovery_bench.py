@@ -37,6 +37,23 @@ def test_side_by_side_refuses_unknown_systems_with_one_line(bench, capsys):
     assert exited.value.code == 2 and "unknown systems or faults: deepspeed, flood" in capsys.readouterr().err
 
 
+def test_state_mb_defaults_to_the_small_model_and_refuses_a_negative_size(bench, capsys):
+    assert bench.parse_args(["--side-by-side"]).state_mb == 0
+    assert bench.parse_args(["--side-by-side", "--state-mb", "100"]).state_mb == 100
+    with pytest.raises(SystemExit) as exited:
+        bench.parse_args(["--side-by-side", "--state-mb", "-1"])
+    assert exited.value.code == 2 and "--state-mb not negative" in capsys.readouterr().err
+
+
+def test_the_state_table_says_n_a_where_a_system_does_not_move_its_state_that_way(bench):
+    with loaded("live_figures", "live_figures.py") as figures:
+        states = {("crash", "torchrun"): figures.StateFigures(104_858_856, None, None, 0.279, 0.037, None),
+                  ("crash", "live+prewarm"): figures.StateFigures(104_858_856, 0.089, 104_000_000, None, None, None)}
+    rows = bench.live_side.state_table(states, ["live+prewarm", "torchrun"], 100).splitlines()[2:]
+    assert rows[0].split()[-5:] == ["104.9", "0.089", "n/a", "n/a", "n/a"] and "--live-recovery" in rows[0]
+    assert rows[1].split()[-5:] == ["104.9", "n/a", "0.279", "0.037", "n/a"] and "torchrun" in rows[1]
+
+
 @pytest.mark.parametrize("system, prewarm", [("live", False), ("live+prewarm", True)])
 def test_the_live_systems_start_their_replacements_as_their_names_say(bench, tmp_path, system, prewarm):
     """``live`` measures fresh replacement processes although ``--live-recovery`` pre-warms by

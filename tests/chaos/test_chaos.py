@@ -230,12 +230,6 @@ TODAY: dict[tuple[str, str], tuple[str, bool]] = {
         "worker failed before it saw the membership change, as in agent-sigstop); not strict", False),
     ("agent-sigstop", TORCHRUN): (
         "two re-formations (worlds 2->2->2, 6 of 6 runs) instead of one, a restart charged by torch's agent", True),
-    ("partition", ELASTICRUN_LIVE): (
-        "4 of 4 runs: the cut-off node's worker commits the step it was in, in the round its peer abandoned, when "
-        "the link heals (gloo cannot abort the survivor's abandoned collective, which completes with it), while "
-        "the survivor ran that step again alone: the two versions of that step differ and the abandoned round "
-        "trained beside the new one. The next heal makes the stale node receive, so the job ends with equal "
-        "parameters; refusing the stale commit needs a vote on every step (TorchFT's should_commit)", True),
 }
 
 

@@ -1,7 +1,8 @@
 """One live worker's two pipes: rounds from the agent (``ELASTIC_ROUND_FD``), answers back
 (``ELASTIC_READY_FD``).
 
-Torch-free. The agent writes one line per round (:func:`elastic.worker.rounds.encode_round_line`)
+Torch-free. The agent writes one line per round (:func:`elastic.worker.rounds.encode_round_line`),
+and one after each renewal of its lease (:func:`elastic.worker.rounds.encode_held_line`),
 and never blocks on it: a worker that stopped reading for a pipe's worth of rounds is one the
 answer deadline restarts anyway. The answers (``joining``/``formed``/``lost``, see
 :mod:`elastic.worker.reporting`) are read without blocking whenever the agent looks.
@@ -15,7 +16,16 @@ import os
 from dataclasses import dataclass
 
 from elastic.agent.processes.group_state import WorkerExtras
-from elastic.worker.rounds import READY_FD_VAR, ROUND_FD_VAR, ROUND_VAR, STORE_PREFIX_VAR, Round, encode_round_line
+from elastic.worker.rounds import (
+    READY_FD_VAR,
+    ROUND_FD_VAR,
+    ROUND_VAR,
+    STORE_PREFIX_VAR,
+    Held,
+    Round,
+    encode_held_line,
+    encode_round_line,
+)
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +60,7 @@ class RoundPipes:
         self._child_ends: list[int] | None = [self._round_r, self._ready_w]
         self._pending = b""
         self._closed = False
+        self._held = 0.0  # the newest held line written
 
     def extras(self, first: Round) -> WorkerExtras:
         """What the worker is started with: the child ends, and its first round's number and prefix."""
@@ -65,9 +76,19 @@ class RoundPipes:
 
     def publish(self, round_: Round) -> bool:
         """Write ``round_``'s line; False when the worker is gone or its pipe is full."""
+        return self._write(encode_round_line(round_), f"round {round_.round}")
+
+    def publish_held(self, held: Held) -> bool:
+        """Write ``held``'s line unless one as new was written; False when the worker is gone or
+        its pipe is full."""
+        if held.until <= self._held:
+            return True
+        self._held = held.until
+        return self._write(encode_held_line(held), "the lease's renewal")
+
+    def _write(self, line: bytes, what: str) -> bool:
         if self._closed:
             return False
-        line = encode_round_line(round_)
         try:
             written = os.write(self._round_w, line)
         except BlockingIOError:
@@ -75,7 +96,7 @@ class RoundPipes:
         except OSError:  # EPIPE: the worker exited
             return False
         if written != len(line):  # a pipe takes a line under PIPE_BUF whole or not at all
-            log.warning("%s: the round pipe is full; round %d not published", self._label, round_.round)
+            log.warning("%s: the round pipe is full; %s not published", self._label, what)
             return False
         return True
 

@@ -24,7 +24,7 @@ from elastic.agent.processes.group_state import GroupState, GroupStatus, WorkerE
 from elastic.agent.processes.workers import WorkerGroup
 from elastic.config import LaunchConfig
 from elastic.rendezvous.api import RendezvousInfo
-from elastic.worker.rounds import Round, default_store_prefix
+from elastic.worker.rounds import Held, Round, default_store_prefix
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +77,7 @@ class LiveWorkers:
         self._published: int | None = None
         self._deadline = 0.0
         self._stopping = False
+        self._held = 0.0  # the newest lease renewal's ``until``
 
     # -- the Workers protocol ----------------------------------------------------------------------
     @property
@@ -168,6 +169,13 @@ class LiveWorkers:
         self._forget_replaced()
         log.info("Run %s node %s: round %d published to local ranks %s, restarted %s", info.run_id, self._node_id,
                  info.round, sorted(running) or "none", list(dead) or "none")
+
+    def held(self, until: float) -> None:
+        """Publish a renewal of the node's lease (``until``: see :class:`elastic.worker.rounds.Held`)
+        to the running workers, once per renewal (a replacement gets the newest at its first look)."""
+        self._held = max(self._held, until)
+        for rank in sorted(self.poll().running):
+            self._pipes[rank].publish_held(Held(self._held))
 
     def silent(self) -> bool:
         """Whether a running worker has never written a line on its ready pipe (it does not

@@ -19,6 +19,23 @@ def make_model(seed: int, hidden: int = 32) -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(FEATURES, hidden), torch.nn.Tanh(), torch.nn.Linear(hidden, 1))
 
 
+def big_hidden(mb: int) -> int:
+    """The hidden width for a state of ~``mb`` MiB of parameters and Adam's two moments (18 floats
+    per hidden unit: 16 + 1 weights and a bias, times three); 32 (the small model) for 0."""
+    return mb * 1024 * 1024 // (3 * 4 * 18) if mb else 32
+
+
+def state_nbytes(state) -> int:
+    """Bytes of the tensors in a (nested) state dict: what a checkpoint or a heal must move."""
+    if isinstance(state, torch.Tensor):
+        return state.numel() * state.element_size()
+    if isinstance(state, dict):
+        return sum(state_nbytes(value) for value in state.values())
+    if isinstance(state, (list, tuple)):
+        return sum(state_nbytes(value) for value in state)
+    return 0
+
+
 def global_batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
     generator = torch.Generator().manual_seed(1000 + step)
     x = torch.randn(GLOBAL_BATCH, FEATURES, generator=generator)

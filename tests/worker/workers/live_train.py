@@ -3,7 +3,8 @@
 Settings (environment): LIVE_STEPS (40), LIVE_STEP_SLEEP (0.05 s of "compute" per step),
 LIVE_OPTIONS (JSON kwargs of LiveOptions), LIVE_CHECK (1: all-reduce a parameter checksum at
 the start of every step and log whether every rank had the same), LIVE_BIG_MB (0: the small
-model with SGD; N: a hidden layer of N/3 MiB of parameters, and Adam, for a state of ~N MiB).
+model with SGD; N: a hidden layer of N/3 MiB of parameters, and Adam, for a state of ~N MiB;
+a ``state`` event gives its bytes after the first step, and steps log no parameter sum).
 """
 
 import time
@@ -22,7 +23,7 @@ import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from live_model import LR, full_loss, make_model, shard  # noqa: E402
+from live_model import LR, big_hidden, full_loss, make_model, shard, state_nbytes  # noqa: E402
 
 from elastic.worker import LiveOptions, LiveTraining, RecoveryFailed  # noqa: E402
 
@@ -50,7 +51,7 @@ def plain(value):
 emit(ev="start", t=STARTED, pid=os.getpid(), slot=os.environ.get("LIVE_SLOT"))
 # Different per rank: the first heal equalises. With LIVE_BIG_MB the hidden layer is wide enough
 # that parameters + Adam's two moments come to about that many MiB (18 parameters per unit).
-model = make_model(int(os.environ.get("RANK", "0")), hidden=big_mb * 1024 * 1024 // (3 * 4 * 18) if big_mb else 32)
+model = make_model(int(os.environ.get("RANK", "0")), hidden=big_hidden(big_mb))
 opt = torch.optim.Adam(model.parameters(), lr=1e-3) if big_mb else torch.optim.SGD(model.parameters(), lr=LR)
 
 
@@ -80,6 +81,7 @@ try:
     live.start()
     ddp = live.ddp(model)
     seen = 0
+    seen_state = False
     while live.step < steps:
         with live.train_step():
             step = live.step
@@ -96,8 +98,12 @@ try:
             F.mse_loss(ddp(x), y).backward()
             opt.step()
         if live.step == step + 1:  # committed
+            if big_mb and not seen_state:  # once per process: the state's size, as the other workers log it
+                emit(ev="state", nbytes=state_nbytes(state_dict()), t=time.monotonic())
+                seen_state = True
+            total = float(checksum()[0]) if not big_mb else None  # the big model: no per-step extra, as the others
             emit(ev="step", step=step, t=time.monotonic(), round=live.round.round, rank=live.rank, world=live.world_size,
-                 loss=loss, sum=float(checksum()[0]), equal=equal, threads=count("/proc/self/task"), fds=count("/proc/self/fd"),
+                 loss=loss, sum=total, equal=equal, threads=count("/proc/self/task"), fds=count("/proc/self/fd"),
                  hung=live.abandoned_works)
         for recovery in list(live.recoveries)[seen:]:
             emit(ev="recovery", **{key: plain(value) for key, value in dataclasses.asdict(recovery).items()})
