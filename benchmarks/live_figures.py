@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,8 @@ class FaultFigures:
 
     ``back_s`` is None when the failed node committed no step within the window; ``useful`` counts
     the survivor's commits in the window that advanced the training (a redone step does not).
+    ``stalled``: the survivor was not committing at the window's end, and that stretch is its
+    longest gap (so ``longest_gap_s`` is a lower bound: the gap had not ended).
     """
 
     longest_gap_s: float
@@ -33,6 +35,7 @@ class FaultFigures:
     back_s: float | None
     useful: int
     undisturbed: float
+    stalled: bool = False
 
     @property
     def goodput(self) -> float:
@@ -91,6 +94,13 @@ def first_after(done: Sequence[Commit], moment: float, end: float) -> float | No
     return next((c.t - moment for c in done if moment < c.t <= end), None)
 
 
+def stalled_at_end(done: Sequence[Commit], start: float, end: float, period: float) -> bool:
+    """Whether the time from the last commit (by ``end``) to ``end`` is the longest gap in
+    [start, end] and longer than two step periods: the survivor had stopped, not paused."""
+    trailing = end - max((c.t for c in done if c.t <= end), default=start)
+    return trailing > 2 * period and trailing >= longest_gap(done, start, end)
+
+
 def fault_figures(survivor: Sequence[Commit], failed: Sequence[Commit], fault_at: float, window: float) -> FaultFigures:
     """One fault's figures over ``window`` seconds after ``fault_at``.
 
@@ -101,7 +111,32 @@ def fault_figures(survivor: Sequence[Commit], failed: Sequence[Commit], fault_at
     period = step_period(survivor, fault_at)
     useful, redone = useful_and_redone(survivor, fault_at, end)
     return FaultFigures(longest_gap_s=longest_gap(survivor, fault_at, end), steps_redone=redone,
-                        back_s=first_after(failed, fault_at, end), useful=useful, undisturbed=window / period)
+                        back_s=first_after(failed, fault_at, end), useful=useful, undisturbed=window / period,
+                        stalled=stalled_at_end(survivor, fault_at, end, period))
+
+
+def gap_cell(figures: FaultFigures) -> str:
+    """The survivor's longest gap for a table: ``>59.9`` when it had not ended by the window's end."""
+    return f">{figures.longest_gap_s:.1f}" if figures.stalled else f"{figures.longest_gap_s:.2f}"
+
+
+def back_cell(figures: FaultFigures) -> str:
+    """Seconds until the failed node committed again, or ``never`` (within the window)."""
+    return "never" if figures.back_s is None else f"{figures.back_s:.2f}"
+
+
+def outcome(figures: FaultFigures, exits: Mapping[int, int] | None = None) -> str:
+    """What a reader must know beyond the figures: a survivor that stopped committing (and never
+    resumed, or resumed and stopped again), a failed node that never came back, launchers that
+    exited (node -> exit code). Empty for a recovered run."""
+    notes = []
+    if figures.stalled:
+        notes.append("survivor never committed after the fault" if figures.useful + figures.steps_redone == 0
+                     else "survivor stopped committing and had not resumed at the window's end")
+    if figures.back_s is None:
+        notes.append("node 1 never committed again")
+    notes += [f"node {node}'s launcher exited {code}" for node, code in sorted((exits or {}).items())]
+    return "; ".join(notes)
 
 
 def ratio(value: float | None, reference: float | None) -> str:

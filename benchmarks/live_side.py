@@ -1,7 +1,10 @@
 """The launcher-level side-by-side mode of ``benchmarks/live_recovery.py``.
 
 For every system of :mod:`live_systems` and every fault (``crash``: SIGKILL of node 1's worker;
-``node_loss``: SIGKILL of node 1's whole process tree, then the node is started again), at the
+``node_loss``: SIGKILL of node 1's whole process tree, then the node is started again;
+``control_plane``: a crash, and within ~10 ms the control plane SIGKILLed and not started again:
+the leader of a 3-member etcd cluster the elasticrun systems run against for this fault, TorchFT's
+lighthouse; stock torchrun has none apart from node 0, the survivor, and is not run), at the
 survivor's step 25: the survivor's longest step gap, the steps it redid, seconds until node 1
 commits a step again, and goodput over ``--window`` seconds after the fault (useful steps ÷ the
 steps at the pre-fault rate). ``--schedule S``: one fault every 10 s for S seconds, alternating
@@ -23,11 +26,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from live_figures import commits, fault_figures, ratio, state_figures, step_period, useful_and_redone  # noqa: E402
+from live_figures import (FaultFigures, back_cell, commits, fault_figures, gap_cell, outcome, ratio,  # noqa: E402
+                          state_figures, step_period, useful_and_redone)
 from live_systems import LABELS, REPO, Run, SystemFailed, torchft_python  # noqa: E402
 
 FAULT_STEP = 25
-FAULTS = ("crash", "node_loss")
+FAULTS = ("crash", "node_loss", "control_plane")
+SCHEDULE_FAULTS = ("crash", "node_loss")
+ETCD_SYSTEMS = ("live", "live+prewarm", "prewarm")
+ETCD_MEMBERS = 3
+NO_CONTROL_PLANE = ("not run: its c10d store is node 0's agent, the survivor; no control plane apart from a node "
+                    "to kill in this layout (its crash row is the same fault)")
 SCHEDULE_EVERY_S = 10.0
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "etcd-elastic-bench"
 
@@ -53,9 +62,16 @@ def _start(run: Run) -> None:
 
     def both_training() -> bool:
         survivor = commits(run.events(0))
-        return bool(survivor) and survivor[-1].step >= FAULT_STEP and bool(commits(run.events(1)))
+        return (bool(survivor) and survivor[-1].step >= FAULT_STEP and bool(commits(run.events(1)))
+                and one_world(run.events(0), run.events(1)))
 
-    run.wait_for(f"step {FAULT_STEP} on both nodes", both_training)
+    run.wait_for(f"step {FAULT_STEP} on both nodes, in one world of 2", both_training)
+
+
+def one_world(*logs: list[dict]) -> bool:
+    """Whether every log's last step was taken in a world of ``len(logs)`` (not two jobs of one)."""
+    last = [next((e for e in reversed(events) if e.get("ev") == "step"), None) for events in logs]
+    return all(event is not None and event.get("world") == len(logs) for event in last)
 
 
 def _hold(run: Run, until: float) -> None:
@@ -69,13 +85,48 @@ def _fault(run: Run, kind: str) -> float | None:
     return run.crash(1) if kind == "crash" else run.lose(1)
 
 
-def measure_fault(run: Run, kind: str, window: float):
+def _hold_through(run: Run, until: float) -> dict[int, int]:
+    """Let the job run until ``until`` whatever it does; the launchers that exited (node -> code)."""
+    while time.monotonic() < until and len(run.exited()) < len(run.nodes):
+        time.sleep(0.1)
+    return run.exited()
+
+
+def measure_fault(run: Run, kind: str, window: float) -> tuple[FaultFigures, str]:
     _start(run)
     fault_at = _fault(run, kind)
     if fault_at is None:
         raise SystemFailed(f"{run.system}: no worker of node 1 to crash")
     _hold(run, fault_at + window + 0.5)
-    return fault_figures(commits(run.events(0)), commits(run.events(1)), fault_at, window)
+    figures = fault_figures(commits(run.events(0)), commits(run.events(1)), fault_at, window)
+    return figures, outcome(figures)
+
+
+def measure_control_plane(run: Run, window: float, cluster=None) -> tuple[FaultFigures, str]:
+    """A crash of node 1's worker, then at once the control plane: ``cluster``'s leader (an
+    :class:`~elastic.testing.etcd_cluster.EtcdCluster` the run uses) or else TorchFT's lighthouse.
+    A launcher exiting after it is a result, not a failure.
+
+    Raises:
+        SystemFailed: the job did not reach the fault, or node 1 had no worker to crash.
+        EtcdServerError: the cluster agreed on no leader before the fault.
+    """
+    _start(run)
+    leader = cluster.leader() if cluster is not None else None  # asked first: the kill follows the crash at once
+    fault_at = run.crash(1)
+    if fault_at is None:
+        raise SystemFailed(f"{run.system}: no worker of node 1 to crash")
+    if leader is not None:
+        killed_at = time.monotonic()
+        cluster.kill(leader)
+        what = f"etcd leader ({leader.name} of {len(cluster.members)})"
+    else:
+        killed_at = run.kill_lighthouse()
+        what = "lighthouse"
+    exits = _hold_through(run, fault_at + window + 0.5)
+    figures = fault_figures(commits(run.events(0)), commits(run.events(1)), fault_at, window)
+    after = outcome(figures, exits)
+    return figures, f"{what} killed {1000 * (killed_at - fault_at):.1f} ms after the crash" + (f"; {after}" if after else "")
 
 
 def measure_fault_and_state(run: Run, kind: str, window: float):
@@ -95,7 +146,7 @@ def measure_schedule(run: Run, seconds: float) -> ScheduleFigures:
     dealt = skipped = 0
     for index in range(int(seconds // SCHEDULE_EVERY_S)):
         _hold(run, began + index * SCHEDULE_EVERY_S)
-        if _fault(run, FAULTS[index % 2]) is None:
+        if _fault(run, SCHEDULE_FAULTS[index % 2]) is None:
             skipped += 1
         else:
             dealt += 1
@@ -113,9 +164,11 @@ WIDTH = max(len(label) for label in LABELS.values())
 """The system column's width: the longest label."""
 
 
-def fault_table(results: dict[tuple[str, str], object], systems: list[str], window: float) -> str:
-    lines = [f"{'fault':<10} {'system':<{WIDTH}} {'gap s':>6} {'redone':>6} {'back s':>7} {'useful/undisturbed':>19} "
-             f"{'goodput':>7} {'gap vs torchrun':>15} {'goodput vs torchrun':>19}"]
+def fault_table(results: dict[tuple[str, str], object], systems: list[str], window: float,
+                notes: dict[tuple[str, str], str] | None = None) -> str:
+    """One line per fault and system: the figures, or the reason it has none; then its note."""
+    lines = [f"{'fault':<13} {'system':<{WIDTH}} {'gap s':>6} {'redone':>6} {'back s':>7} {'useful/undisturbed':>19} "
+             f"{'goodput':>7} {'gap vs torchrun':>15} {'goodput vs torchrun':>19}  notes"]
     for kind in FAULTS:
         reference = results.get((kind, "torchrun"))
         for system in systems:
@@ -123,13 +176,15 @@ def fault_table(results: dict[tuple[str, str], object], systems: list[str], wind
             if figures is None:
                 continue
             if isinstance(figures, str):
-                lines.append(f"{kind:<10} {LABELS[system]:<{WIDTH}} {figures}")
+                lines.append(f"{kind:<13} {LABELS[system]:<{WIDTH}} {figures}")
                 continue
             ref = reference if reference is not None and not isinstance(reference, str) else None
-            lines.append(f"{kind:<10} {LABELS[system]:<{WIDTH}} {figures.longest_gap_s:>6.2f} {figures.steps_redone:>6} "
-                         f"{_fmt(figures.back_s):>7} {f'{figures.useful}/{figures.undisturbed:.0f}':>19} "
-                         f"{figures.goodput:>7.3f} {ratio(figures.longest_gap_s, ref and ref.longest_gap_s):>15} "
-                         f"{ratio(figures.goodput, ref and ref.goodput):>19}")
+            gap_ratio = "n/a" if figures.stalled else ratio(figures.longest_gap_s, ref and ref.longest_gap_s)
+            lines.append(f"{kind:<13} {LABELS[system]:<{WIDTH}} {gap_cell(figures):>6} {figures.steps_redone:>6} "
+                         f"{back_cell(figures):>7} {f'{figures.useful}/{figures.undisturbed:.0f}':>19} "
+                         f"{figures.goodput:>7.3f} {gap_ratio:>15} "
+                         f"{ratio(figures.goodput, ref and ref.goodput):>19}  {(notes or {}).get((kind, system), '')}"
+                         .rstrip())
     return f"faults at step {FAULT_STEP}; goodput over {window:g} s after the fault\n" + "\n".join(lines)
 
 
@@ -186,13 +241,15 @@ def main(args) -> int:
             systems.remove("torchft")
     load_before = os.getloadavg()
     faults: dict[tuple[str, str], object] = {}
+    row_notes: dict[tuple[str, str], str] = {}
     schedule: dict[str, object] = {}
     states: dict[tuple[str, str], object] = {}
     state_mb = getattr(args, "state_mb", 0)
     failed = 0
     with ExitStack() as cleanup:
         sys.path.insert(0, str(REPO))
-        from elastic.testing.etcd_server import EtcdServerOptions, start_etcd_server
+        from elastic.testing.etcd_cluster import EtcdCluster
+        from elastic.testing.etcd_server import EtcdServerError, EtcdServerOptions, start_etcd_server
 
         server = start_etcd_server(EtcdServerOptions())
         cleanup.callback(server.close)
@@ -200,27 +257,43 @@ def main(args) -> int:
         plan = [(kind, system) for kind in args.faults for system in systems]
         plan += [("schedule", system) for system in systems] if args.schedule else []
         for kind, system in plan:
+            if kind == "control_plane" and system == "torchrun":
+                faults[kind, system] = NO_CONTROL_PLANE
+                continue
             rundir = workdir / f"{kind}-{system}"
             rundir.mkdir()
-            run = Run(system, rundir, server.endpoints, args.step_seconds, python, args.timeout,
-                      rejoin_timeout=args.rejoin_timeout, state_mb=state_mb)
+            cluster = run = None
             try:
+                endpoints = server.endpoints
+                if kind == "control_plane" and system in ETCD_SYSTEMS:
+                    cluster = EtcdCluster(ETCD_MEMBERS)
+                    endpoints = cluster.endpoints()
+                run = Run(system, rundir, endpoints, args.step_seconds, python, args.timeout,
+                          rejoin_timeout=args.rejoin_timeout, state_mb=state_mb)
+                note = ""
                 if kind == "schedule":
                     schedule[system] = figures = measure_schedule(run, args.schedule)
+                elif kind == "control_plane":
+                    figures, note = measure_control_plane(run, args.window, cluster)
                 elif state_mb:
                     figures, states[kind, system] = measure_fault_and_state(run, kind, args.window)
-                    faults[kind, system] = figures
-                    print(f"  {kind:<9} {LABELS[system]:<{WIDTH}} {asdict(states[kind, system])}", file=sys.stderr, flush=True)
+                    note = outcome(figures)
+                    print(f"  {kind:<13} {LABELS[system]:<{WIDTH}} {asdict(states[kind, system])}", file=sys.stderr, flush=True)
                 else:
-                    faults[kind, system] = figures = measure_fault(run, kind, args.window)
-                print(f"  {kind:<9} {LABELS[system]:<{WIDTH}} {asdict(figures)}", file=sys.stderr, flush=True)
-            except (SystemFailed, ValueError) as error:
+                    figures, note = measure_fault(run, kind, args.window)
+                if kind != "schedule":
+                    faults[kind, system], row_notes[kind, system] = figures, note
+                print(f"  {kind:<13} {LABELS[system]:<{WIDTH}} {asdict(figures)} {note}", file=sys.stderr, flush=True)
+            except (SystemFailed, ValueError, EtcdServerError) as error:
                 failed += 1
                 (schedule if kind == "schedule" else faults)[(kind, system) if kind != "schedule" else system] = \
                     f"FAILED: {error}"
-                print(f"  {kind:<9} {LABELS[system]:<{WIDTH}} FAILED: {error}", file=sys.stderr, flush=True)
+                print(f"  {kind:<13} {LABELS[system]:<{WIDTH}} FAILED: {error}", file=sys.stderr, flush=True)
             finally:
-                run.stop()
+                if run is not None:
+                    run.stop()
+                if cluster is not None:
+                    cluster.close()
     load_after = os.getloadavg()
     print(f"load average (1/5/15 min) before {tuple(round(x, 2) for x in load_before)}, "
           f"after {tuple(round(x, 2) for x in load_after)} on {os.cpu_count()} CPUs; "
@@ -228,7 +301,7 @@ def main(args) -> int:
     for system, note in notes.items():
         print(f"{LABELS[system]}: {note}")
     if faults:
-        print(fault_table(faults, systems, args.window))
+        print(fault_table(faults, systems, args.window, row_notes))
     if states:
         print(state_table(states, systems, state_mb))
     if schedule:

@@ -6,13 +6,18 @@
   live+prewarm   the same pre-warmed: ``--prewarm --prewarm-modules torch,...,elastic.worker.live``
                  (what ``--live-recovery`` does by default, spelled out)
   prewarm        ``elasticrun --prewarm`` (etcd), whole-group restart, checkpoint resume
-  torchrun       stock ``torchrun`` (c10d, store on node 0, TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1)
+  torchrun       stock ``torchrun`` (c10d, store on node 0 alone: ``is_host``;
+                 TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1)
   torchft        TorchFT 0.2.0: one lighthouse, one ``torchrun --standalone`` per replica group
                  (it restarts a crashed worker), its Manager and DDP; run from its own venv
 
 Liveness is alike: etcd lease 2 s (torchrun: keep-alive 1 s x 2, TorchFT: heartbeat timeout
 2 s), last call 1 s (TorchFT: join timeout 1 s); ``elasticrun --live-recovery`` also
 ``rejoin_timeout=0.5``.
+
+The ``control_plane`` fault (``live_side.py``) also kills TorchFT's lighthouse
+(:meth:`Run.kill_lighthouse`) or the leader of the 3-member etcd cluster the elasticrun systems
+then run against.
 
 Every node's worker appends JSON events (``{"ev": "step", "step", "t"}``) to ``node<i>.jsonl`` in
 the run's directory; a node started again appends to the same file. Node 1 takes the faults
@@ -155,7 +160,10 @@ class Run:
         rendezvous = ["--nnodes", "1:2", "--rdzv-id", self.run_id, "--local-addr", "127.0.0.1", *common]
         if self.system == "torchrun":
             env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"  # torch's workaround for pytorch/pytorch#135712
-            conf = f"last_call_timeout={LAST_CALL_S},keep_alive_interval=1,keep_alive_max_attempt={LEASE_TTL_S}"
+            # Only node 0 hosts the store: on loopback both nodes match the endpoint's host, and a
+            # second TCPStore server binds the same port (SO_REUSEPORT), splitting the job in two.
+            conf = (f"last_call_timeout={LAST_CALL_S},keep_alive_interval=1,keep_alive_max_attempt={LEASE_TTL_S},"
+                    f"is_host={'true' if node == 0 else 'false'}")
             return [sys.executable, "-m", "torch.distributed.run", "--rdzv-backend", "c10d", "--rdzv-endpoint",
                     f"127.0.0.1:{self.store_port}", "--rdzv-conf", conf, *rendezvous, str(CKPT_WORKER)], env
         conf = f"lease_ttl={LEASE_TTL_S},last_call_timeout={LAST_CALL_S}"
@@ -189,6 +197,11 @@ class Run:
             if proc.poll() is not None:
                 raise SystemFailed(f"{self.system}: node {node} exited {proc.returncode} (logs in {self.workdir})")
 
+    def exited(self) -> dict[int, int]:
+        """The nodes whose launcher has exited, with its exit code (a lost node started again is
+        the new process)."""
+        return {node: proc.returncode for node, proc in self.nodes.items() if proc.poll() is not None}
+
     def wait_for(self, what: str, predicate) -> None:
         deadline = time.monotonic() + self.timeout
         while not predicate():
@@ -217,6 +230,14 @@ class Run:
         proc.wait(timeout=10)
         self.retired.append(proc)
         self.start_node(node)
+        return at
+
+    def kill_lighthouse(self) -> float:
+        """SIGKILL TorchFT's lighthouse by PID (not started again: it has no replica); the
+        monotonic time of the signal."""
+        at = time.monotonic()
+        os.kill(self.lighthouse.pid, signal.SIGKILL)
+        self.lighthouse.wait(timeout=10)
         return at
 
     def stop(self) -> None:

@@ -75,6 +75,35 @@ def test_ratios_against_torchrun(figures, value, reference, text):
     assert figures.ratio(value, reference) == text
 
 
+@pytest.mark.parametrize("survivor, failed, stalled, gap, back, note", [
+    # recovered: a 0.5 s gap, node 1 back; nothing to say
+    ([(0, 24, 0.0), (25, 124, 2.9)], [(0, 24, 0.0), (30, 124, 3.4)], False, "0.50", "0.95", ""),
+    # the survivor never committed after the fault (TorchFT without its lighthouse), nor did node 1
+    ([(0, 24, 0.0)], [(0, 24, 0.0)], True, ">10.0", "never",
+     "survivor never committed after the fault; node 1 never committed again"),
+    # it went on alone for 2 s, then stopped for the rest of the window
+    ([(0, 24, 0.0), (25, 44, 2.5)], [(0, 24, 0.0)], True, ">8.0", "never",
+     "survivor stopped committing and had not resumed at the window's end; node 1 never committed again"),
+    # a 3 s gap in the middle outweighs a short stop at the window's end: not stalled
+    ([(0, 24, 0.0), (25, 100, 5.4)], [(0, 24, 0.0), (25, 100, 5.4)], False, "3.00", "2.95", ""),
+    # no commit in the window's last 1.5 steps, its longest gap, is a pause, not a stall
+    ([(0, 123, 0.0)], [(0, 123, 0.0)], False, "0.15", "0.05", ""),
+])
+def test_a_run_that_never_recovers_says_so(figures, survivor, failed, stalled, gap, back, note):
+    def runs(spans):
+        return [commit for first, last, start in spans for commit in steady(figures, first, last, start)]
+
+    result = figures.fault_figures(runs(survivor), runs(failed), fault_at=2.45, window=10.0)
+    assert (result.stalled, figures.gap_cell(result), figures.back_cell(result)) == (stalled, gap, back)
+    assert figures.outcome(result) == note
+
+
+def test_launchers_that_exited_are_named_with_their_codes(figures):
+    survivor = steady(figures, 0, 24, 0.0)
+    result = figures.fault_figures(survivor, survivor, fault_at=2.45, window=10.0)
+    assert figures.outcome(result, {1: -9, 0: 1}).endswith("node 0's launcher exited 1; node 1's launcher exited -9")
+
+
 def recovery(role, formed, healed, nbytes=104_000_000):
     return {"ev": "recovery", "role": role, "formed": formed, "healed": healed, "nbytes": nbytes}
 

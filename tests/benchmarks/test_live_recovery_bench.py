@@ -68,3 +68,13 @@ def test_the_live_systems_start_their_replacements_as_their_names_say(bench, tmp
     assert config.live_recovery and config.prewarm is prewarm
     if prewarm:
         assert config.prewarm_modules == LIVE_PREWARM_MODULES
+
+
+@pytest.mark.parametrize("node, is_host", [(0, "true"), (1, "false")])
+def test_only_torchruns_node_0_hosts_its_store(tmp_path, node, is_host):
+    """On loopback both nodes match the endpoint's host; a second store server would bind the same
+    port and split the job into two one-node jobs."""
+    with loaded("live_systems_bench", "live_systems.py") as systems:
+        argv, _ = systems.Run("torchrun", tmp_path, "http://127.0.0.1:2379", 0.1)._argv(node)
+    conf = dict(item.split("=", 1) for item in argv[argv.index("--rdzv-conf") + 1].split(","))
+    assert conf["is_host"] == is_host

@@ -1,0 +1,51 @@
+"""benchmarks/live_side.py's fault table: a run that never recovered, a system with nothing to
+kill, and the notes, as the reader sees them (made-up figures)."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench_modules import loaded
+
+
+@pytest.fixture(scope="module")
+def side():
+    with loaded("live_side", "live_side.py") as module:
+        yield module
+
+
+def _row(table: str, system: str) -> str:
+    [line] = [line for line in table.splitlines() if line.startswith("control_plane") and system in line]
+    return line
+
+
+@pytest.mark.parametrize("system, figures, note, cells", [
+    ("live+prewarm", dict(longest_gap_s=5.6, steps_redone=0, back_s=5.5, useful=440, undisturbed=480.0),
+     "etcd leader (m1 of 3) killed 2 ms after the crash", ["5.60", "5.50", "440/480", "0.917", "etcd leader (m1 of 3)"]),
+    ("torchft", dict(longest_gap_s=60.1, steps_redone=0, back_s=None, useful=0, undisturbed=470.0, stalled=True),
+     "lighthouse killed 1 ms after the crash; survivor never committed after the fault",
+     [">60.1", "never", "0/470", "0.000", "n/a", "survivor never committed"]),
+])
+def test_the_control_plane_rows_say_what_was_killed_and_whether_it_recovered(side, system, figures, note, cells):
+    key = ("control_plane", system)
+    results = {key: side.FaultFigures(**figures), ("control_plane", "torchrun"): side.NO_CONTROL_PLANE}
+    table = side.fault_table(results, [system, "torchrun"], 60.0, {key: note})
+    row = _row(table, side.LABELS[system])
+    assert all(cell in row for cell in cells), row
+    assert "no control plane apart from a node" in _row(table, side.LABELS["torchrun"])
+
+
+def test_the_schedule_alternates_the_two_faults_that_bring_a_node_back(side):
+    assert side.SCHEDULE_FAULTS == ("crash", "node_loss") and "control_plane" in side.FAULTS
+
+
+@pytest.mark.parametrize("worlds, joined", [
+    ((2, 2), True),
+    ((1, 1), False),     # two one-node jobs (a store on each node)
+    ((2, None), False),  # node 1 has not committed yet
+    ((2, 1), False),
+])
+def test_the_fault_waits_for_both_nodes_in_one_world(side, worlds, joined):
+    logs = [[{"ev": "start"}] + ([{"ev": "step", "step": 3, "t": 1.0, "world": world}] if world else [])
+            for world in worlds]
+    assert side.one_world(*logs) is joined
