@@ -173,9 +173,11 @@ class LiveWorkers:
     def held(self, until: float) -> None:
         """Publish a renewal of the node's lease (``until``: see :class:`elastic.worker.rounds.Held`)
         to the running workers, once per renewal (a replacement gets the newest at its first look)."""
-        self._held = max(self._held, until)
+        if until <= self._held:
+            return
+        self._held = until
         for rank in sorted(self.poll().running):
-            self._pipes[rank].publish_held(Held(self._held))
+            self._pipes[rank].publish_held(Held(until))
 
     def silent(self) -> bool:
         """Whether a running worker has never written a line on its ready pipe (it does not
@@ -231,6 +233,8 @@ class LiveWorkers:
             raise
         for rank, end in pipes.items():
             end.started()
+            if self._held:
+                end.publish_held(Held(self._held))  # read after its first round, from the environment
             old = self._pipes.get(rank)
             if old is not None:
                 old.close()
