@@ -92,13 +92,18 @@ def _hold_through(run: Run, until: float) -> dict[int, int]:
     return run.exited()
 
 
-def measure_fault(run: Run, kind: str, window: float) -> tuple[FaultFigures, str]:
+def _measured(run: Run, kind: str, window: float) -> tuple[FaultFigures, float]:
+    """Deal fault ``kind`` and hold the run through ``window``: (figures, when the fault was dealt)."""
     _start(run)
     fault_at = _fault(run, kind)
     if fault_at is None:
         raise SystemFailed(f"{run.system}: no worker of node 1 to crash")
     _hold(run, fault_at + window + 0.5)
-    figures = fault_figures(commits(run.events(0)), commits(run.events(1)), fault_at, window)
+    return fault_figures(commits(run.events(0)), commits(run.events(1)), fault_at, window), fault_at
+
+
+def measure_fault(run: Run, kind: str, window: float) -> tuple[FaultFigures, str]:
+    figures, _ = _measured(run, kind, window)
     return figures, outcome(figures)
 
 
@@ -131,12 +136,7 @@ def measure_control_plane(run: Run, window: float, cluster=None) -> tuple[FaultF
 
 def measure_fault_and_state(run: Run, kind: str, window: float):
     """:func:`measure_fault`, plus what moving the state cost (``--state-mb``): (figures, state)."""
-    _start(run)
-    fault_at = _fault(run, kind)
-    if fault_at is None:
-        raise SystemFailed(f"{run.system}: no worker of node 1 to crash")
-    _hold(run, fault_at + window + 0.5)
-    figures = fault_figures(commits(run.events(0)), commits(run.events(1)), fault_at, window)
+    figures, fault_at = _measured(run, kind, window)
     return figures, state_figures(run.events(0) + run.events(1), fault_at)
 
 

@@ -13,7 +13,6 @@ import threading
 import time
 
 import pytest
-import torch
 
 from elastic.worker.channel import FROZEN_AFTER, RoundMailbox, RoundWatcher
 from elastic.worker.decisions import FenceVerdict, FenceView, fence_verdict, suspect_completion
@@ -22,6 +21,7 @@ from elastic.worker.fence import CommitFence
 from elastic.worker.guard import OpRegistry
 from elastic.worker.rounds import Held, Round, encode_held_line, encode_round_line, parse_pipe_line
 from elastic.worker.errors import RoundLineError
+from fake_works import Clock, FutureWork
 
 STALL = 1.0
 
@@ -111,27 +111,19 @@ def test_the_fence_drops_a_completion_nobody_vouches_for_by_the_collective_timeo
 
 
 # -- the registry's hook ---------------------------------------------------------------------------
-class FutureWork:
-    def __init__(self) -> None:
-        self.future = torch.futures.Future()
-
-    def get_future(self):
-        return self.future
-
-    def is_completed(self) -> bool:
-        return self.future.done()
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = time.monotonic()
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def _fenced_registry(mailbox, clock):
     return OpRegistry(0, "t", clock, CommitFence(mailbox, STALL, 30.0, "t", clock))
+
+
+def _completed_after_a_stall(clock, mailbox):
+    """An op whose collective completes 6 s after its launch, the lease known held for 2 of them."""
+    mailbox.offer_held(Held(clock.now + 2))
+    registry = _fenced_registry(mailbox, clock)
+    work = FutureWork()
+    op = registry.launch([work], lambda: "value")
+    clock.now += 6.0  # the link was cut for 6 s
+    work.future.set_result(None)
+    return registry, op
 
 
 def test_a_quick_collective_settles_without_the_fence_even_when_the_lease_is_unknown():
@@ -149,12 +141,7 @@ def test_a_quick_collective_settles_without_the_fence_even_when_the_lease_is_unk
 def test_a_collective_that_completes_after_a_stall_waits_for_a_renewal():
     clock = Clock()
     mailbox = RoundMailbox(0)
-    mailbox.offer_held(Held(clock.now + 2))
-    registry = _fenced_registry(mailbox, clock)
-    work = FutureWork()
-    op = registry.launch([work], lambda: "value")
-    clock.now += 6.0  # the link was cut for 6 s; the lease was known held for 2
-    work.future.set_result(None)
+    _, op = _completed_after_a_stall(clock, mailbox)
     time.sleep(0.2)
     assert not op.future.done()  # judged, not used
     mailbox.offer_held(Held(clock.now + 2))
@@ -164,12 +151,7 @@ def test_a_collective_that_completes_after_a_stall_waits_for_a_renewal():
 def test_a_collective_that_completes_after_a_stall_is_dropped_for_a_newer_round():
     clock = Clock()
     mailbox = RoundMailbox(0)
-    mailbox.offer_held(Held(clock.now + 2))
-    registry = _fenced_registry(mailbox, clock)
-    work = FutureWork()
-    op = registry.launch([work], lambda: "value")
-    clock.now += 6.0
-    work.future.set_result(None)
+    registry, op = _completed_after_a_stall(clock, mailbox)
     mailbox.offer(_round(2), clock.now)
     with pytest.raises(Superseded, match="completed after a stall"):
         op.wait()

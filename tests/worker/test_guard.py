@@ -8,23 +8,10 @@ import time
 import weakref
 
 import pytest
-import torch
 
 from elastic.worker.errors import CollectiveFailed, Superseded
 from elastic.worker.guard import Graveyard, OpRegistry
-
-
-class FutureWork:
-    """A work with a future (like a gloo collective)."""
-
-    def __init__(self) -> None:
-        self.future = torch.futures.Future()
-
-    def get_future(self):
-        return self.future
-
-    def is_completed(self) -> bool:
-        return self.future.done()
+from fake_works import Clock, FutureWork
 
 
 class BlockingWork:
@@ -45,14 +32,6 @@ class BlockingWork:
 
     def is_completed(self) -> bool:
         return self.released.is_set()
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_an_op_settles_with_its_value_when_the_work_succeeds():
