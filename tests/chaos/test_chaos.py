@@ -1,9 +1,10 @@
 """Static stability under etcd and network faults, with real etcd, agents and gloo workers (issue 15).
 
-Each scenario runs a job of 2 agents x 1 gloo worker (``workers/train.py``: 100 steps, an
+Each scenario runs a job of 2 agents x 1 gloo worker (``workers/train.py``: 90 steps, an
 all_reduce per step, resuming from its checkpoint after a restart) under ``elasticrun`` and under
 stock ``torchrun`` with our ``etcd-v3`` plugin, both with ``--rdzv-conf
-lease_ttl=3,last_call_timeout=1``, injects one fault once a worker finished step 20, and asserts:
+lease_ttl=3,last_call_timeout=1``, injects one fault once a worker finished step 10 (80 steps
+still to train), and asserts:
 
 * both agents exit 0 and the training reaches its last step;
 * no process the job started outlives it (agents, workers, helpers);
@@ -50,8 +51,10 @@ from elastic.testing.netns import NamespaceLink
 
 pytestmark = [pytest.mark.slow, pytest.mark.chaos, pytest.mark.etcd, pytest.mark.needs_torch, pytest.mark.timeout(420)]
 
-STEPS = 100
-FAULT_STEP = 20
+FAULT_STEP = 10
+"""The fault comes once a worker finished this step: the job formed, and trains in step with its peer."""
+STEPS = FAULT_STEP + 80
+"""80 steps after the fault: the job must train through it and for a while after it is over."""
 START_TIMEOUT = 120.0
 """Seconds for the job to reach the fault step (agents, torch imports and gloo on a busy 2-core box)."""
 
@@ -253,7 +256,7 @@ def cases(names: list[str]) -> list:
 
 def run(scenario: Scenario, launcher: str, ctx_cluster: EtcdCluster, job: ChaosJob,
         report: Callable[[str], None], link: NamespaceLink | None = None) -> None:
-    """Start both agents, inject the fault at step 20, wait for the end, report and judge."""
+    """Start both agents, inject the fault at :data:`FAULT_STEP`, wait for the end, report and judge."""
     job.start("a", ctx_cluster.endpoints(link.host_addr if link else "127.0.0.1"),
               link.host_addr if link else "127.0.0.1", gloo_ifname=link.host_if if link else "lo")
     if link is None:

@@ -1,7 +1,7 @@
 """The faults a shared production etcd really has, under a running job (issue 27, items 1-4).
 
 The same job and verdict as ``test_chaos.py`` (2 agents x 1 gloo worker, ``elasticrun`` and stock
-``torchrun`` with our plugin, the fault at step 20; :func:`test_chaos.run` judges it), against a
+``torchrun`` with our plugin, the fault at step 10; :func:`test_chaos.run` judges it), against a
 single etcd member that is:
 
 * restarted while another tenant writes and compacts every 2 s (item 1): the resumed watches
@@ -11,7 +11,7 @@ single etcd member that is:
   (delete, compact, defrag, alarm disarm), one clear line and no traceback meanwhile;
 * slow (item 3): every byte to and from etcd goes through a
   :class:`~elastic.testing.latency_proxy.LatencyProxy` (200 ms and 1 s each way) from the
-  agents' start, and a worker crashes at step 20: both nodes train and re-form (at 0 ms: the
+  agents' start, and a worker crashes at step 10: both nodes train and re-form (at 0 ms: the
   same crash on a fast link, the figures' baseline);
 * cleared by an operator (item 4): ``etcdctl del --prefix`` of the job's keys; the job re-forms
   and every agent says the keys were deleted (under torchrun too, which shows no INFO of ours);
@@ -39,11 +39,10 @@ from elastic.rendezvous.records import RendezvousKeys
 from elastic.testing.etcd_cluster import EtcdCluster
 from elastic.testing.etcd_load import BusyTenant, clear_nospace, fill_until_nospace, nospace_alarmed
 from elastic.testing.latency_proxy import LatencyProxy
-from test_chaos import Context, Scenario, Timeline, run
+from test_chaos import STEPS, Context, Scenario, Timeline, run
 
 pytestmark = [pytest.mark.slow, pytest.mark.chaos, pytest.mark.etcd, pytest.mark.needs_torch, pytest.mark.timeout(420)]
 
-STEPS = 100
 LAUNCHERS = [ELASTICRUN, TORCHRUN]
 WITH_LIVE = [ELASTICRUN, ELASTICRUN_LIVE, TORCHRUN]
 """The faults whose live-recovery path differs from test_chaos's rows run once more as elasticrun-live
