@@ -27,7 +27,7 @@ from elastic.agent.attempts import Attempts
 from elastic.agent.decisions import REJOIN_GRACE_S, AgentAction, AgentView, decide, should_exclude
 from elastic.agent.exclusion import ExclusionPolicy, exclusion_reason
 from elastic.agent.groups import GroupFactory, Workers, worker_groups
-from elastic.agent.live.decisions import keeps_workers
+from elastic.agent.live.decisions import keeps_workers, refills
 from elastic.agent.lifeline.keeper import Lifeline
 from elastic.agent.observe.events import Event, EventLog
 from elastic.agent.observe.report import AgentReport
@@ -237,6 +237,8 @@ class ElasticAgent:
         while True:
             self._waker.check()
             state = group.poll()
+            if live and self._refill(group, state):
+                state = group.poll()
             reported_exits = self._report.worker_exits(state, reported_exits)
             membership = self.rendezvous.membership()
             self._report.looked(state, membership)
@@ -268,6 +270,19 @@ class ElasticAgent:
                 if membership.change is not None and action is not AgentAction.STOP_FINISHED:
                     self._report.change(membership, restarting=action in _RESTARTS)
                 return Verdict(action, group.poll(), membership)
+
+    def _refill(self, group: Workers, state: GroupState) -> bool:
+        """Replace live workers that failed, at once, in the round in use (their ranks re-form it
+        through its own store while the rendezvous closes the next round; see
+        :mod:`elastic.worker.refill`); whether any was started. Not when the failure will end or
+        stop the group anyway: no restart left, or a worker outside the live protocol."""
+        if not refills(state.status is GroupStatus.FAILED, self.restarts_used < self.config.max_restarts,
+                       self._attempts.unanswered(), self._attempts.silent()):
+            return False
+        if not self._attempts.refill(group.rdzv, self.attempt + 1, self.restarts_used):
+            return False
+        self.attempt += 1  # the replacements' log directory; the next round's workers get the one after
+        return True
 
     def _in_store_outage(self, membership: MembershipStatus) -> bool:
         """Whether the store does not answer now, or did not within the last lease TTL + 1 s (the

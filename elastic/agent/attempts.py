@@ -137,6 +137,26 @@ class Attempts:
         """Whether a live worker reported the group of the current round as lost."""
         return isinstance(self.running, LiveWorkers) and self.running.broken()
 
+    def refill(self, info: RendezvousInfo, attempt: int, restart_count: int) -> bool:
+        """Replace the failed live workers in the round in use (:meth:`LiveWorkers.refill`);
+        whether any was started. A replacement that cannot start is left to the restart that
+        follows (one console line)."""
+        group = self.running
+        if not isinstance(group, LiveWorkers):
+            return False
+        before = set(group.pids().values())
+        try:
+            ranks = group.refill(attempt=attempt, restart_count=restart_count,
+                                 use_agent_store=self._use_agent_store(info))
+        except WorkerStartError as error:
+            self._report.print(f"elasticrun: cannot replace the failed workers in round {info.round}: {error}")
+            return False
+        if self._lifeline is not None and ranks:
+            after = set(group.pids().values())
+            self._lifeline.untrack(before - after)
+            self._lifeline.track(after - before)
+        return bool(ranks)
+
     def held(self, until: float | None) -> None:
         """Tell live workers until when the store cannot have dropped this node (no-op otherwise)."""
         if isinstance(self.running, LiveWorkers) and until is not None:

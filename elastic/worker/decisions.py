@@ -196,6 +196,9 @@ class LossAction(enum.Enum):
 
     TAKE_PENDING = "take-pending"
     """A newer round is already pending: form it."""
+    REFILL = "refill"
+    """Form the round's next generation through its own store (:mod:`elastic.worker.refill`):
+    a peer's worker was replaced, or is being; a newer round, if one comes, supersedes it."""
     WAIT = "wait"
     """Wait for the agent to publish a newer round."""
     GIVE_UP_AGENT_GONE = "agent-gone"
@@ -206,16 +209,21 @@ class LossAction(enum.Enum):
     """Too many groups failed in a row without a step: exit non-zero, the agent's restart is counted."""
 
 
-def decide_after_loss(pending: bool, eof: bool, deadline_passed: bool, failing: bool = False) -> LossAction:
+def decide_after_loss(pending: bool, eof: bool, deadline_passed: bool, failing: bool = False,
+                      refill: bool = False) -> LossAction:
     """The next step of a worker whose group is lost (a pending round wins over EOF: it was
     published before the agent went away, and the peers may form it; ``failing``, too many
-    failed groups in a row, wins over everything: another round would break the same way)."""
+    failed groups in a row, wins over everything: another round would break the same way;
+    ``refill``: the lost group's generation was not moved past yet by this worker, and it was
+    lost to a failure, not to a newer round)."""
     if failing:
         return LossAction.GIVE_UP_FAILING
     if pending:
         return LossAction.TAKE_PENDING
     if eof:
         return LossAction.GIVE_UP_AGENT_GONE
+    if refill:
+        return LossAction.REFILL
     if deadline_passed:
         return LossAction.GIVE_UP_DEADLINE
     return LossAction.WAIT

@@ -5,6 +5,10 @@ connected in a helper thread, and the ranks meet at a barrier on the round's sto
 outcome is one compare-and-set (``verdict``: ``go`` once all arrived, ``abandon`` when a rank
 saw a newer round first), so either every rank of the round calls ``init_process_group`` or
 none does, and no rank waits in C++ for a peer that went to a newer round.
+
+Within a round the ranks form one *generation* at a time (:mod:`elastic.worker.refill`): the
+caller says which (join the current one, or move past one), and a barrier abandons its
+generation as soon as the round's generation key moves past it, for the newest.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from elastic.worker.errors import CollectiveFailed, NoRoundError, Superseded
 from elastic.worker.fence import CommitFence
 from elastic.worker.guard import Graveyard, OpRegistry
 from elastic.worker.options import LiveOptions
+from elastic.worker.refill import GenerationStore, current_generation, generation_prefix
 from elastic.worker.rounds import Round
 
 log = logging.getLogger(__name__)
@@ -45,6 +50,7 @@ class FormedGroup:
     group: dist.ProcessGroup
     registry: OpRegistry
     backend: str
+    generation: int = 0
 
 
 def pick_backend(options: LiveOptions) -> str:
@@ -54,9 +60,13 @@ def pick_backend(options: LiveOptions) -> str:
 
 
 def form_group(round_: Round, options: LiveOptions, mailbox: RoundMailbox, label: str,
-               clock: Callable[[], float] = time.monotonic, fenced: bool = True) -> FormedGroup:
+               clock: Callable[[], float] = time.monotonic, fenced: bool = True,
+               pick: Callable[[GenerationStore], int] = current_generation,
+               wait_until: float | None = None) -> FormedGroup:
     """Form the default process group of ``round_``; ``fenced``: judge completions after a stall
-    (:mod:`elastic.worker.fence`; only with an agent that publishes to ``mailbox``).
+    (:mod:`elastic.worker.fence`; only with an agent that publishes to ``mailbox``); ``pick``:
+    the generation to form, given the round's store (default: the current one); ``wait_until``:
+    give up on the barrier then, if before the form timeout.
 
     Raises:
         Superseded: a newer round arrived before every rank committed to this one.
@@ -64,8 +74,19 @@ def form_group(round_: Round, options: LiveOptions, mailbox: RoundMailbox, label
         NoRoundError: not every rank arrived within the form timeout.
     """
     deadline = clock() + options.form_timeout
-    store = _connect(round_, options, mailbox, clock)
-    _barrier(store, round_, options, mailbox, deadline, clock)
+    if wait_until is not None:
+        deadline = min(deadline, wait_until)
+    client = _connect(round_, options, mailbox, clock)
+    base = dist.PrefixStore(round_.store_prefix, client)
+    generation = _generation(round_, lambda: pick(base))
+    while True:
+        store = dist.PrefixStore(generation_prefix(round_.store_prefix, generation), client)
+        moved = _Moved(round_, base, generation)
+        try:
+            _barrier(store, round_, options, mailbox, deadline, clock, moved)
+            break
+        except _GenerationMoved:
+            generation = moved.newest
     backend = pick_backend(options)
     try:
         dist.init_process_group(backend, store=store, rank=round_.rank, world_size=round_.world_size,
@@ -73,11 +94,36 @@ def form_group(round_: Round, options: LiveOptions, mailbox: RoundMailbox, label
     except RuntimeError as error:
         raise CollectiveFailed(f"round {round_.round}: init_process_group failed: {error}", round_.round) from error
     fence = CommitFence(mailbox, options.interrupt_grace, options.collective_timeout, label, clock) if fenced else None
-    return FormedGroup(round_, dist.group.WORLD, OpRegistry(round_.round, label, clock, fence), backend)
+    return FormedGroup(round_, dist.group.WORLD, OpRegistry(round_.round, label, clock, fence), backend, generation)
+
+
+class _GenerationMoved(Exception):
+    """The generation being formed was abandoned for a newer one (internal to form_group)."""
+
+
+class _Moved:
+    """Whether the round's generation moved past ``generation`` (remembering the newest seen)."""
+
+    def __init__(self, round_: Round, base: Any, generation: int) -> None:
+        self._round, self._base, self.generation, self.newest = round_, base, generation, generation
+
+    def __call__(self) -> bool:
+        self.newest = _generation(self._round, lambda: current_generation(self._base))
+        return self.newest > self.generation
+
+
+def _generation(round_: Round, read: Callable[[], int]) -> int:
+    try:
+        return read()
+    except RuntimeError as error:  # torch's DistError family: the store went away
+        raise CollectiveFailed(f"round {round_.round}: its store failed reading the generation: {error}",
+                               round_.round) from error
+    except ValueError as error:
+        raise CollectiveFailed(f"round {round_.round}: {error}", round_.round) from error
 
 
 def _connect(round_: Round, options: LiveOptions, mailbox: RoundMailbox, clock: Callable[[], float]) -> Any:
-    """A client of the round's store under its prefix, connected in a helper thread so that a
+    """A client of the round's store, connected in a helper thread so that a
     newer round does not wait for the connect timeout of a store that is gone."""
     result: dict[str, Any] = {}
     done = threading.Event()
@@ -100,11 +146,17 @@ def _connect(round_: Round, options: LiveOptions, mailbox: RoundMailbox, clock: 
         raise CollectiveFailed(f"round {round_.round}: its store {round_.master_addr}:{round_.master_port} "
                                f"cannot be reached: {str(error).strip().splitlines()[0] if str(error).strip() else error!r}",
                                round_.round) from error
-    return dist.PrefixStore(round_.store_prefix, result["store"])
+    return result["store"]
 
 
 def _barrier(store: Any, round_: Round, options: LiveOptions, mailbox: RoundMailbox, deadline: float,
-             clock: Callable[[], float]) -> None:
+             clock: Callable[[], float], moved: Callable[[], bool] = lambda: False) -> None:
+    """Meet the round's other ranks in ``store``; returns once every rank committed to it.
+
+    Raises:
+        _GenerationMoved: the round's generation moved past this one before it formed.
+        Superseded, CollectiveFailed, NoRoundError: as :func:`form_group`.
+    """
     try:
         arrived = store.add(ARRIVED, 1)
         delay = 0.001
@@ -113,6 +165,8 @@ def _barrier(store: Any, round_: Round, options: LiveOptions, mailbox: RoundMail
                 verdict = store.compare_set(VERDICT, "", GO)
             elif mailbox.pending is not None:
                 verdict = store.compare_set(VERDICT, "", ABANDON)
+            elif moved():
+                verdict = store.compare_set(VERDICT, "", ABANDON)  # go if every rank arrived first
             elif store.check([VERDICT]):
                 verdict = store.get(VERDICT)
             elif clock() >= deadline:
@@ -127,6 +181,8 @@ def _barrier(store: Any, round_: Round, options: LiveOptions, mailbox: RoundMail
                 continue
             if verdict == GO:
                 return
+            if moved():  # abandoned (by this rank or another) for a newer generation
+                raise _GenerationMoved()
             raise Superseded(f"round {round_.round} was abandoned for a newer round before it formed", round_.round)
     except RuntimeError as error:  # torch's DistError family: the store went away
         raise CollectiveFailed(f"round {round_.round}: its store failed during the barrier: {error}", round_.round) from error

@@ -5,6 +5,9 @@ its state across membership changes and peer failures: at each step boundary it 
 attribute read) whether a newer round is pending or its group was lost; if so it leaves the
 group, forms the new round's group (:mod:`elastic.worker.group`), agrees on the step with the
 other ranks and sends or receives the state (:mod:`elastic.worker.heal`), then runs the step.
+A group lost to a failure is first re-formed in the same round, as its next generation, through
+the round's own store (:mod:`elastic.worker.refill`): a replaced peer then costs no rendezvous
+round, and training goes on while etcd is slow; a newer round, when one comes, supersedes it.
 
 A step is committed (``step`` += 1) when its body returns; a body that raises because the
 group was lost is not committed and runs again on the next group, at the same step. The body
@@ -19,6 +22,7 @@ import collections
 import logging
 import os
 import time
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Callable, Mapping, MutableMapping
 
@@ -42,6 +46,7 @@ from elastic.worker.group import FormedGroup, form_group, leave_group
 from elastic.worker.guard import Graveyard, OpRegistry, failed_future
 from elastic.worker.heal import heal
 from elastic.worker.options import LiveOptions
+from elastic.worker.refill import GenerationStore, current_generation, move_generation, refill_from_env
 from elastic.worker.reporting import Cause, ReadyWriter, Recovery
 from elastic.worker.rounds import READY_FD_VAR, ROUND_FD_VAR, Round, export_round, round_from_env
 
@@ -50,6 +55,16 @@ log = logging.getLogger(__name__)
 __all__ = ["LiveTraining"]
 
 _KEPT_RECOVERIES = 1000
+
+
+@dataclass(frozen=True)
+class _Target:
+    """What to form next: a round, and which of its generations (``pick``, given its store)."""
+
+    arrival: Arrival
+    pick: Callable[[GenerationStore], int] = current_generation
+    wait_until: float | None = None
+    """A refill's deadline: the newer round the agent may publish instead is due by then."""
 
 
 class LiveTraining:
@@ -92,6 +107,7 @@ class LiveTraining:
         round_fd = _fd_var(self._environ, ROUND_FD_VAR)
         ready_fd = _fd_var(self._environ, READY_FD_VAR)
         self._has_pipe = round_fd is not None
+        self._replaces = self._has_pipe and refill_from_env(self._environ)
         self._watcher = None
         if round_fd is None:
             self._mailbox.close()  # no pipe: no round will ever come
@@ -101,6 +117,8 @@ class LiveTraining:
         self._graveyard = Graveyard(clock)
         self._formed: FormedGroup | None = None
         self._lost: GroupLost | None = None
+        self._generation = 0  # the generation of the round last formed (or being formed)
+        self._refilled: tuple[int, int] | None = None  # the (round, generation) last moved past
         self._step = 0
         self._commit_round = -1  # the round this worker committed its last step in (see decisions.Mark)
         self._failed_in_a_row = 0  # groups that failed since the last committed step (max_failed_rounds)
@@ -173,7 +191,8 @@ class LiveTraining:
             self._watcher.start()
         if self._ready is not None:  # the agent may now tell the survivors: they wait in the barrier no longer
             self._ready.write("joining", self._round.round, self._round.rank, self._step)
-        self._recover(Cause.START, Arrival(self._round, self._clock()))
+        first = _Target(Arrival(self._round, self._clock()), _past_current if self._replaces else current_generation)
+        self._recover(Cause.START, first)
         return self
 
     def close(self) -> None:
@@ -277,49 +296,60 @@ class LiveTraining:
             self._ready.write("lost", self._round.round, self._round.rank, self._step)
 
     # -- recovery -----------------------------------------------------------------------------
-    def _recover(self, cause: Cause, first: Arrival | None) -> None:
+    def _recover(self, cause: Cause, first: _Target | None) -> None:
         try:
             self._recover_once(cause, first)
         except RecoveryFailed:
             self._gave_up = True
             raise
 
-    def _recover_once(self, cause: Cause, first: Arrival | None) -> None:
+    def _recover_once(self, cause: Cause, first: _Target | None) -> None:
         began = self._clock()
         if self._formed is not None:
             leave_group(self._formed, self._graveyard, f"{cause.value} at step {self._step}")
             self._formed = None
         deadline = began + self.options.round_wait_timeout
         attempts = 0
-        arrival = first
+        target = first
         while True:
-            if arrival is None:
-                arrival = self._next_arrival(deadline)
+            if target is None:
+                target = self._next_target(deadline)
             attempts += 1
             try:
-                self._form(cause, arrival, began, attempts)
+                self._form(cause, target, began, attempts)
                 return
+            except NoRoundError as error:
+                if target.wait_until is None:
+                    raise
+                raise NoRoundError(f"{self._where()}: the group was lost ({self._lost}) and neither its replaced "
+                                   f"ranks nor a newer round came within {self.options.round_wait_timeout:g}s.") from error
             except GroupLost as lost:
-                log.warning("%s: round %d did not form: %s", self._where(), arrival.record.round, lost)
+                log.warning("%s: round %d did not form: %s", self._where(), target.arrival.record.round, lost)
                 if self._formed is not None:
                     leave_group(self._formed, self._graveyard, "failed while forming")
                     self._formed = None
                 self._lose(lost)
                 deadline = self._clock() + self.options.round_wait_timeout
-                arrival = None
+                target = None
 
-    def _next_arrival(self, deadline: float) -> Arrival:
+    def _next_target(self, deadline: float) -> _Target:
         while True:
             if self._lost is None:  # a healthy group and a pending round
                 arrival = self._mailbox.take()
                 if arrival is not None:
-                    return arrival
+                    return _Target(arrival)
+            lost_at = (self._round.round, self._generation)
+            refill = self._has_pipe and not isinstance(self._lost, Superseded) and self._refilled != lost_at
             action = decide_after_loss(self._mailbox.pending is not None, self._mailbox.eof, self._clock() >= deadline,
-                                       self._failed_in_a_row > self.options.max_failed_rounds)
+                                       self._failed_in_a_row > self.options.max_failed_rounds, refill)
             if action is LossAction.TAKE_PENDING:
                 arrival = self._mailbox.take()
                 if arrival is not None:
-                    return arrival
+                    return _Target(arrival)
+            elif action is LossAction.REFILL:
+                self._refilled = lost_at
+                past = self._generation
+                return _Target(Arrival(self._round, self._clock()), lambda store: move_generation(store, past), deadline)
             elif action is LossAction.GIVE_UP_AGENT_GONE:
                 why = "the round pipe is closed (the agent is gone)" if self._has_pipe else f"there is no round pipe ({ROUND_FD_VAR})"
                 raise AgentGoneError(f"{self._where()}: the group was lost ({self._lost}) and {why}: no round can come.") from self._lost
@@ -333,19 +363,24 @@ class LiveTraining:
             else:
                 self._mailbox.wait(max(0.0, deadline - self._clock()))
 
-    def _form(self, cause: Cause, arrival: Arrival, began: float, attempts: int) -> None:
+    def _form(self, cause: Cause, plan: _Target, began: float, attempts: int) -> None:
+        arrival = plan.arrival
         target = arrival.record
         if target.local_rank != self._round.local_rank:
             log.warning("%s: round %d moves this worker from local rank %d to %d (its device does not change)",
                         self._where(), target.round, self._round.local_rank, target.local_rank)
-        if target.round <= self._round.round:
+        if target.round < self._round.round or (target.round == self._round.round and target is not self._round):
             # Renumbered rounds (the job's keys were deleted): commit rounds of the old numbering
             # say nothing against the new one; every rank that lived through it forgets them.
             self._commit_round = -1
+        if target is not self._round:  # a newer round starts at its generation 0
+            self._generation = 0
         self._round = target
         if isinstance(self._environ, MutableMapping):
             export_round(target, self._environ)
-        self._formed = form_group(target, self.options, self._mailbox, self._label, self._clock, fenced=self._has_pipe)
+        self._formed = form_group(target, self.options, self._mailbox, self._label, self._clock, fenced=self._has_pipe,
+                                  pick=plan.pick, wait_until=plan.wait_until)
+        self._generation = self._formed.generation
         formed_at = self._clock()
         healed = heal(self._formed, Mark(self._step, self._commit_round), self.options, self._state_dict,
                       self._load_state_dict, self._clock)
@@ -355,11 +390,12 @@ class LiveTraining:
             round=target.round, cause=cause, step=healed.step, steps_before=healed.steps, role=healed.role,
             nbytes=healed.nbytes, began=began, round_arrived=None if cause is Cause.START and attempts == 1 else arrival.at,
             formed=formed_at, healed=healed.done_at, attempts=attempts, hung_works=self._graveyard.reap(),
+            generation=self._generation,
         )
         self.recoveries.append(recovery)
-        log.info("%s: formed round %d (%s) at step %d in %.3fs; heal: %s, %d bytes; %d abandoned work(s) still run",
-                 self._where(), target.round, cause.value, healed.step, healed.done_at - began, healed.role.value,
-                 healed.nbytes, recovery.hung_works)
+        log.info("%s: formed round %d generation %d (%s) at step %d in %.3fs; heal: %s, %d bytes; %d abandoned "
+                 "work(s) still run", self._where(), target.round, self._generation, cause.value, healed.step,
+                 healed.done_at - began, healed.role.value, healed.nbytes, recovery.hung_works)
         if self._ready is not None:
             self._ready.write("formed", target.round, target.rank, healed.step)
         if self._on_reform is not None:
@@ -388,6 +424,11 @@ class _StepScope:
 
     def __exit__(self, exc_type: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> bool:
         return self._live._after_step(error)
+
+
+def _past_current(store: GenerationStore) -> int:
+    """A replacement's generation: one past the current, which its predecessor may have formed."""
+    return move_generation(store, current_generation(store))
 
 
 def _fd_var(environ: Mapping[str, str], name: str) -> int | None:

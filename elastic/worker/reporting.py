@@ -63,6 +63,8 @@ class Recovery:
     attempts: int
     hung_works: int
     """Works of abandoned groups still running (hung on a frozen peer) after this recovery."""
+    generation: int = 0
+    """The round's generation formed (:mod:`elastic.worker.refill`; 0: as the agent published it)."""
 
 
 class ReadyWriter:

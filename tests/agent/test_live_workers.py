@@ -15,7 +15,7 @@ import time
 import pytest
 
 from elastic.agent.decisions import AgentAction, AgentView, decide
-from elastic.agent.live.decisions import AnswerView, RoundAnswer, decide_answer, group_broken, keeps_workers
+from elastic.agent.live.decisions import AnswerView, RoundAnswer, decide_answer, group_broken, keeps_workers, refills
 from elastic.agent.live.pipes import RoundPipes
 from elastic.agent.live.workers import LiveWorkers, round_for
 from elastic.agent.prewarm.pool import ForkedWorker, TemplatePool
@@ -59,6 +59,17 @@ WAIT, LOST = MembershipChange.NODES_WAITING, MembershipChange.MEMBER_LOST
 ])
 def test_keeps_workers(live, action, unanswered, silent, keeps):
     assert keeps_workers(live, action, unanswered, silent) is keeps
+
+
+@pytest.mark.parametrize("failed, restart_left, unanswered, silent, refill", [
+    (True, True, False, False, True),     # a live worker died: replace it now, in the round in use
+    (False, True, False, False, False),   # nothing failed
+    (True, False, False, False, False),   # no restart left: the failure ends the job
+    (True, True, True, False, False),     # a worker left a round unanswered: the group restarts
+    (True, True, False, True, False),     # a worker never spoke the protocol: the group restarts
+])
+def test_refills(failed, restart_left, unanswered, silent, refill):
+    assert refills(failed, restart_left, unanswered, silent) is refill
 
 
 @pytest.mark.parametrize("published, formed, over, expected", [
@@ -179,7 +190,8 @@ def answer(round_):
     if not mute:
         os.write(ready, (json.dumps({"v": 1, "event": "formed", "round": round_, "rank": 0, "step": 0}) + "\\n").encode())
 
-note(ev="start", round=int(os.environ["ELASTIC_ROUND"]), rank=int(os.environ["RANK"]))
+note(ev="start", round=int(os.environ["ELASTIC_ROUND"]), rank=int(os.environ["RANK"]),
+     refill=os.environ.get("ELASTIC_REFILL", ""))
 answer(int(os.environ["ELASTIC_ROUND"]))
 if lose:  # its group breaks at once, as when a peer dies: it waits for the next round
     os.write(ready, (json.dumps({"v": 1, "event": "lost", "round": int(os.environ["ELASTIC_ROUND"]), "rank": 0,
@@ -277,6 +289,35 @@ def test_only_the_dead_worker_restarts_and_it_starts_in_the_new_round(live):
     started = _until(lambda: [e for e in live.events() if e["ev"] == "start" and e["pid"] == workers.pids()[1]],
                      "the replacement started")
     assert started[0]["round"] == 1
+    _until(lambda: workers.answer() is RoundAnswer.ANSWERED, "both formed round 1")
+
+
+def test_a_dead_worker_is_replaced_in_its_round_once_and_its_failure_stays_until_the_next(live):
+    workers, clock = live()
+    _until(lambda: len(live.events()) == 2, "both workers started")
+    _until(lambda: not workers.silent(), "both workers spoke")
+    pids = workers.pids()
+    os.kill(pids[1], signal.SIGKILL)
+    _until(lambda: workers.poll().status is FAIL, "the kill seen")
+    assert workers.refill(attempt=1, restart_count=0, use_agent_store=True) == (1,)
+    assert workers.refill(attempt=2, restart_count=0, use_agent_store=True) == ()  # once per rank and round
+    replacement = workers.pids()[1]
+    assert workers.pids()[0] == pids[0] and replacement != pids[1]
+    state = workers.poll()
+    # The agent still sees the failure (it reports and counts it at its next join), and both running.
+    assert state.status is FAIL and [f.pid for f in state.failures] == [pids[1]] and state.running == {0, 1}
+    assert not workers.silent()  # the replacement speaks as its predecessor did
+    started = _until(lambda: [e for e in live.events() if e["ev"] == "start" and e["pid"] == replacement],
+                     "the replacement started")
+    assert (started[0]["round"], started[0]["refill"]) == (0, "1")
+    os.kill(replacement, signal.SIGKILL)  # it died too, in the same round: the next round replaces it
+    _until(lambda: len(workers.poll().failures) == 2, "the second kill seen")
+    assert workers.refill(attempt=2, restart_count=0, use_agent_store=True) == ()
+    workers.advance(_info(1), attempt=2, restart_count=1, use_agent_store=True)
+    assert workers.poll().status is RUN and workers.pids()[0] == pids[0]
+    again = _until(lambda: [e for e in live.events() if e["ev"] == "start" and e["pid"] == workers.pids()[1]],
+                   "the next round's worker started")
+    assert (again[0]["round"], again[0]["refill"]) == (1, "")
     _until(lambda: workers.answer() is RoundAnswer.ANSWERED, "both formed round 1")
 
 

@@ -94,6 +94,21 @@ def test_decide_after_loss(pending, eof, deadline_passed, action):
     assert decide_after_loss(pending, eof, deadline_passed) is action
 
 
+@pytest.mark.parametrize(
+    ("pending", "eof", "deadline_passed", "action"),
+    [
+        (False, False, False, LossAction.REFILL),        # re-form the round's next generation first
+        (False, False, True, LossAction.REFILL),         # (its own barrier has the deadline)
+        (True, False, False, LossAction.TAKE_PENDING),   # a newer round is already there: form it
+        (False, True, False, LossAction.GIVE_UP_AGENT_GONE),  # no agent: nobody starts a replacement
+    ],
+)
+def test_a_lost_group_tries_its_next_generation_unless_a_round_is_pending_or_the_agent_gone(pending, eof,
+                                                                                             deadline_passed, action):
+    assert decide_after_loss(pending, eof, deadline_passed, refill=True) is action
+    assert decide_after_loss(pending, eof, deadline_passed, failing=True, refill=True) is LossAction.GIVE_UP_FAILING
+
+
 @pytest.mark.parametrize(("pending", "eof", "deadline_passed"), [(True, False, False), (False, True, False),
                                                                  (False, False, True), (False, False, False)])
 def test_too_many_failed_groups_in_a_row_give_up_whatever_else_holds(pending, eof, deadline_passed):

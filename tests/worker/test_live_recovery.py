@@ -9,6 +9,7 @@ logged the same loss and checksum for it, that survivors committed every step ex
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
@@ -230,3 +231,42 @@ def test_a_lost_group_without_a_newer_round_exits_non_zero_at_the_deadline(live_
     failed = [event for event in agent.events("w0") if event["ev"] == "failed"]
     assert proc.returncode == 1 and failed[0]["type"] == "NoRoundError"
     assert 1.5 <= failed[0]["t"] - killed_at < 5.0
+
+
+@pytest.mark.slow
+def test_a_replaced_worker_rejoins_its_round_as_a_new_generation_without_a_new_round(live_agent):
+    # What the agent does for a worker crash (issue 29): it starts the replacement in the round
+    # in use at once (ELASTIC_REFILL=1), and the ranks re-form it through its own store, so a
+    # rendezvous that is slow or electing an etcd leader costs training nothing.
+    total = 400
+    agent = live_agent(worker_env(total, step_sleep=0.02))
+    first = agent.new_round(["w0", "w1", "w2"])
+    _start(agent, first)
+    _wait_steps(agent, ["w0", "w1", "w2"], 8)
+
+    killed_at = agent.kill("w2")
+    agent.start("w3", dataclasses.replace(first, slots=("w0", "w1", "w3")), extra_env={"ELASTIC_REFILL": "1"})
+    _wait_steps(agent, ["w3"], last_step(agent.events("w0")) + 5, START_TIMEOUT)
+    second_at = agent.kill("w3")  # the replacement's own replacement: its predecessor formed the generation in use
+    agent.start("w4", dataclasses.replace(first, slots=("w0", "w1", "w4")), extra_env={"ELASTIC_REFILL": "1"})
+    assert last_step(agent.events("w0")) < total - 50, "the survivors finished before the second replacement"
+    _finish(agent, ["w0", "w1", "w4"])
+
+    logs = {slot: agent.events(slot) for slot in ("w0", "w1", "w2", "w3", "w4")}
+    by_step = assert_consistent(logs)
+    assert_follows_reference(by_step, total)
+    for slot in ("w0", "w1"):
+        assert_no_redo(logs[slot])
+        formed = [(r["round"], r["generation"], r["cause"]) for r in recoveries(logs[slot])]
+        assert formed[0] == (0, 0, "start") and {round_ for round_, _, _ in formed} == {0}, formed
+        generations = [generation for _, generation, _ in formed]
+        assert generations == sorted(set(generations)) and len(formed) >= 3, formed
+        assert first_step_after(logs[slot], killed_at)["world"] == 3
+        assert gap_after(logs[slot], second_at) < 5.0
+    for slot, predecessor in (("w3", "w2"), ("w4", "w3")):
+        joined = recoveries(logs[slot])
+        assert [(r["round"], r["cause"], r["role"]) for r in joined] == [(0, "start", "receiver")], joined
+        assert joined[0]["generation"] > max(r["generation"] for r in recoveries(logs[predecessor]))
+        assert joined[0]["generation"] in {r["generation"] for r in recoveries(logs["w0"])}
+        assert steps(logs[slot])[0]["step"] == joined[0]["step"]
+    assert len(agent.rounds) == 1

@@ -30,6 +30,17 @@ def keeps_workers(live: bool, action: AgentAction, unanswered: bool, silent: boo
     return live and action in KEPT_ACTIONS and not unanswered and not silent
 
 
+def refills(failed: bool, restart_left: bool, unanswered: bool, silent: bool) -> bool:
+    """Whether the agent replaces its failed live workers in the round in use, before the
+    rendezvous (:mod:`elastic.worker.refill`).
+
+    Only for a failed group with a restart left (without one the failure ends the job), and not
+    when :func:`keeps_workers` would stop the group anyway (a worker left a round unanswered or
+    never spoke the live protocol).
+    """
+    return failed and restart_left and not unanswered and not silent
+
+
 class RoundAnswer(enum.Enum):
     """Where the workers stand on the round the agent published last.
 

@@ -16,6 +16,7 @@ import os
 from dataclasses import dataclass
 
 from elastic.agent.processes.group_state import WorkerExtras
+from elastic.worker.refill import REFILL_VAR
 from elastic.worker.rounds import (
     READY_FD_VAR,
     ROUND_FD_VAR,
@@ -62,10 +63,13 @@ class RoundPipes:
         self._closed = False
         self._held = 0.0  # the newest held line written
 
-    def extras(self, first: Round) -> WorkerExtras:
-        """What the worker is started with: the child ends, and its first round's number and prefix."""
-        return WorkerExtras(env={ROUND_VAR: str(first.round), STORE_PREFIX_VAR: first.store_prefix},
-                            fds={ROUND_FD_VAR: self._round_r, READY_FD_VAR: self._ready_w})
+    def extras(self, first: Round, refill: bool = False) -> WorkerExtras:
+        """What the worker is started with: the child ends, its first round's number and prefix,
+        and (``refill``) that it replaces a worker of that round (:mod:`elastic.worker.refill`)."""
+        env = {ROUND_VAR: str(first.round), STORE_PREFIX_VAR: first.store_prefix}
+        if refill:
+            env[REFILL_VAR] = "1"
+        return WorkerExtras(env=env, fds={ROUND_FD_VAR: self._round_r, READY_FD_VAR: self._ready_w})
 
     def started(self) -> None:
         """Close the agent's copies of the child ends (the worker holds its own now): the worker

@@ -6,7 +6,9 @@ Each local rank runs one worker process at a time, started with its round pipes
 :meth:`LiveWorkers.advance` writes the round to every worker still running and starts a new
 worker (a :class:`~elastic.agent.processes.workers.WorkerGroup` of just those ranks, under the
 new attempt's log directory) for each local rank whose worker exited; the new one heals from a
-live peer. :meth:`LiveWorkers.answer` tells whether every live worker formed the published
+live peer. :meth:`LiveWorkers.refill` starts such a worker before that, in the round in use, as
+soon as its predecessor dies: the ranks re-form the round's next generation through its store
+(:mod:`elastic.worker.refill`) while the rendezvous closes the next round. :meth:`LiveWorkers.answer` tells whether every live worker formed the published
 round in time (:func:`elastic.agent.live.decisions.decide_answer`). Torch-free.
 """
 
@@ -20,6 +22,7 @@ from elastic.agent.live.decisions import AnswerView, RoundAnswer, decide_answer,
 from elastic.agent.live.pipes import RoundPipes
 from elastic.agent.processes.failures import root_cause_summary
 from elastic.agent.processes.worker_env import worker_ranks
+from elastic.agent.processes.failures import WorkerFailure
 from elastic.agent.processes.group_state import GroupState, GroupStatus, WorkerExtras
 from elastic.agent.processes.workers import WorkerGroup
 from elastic.config import LaunchConfig
@@ -78,6 +81,8 @@ class LiveWorkers:
         self._deadline = 0.0
         self._stopping = False
         self._held = 0.0  # the newest lease renewal's ``until``
+        self._replaced: list[WorkerFailure] = []  # failures of workers refilled since the last round
+        self._refilled: dict[int, int] = {}  # per local rank, the round it was last refilled in
 
     # -- the Workers protocol ----------------------------------------------------------------------
     @property
@@ -95,7 +100,7 @@ class LiveWorkers:
 
     def poll(self) -> GroupState:
         """The state of the current worker of every local rank (replaced workers are forgotten)."""
-        failures, running = [], set()
+        failures, running = list(self._replaced), set()
         for group in self._groups:
             state = group.poll()
             mine = {rank for rank, current in self._current.items() if current is group}
@@ -159,6 +164,7 @@ class LiveWorkers:
             for rank in self._formed:
                 self._formed[rank], self._lost[rank] = -1, -1
         self.rdzv = info
+        self._replaced.clear()  # the next round's join reported them (the agent's state said FAILED)
         for rank in sorted(running):
             if not self._pipes[rank].publish(round_for(self.config, info, rank, restart_count)):
                 log.warning("Run %s node %s: could not publish round %d to local rank %d; waiting for its exit "
@@ -169,6 +175,34 @@ class LiveWorkers:
         self._forget_replaced()
         log.info("Run %s node %s: round %d published to local ranks %s, restarted %s", info.run_id, self._node_id,
                  info.round, sorted(running) or "none", list(dead) or "none")
+
+    def refill(self, *, attempt: int, restart_count: int, use_agent_store: bool) -> tuple[int, ...]:
+        """Start a replacement, in the round in use, for each local rank whose worker failed in it
+        after speaking the live protocol (once per rank and round); the ranks started.
+
+        The failure stays in :meth:`poll` until the next round (:meth:`advance`), so the agent
+        reports and counts it as it would without a refill; the replacement is kept then.
+
+        Raises:
+            WorkerStartError: a replacement could not be started.
+        """
+        if self._stopping:
+            return ()
+        state = self.poll()
+        failed = {failure.local_rank: failure for failure in state.failures
+                  if not failure.during_stop and failure not in self._replaced}
+        ranks = tuple(sorted(rank for rank in failed if rank not in state.running and rank in self._spoke
+                             and self._refilled.get(rank) != self.rdzv.round))
+        if not ranks:
+            return ()
+        self._replaced.extend(failed[rank] for rank in ranks)
+        self._spawn(self.rdzv, ranks, attempt, restart_count, use_agent_store, refill=True)
+        for rank in ranks:
+            self._refilled[rank] = self.rdzv.round
+        self._forget_replaced()
+        log.info("Run %s node %s: local ranks %s replaced in round %d (a new generation of it)", self.rdzv.run_id,
+                 self._node_id, list(ranks), self.rdzv.round)
+        return ranks
 
     def held(self, until: float) -> None:
         """Publish a renewal of the node's lease (``until``: see :class:`elastic.worker.rounds.Held`)
@@ -216,13 +250,13 @@ class LiveWorkers:
                     self._lost[rank] = max(self._lost[rank], answer.round)
 
     def _spawn(self, info: RendezvousInfo, ranks: tuple[int, ...], attempt: int, restart_count: int,
-               use_agent_store: bool) -> None:
+               use_agent_store: bool, refill: bool = False) -> None:
         label = f"Run {info.run_id} node {self._node_id}"
         pipes = {rank: RoundPipes(label) for rank in ranks}
         first = {rank: round_for(self.config, info, rank, restart_count) for rank in ranks}
         group = self._make_group(self.config, info, attempt=attempt, restart_count=restart_count,
                                  use_agent_store=use_agent_store, node_id=self._node_id, local_ranks=ranks,
-                                 extras=lambda rank: pipes[rank].extras(first[rank]))
+                                 extras=lambda rank: pipes[rank].extras(first[rank], refill))
         for callback in self._callbacks:
             group.on_exit(callback)
         try:
@@ -239,7 +273,8 @@ class LiveWorkers:
             if old is not None:
                 old.close()
             self._pipes[rank], self._current[rank], self._formed[rank], self._lost[rank] = end, group, -1, -1
-            self._spoke.discard(rank)
+            if not refill:  # a replacement speaks as its predecessor did (it may still be starting)
+                self._spoke.discard(rank)
         self._groups.append(group)
 
     def _forget_replaced(self) -> None:

@@ -108,7 +108,7 @@ def main() -> int:
             recorder.write(live, "formed", at=recovery.healed, round=recovery.round, start=recovery.step,
                            role=recovery.role.value, cause=recovery.cause.value, worker_started=STARTED,
                            **{key: value for key, value in dataclasses.asdict(recovery).items()
-                              if key in ("began", "formed", "nbytes")})
+                              if key in ("began", "formed", "nbytes", "generation")})
         seen = len(live.recoveries)
 
     with LiveTraining(state_dict, load_state_dict, options=OPTIONS) as live:
