@@ -1,6 +1,6 @@
 """Live recovery: the real launchers side by side, and what a survivor and a joiner see.
 
-Run:  python benchmarks/live_recovery.py --side-by-side [--systems ...] [--faults crash,node_loss,control_plane]
+Run:  python benchmarks/live_recovery.py --side-by-side [--systems ...] [--faults crash,node_loss,freeze,control_plane]
                                          [--window 60] [--schedule 120] [--state-mb 100] [--quick]
       python benchmarks/live_recovery.py [--cases crash,freeze,transfer] [--repetitions N] [--json FILE]
 

@@ -2,6 +2,8 @@
 
 For every system of :mod:`live_systems` and every fault (``crash``: SIGKILL of node 1's worker;
 ``node_loss``: SIGKILL of node 1's whole process tree, then the node is started again;
+``freeze``: SIGSTOP of node 1's whole process tree, SIGCONT after ``FREEZE_S`` (a hung machine
+that comes back: no connection resets, so only liveness timeouts see it);
 ``control_plane``: a crash, and within ~10 ms the control plane SIGKILLed and not started again:
 the leader of a 3-member etcd cluster the elasticrun systems run against for this fault, TorchFT's
 lighthouse; stock torchrun has none apart from node 0, the survivor, and is not run), at the
@@ -31,7 +33,10 @@ from live_figures import (FaultFigures, back_cell, commits, fault_figures, gap_c
 from live_systems import LABELS, REPO, Run, SystemFailed, torchft_python  # noqa: E402
 
 FAULT_STEP = 25
-FAULTS = ("crash", "node_loss", "control_plane")
+FAULTS = ("crash", "node_loss", "freeze", "control_plane")
+FREEZE_S = 10.0
+"""How long the ``freeze`` fault keeps node 1 stopped: five lease TTLs, so every system's liveness
+check has run out well before the thaw."""
 SCHEDULE_FAULTS = ("crash", "node_loss")
 ETCD_SYSTEMS = ("live", "live+prewarm", "prewarm")
 ETCD_MEMBERS = 3
@@ -83,6 +88,23 @@ def _hold(run: Run, until: float) -> None:
 
 def _fault(run: Run, kind: str) -> float | None:
     return run.crash(1) if kind == "crash" else run.lose(1)
+
+
+def measure_freeze(run: Run, window: float) -> tuple[FaultFigures, str]:
+    """SIGSTOP node 1's tree for :data:`FREEZE_S`, then SIGCONT it, and hold through ``window``.
+    A launcher exiting after it is a result, not a failure.
+
+    Raises:
+        SystemFailed: the job did not reach the fault.
+    """
+    _start(run)
+    fault_at = run.freeze(1)
+    _hold(run, fault_at + FREEZE_S)
+    thawed_at = run.thaw(1)
+    exits = _hold_through(run, fault_at + window + 0.5)
+    figures = fault_figures(commits(run.events(0)), commits(run.events(1)), fault_at, window)
+    after = outcome(figures, exits)
+    return figures, f"thawed {thawed_at - fault_at:.1f} s after the SIGSTOP" + (f"; {after}" if after else "")
 
 
 def _hold_through(run: Run, until: float) -> dict[int, int]:
@@ -275,6 +297,8 @@ def main(args) -> int:
                     schedule[system] = figures = measure_schedule(run, args.schedule)
                 elif kind == "control_plane":
                     figures, note = measure_control_plane(run, args.window, cluster)
+                elif kind == "freeze":
+                    figures, note = measure_freeze(run, args.window)
                 elif state_mb:
                     figures, states[kind, system] = measure_fault_and_state(run, kind, args.window)
                     note = outcome(figures)

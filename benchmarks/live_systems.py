@@ -15,7 +15,8 @@ Liveness is alike: etcd lease 2 s (torchrun: keep-alive 1 s x 2, TorchFT: heartb
 2 s), last call 1 s (TorchFT: join timeout 1 s); ``elasticrun --live-recovery`` also
 ``rejoin_timeout=0.5``.
 
-The ``control_plane`` fault (``live_side.py``) also kills TorchFT's lighthouse
+The ``freeze`` fault SIGSTOPs node 1's whole process tree (:meth:`Run.freeze`) and SIGCONTs it
+later (:meth:`Run.thaw`). The ``control_plane`` fault (``live_side.py``) also kills TorchFT's lighthouse
 (:meth:`Run.kill_lighthouse`) or the leader of the 3-member etcd cluster the elasticrun systems
 then run against.
 
@@ -36,7 +37,8 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from elastic.testing.agents import clean_env, kill_tree
+from elastic.testing.agents import clean_env, kill_tree, process_tree
+from elastic.testing.freeze import freeze, thaw
 from elastic.testing.ports import free_port
 from recovery import wait_for_port  # benchmarks/ is on the path (live_side.py, live_recovery.py)
 
@@ -119,6 +121,7 @@ class Run:
     run_id: str = field(default_factory=lambda: f"side-{uuid.uuid4().hex[:8]}")
     nodes: dict[int, subprocess.Popen] = field(default_factory=dict)
     retired: list[subprocess.Popen] = field(default_factory=list)
+    frozen: dict[int, list[int]] = field(default_factory=dict)
     lighthouse: subprocess.Popen | None = None
     rejoin_timeout: float = REJOIN_S
     state_mb: int = 0
@@ -232,6 +235,29 @@ class Run:
         self.start_node(node)
         return at
 
+    def freeze(self, node: int) -> float:
+        """SIGSTOP ``node``'s whole process tree (launcher, workers, helpers), as a machine that
+        hangs, once every thread of it is stopped; the monotonic time of the first signal."""
+        procs = process_tree(self.nodes[node].pid)
+        at = time.monotonic()
+        for proc in procs:
+            try:
+                freeze(proc.pid)
+            except (ProcessLookupError, TimeoutError):
+                pass  # it exited meanwhile, or one thread is in a host call: the others are stopped
+        self.frozen[node] = [proc.pid for proc in procs]
+        return at
+
+    def thaw(self, node: int) -> float:
+        """SIGCONT every process :meth:`freeze` stopped; the monotonic time."""
+        at = time.monotonic()
+        for pid in self.frozen.pop(node, []):
+            try:
+                thaw(pid)
+            except ProcessLookupError:
+                pass
+        return at
+
     def kill_lighthouse(self) -> float:
         """SIGKILL TorchFT's lighthouse by PID (not started again: it has no replica); the
         monotonic time of the signal."""
@@ -242,6 +268,8 @@ class Run:
 
     def stop(self) -> None:
         """SIGKILL every launcher tree, every worker the logs name, and the lighthouse (by PID)."""
+        for node in list(self.frozen):
+            self.thaw(node)
         for proc in [*self.nodes.values(), *self.retired, *([self.lighthouse] if self.lighthouse else [])]:
             if proc.poll() is None:
                 kill_tree(proc.pid)
