@@ -1,7 +1,7 @@
 """The faults a shared production etcd really has, under a running job (issue 27, items 1-4).
 
 The same job and verdict as ``test_chaos.py`` (2 agents x 1 gloo worker, ``elasticrun`` and stock
-``torchrun`` with our plugin, the fault at step 20; :func:`test_chaos.run` judges it), against a
+``torchrun`` with our plugin, the fault at step 10; :func:`test_chaos.run` judges it), against a
 single etcd member that is:
 
 * restarted while another tenant writes and compacts every 2 s (item 1): the resumed watches
@@ -11,7 +11,7 @@ single etcd member that is:
   (delete, compact, defrag, alarm disarm), one clear line and no traceback meanwhile;
 * slow (item 3): every byte to and from etcd goes through a
   :class:`~elastic.testing.latency_proxy.LatencyProxy` (200 ms and 1 s each way) from the
-  agents' start, and a worker crashes at step 20: both nodes train and re-form (at 0 ms: the
+  agents' start, and a worker crashes at step 10: both nodes train and re-form (at 0 ms: the
   same crash on a fast link, the figures' baseline);
 * cleared by an operator (item 4): ``etcdctl del --prefix`` of the job's keys; the job re-forms
   and every agent says the keys were deleted (under torchrun too, which shows no INFO of ours);
@@ -39,11 +39,10 @@ from elastic.rendezvous.records import RendezvousKeys
 from elastic.testing.etcd_cluster import EtcdCluster
 from elastic.testing.etcd_load import BusyTenant, clear_nospace, fill_until_nospace, nospace_alarmed
 from elastic.testing.latency_proxy import LatencyProxy
-from test_chaos import Context, Scenario, Timeline, run
+from test_chaos import STEPS_INSTANT, Context, Scenario, Timeline, run
 
 pytestmark = [pytest.mark.slow, pytest.mark.chaos, pytest.mark.etcd, pytest.mark.needs_torch, pytest.mark.timeout(420)]
 
-STEPS = 100
 LAUNCHERS = [ELASTICRUN, TORCHRUN]
 WITH_LIVE = [ELASTICRUN, ELASTICRUN_LIVE, TORCHRUN]
 """The faults whose live-recovery path differs from test_chaos's rows run once more as elasticrun-live
@@ -99,7 +98,7 @@ def restart_under_compaction(ctx: Context) -> Timeline:
 def test_an_etcd_restarted_under_compaction_every_2s_costs_no_restart(launcher, etcd_cluster_factory, job_factory,
                                                                       report_figures):
     scenario = Scenario("restart-compacting", restart_under_compaction, etcd_members=1)
-    job = job_factory(launcher, steps=STEPS, step_seconds=scenario.step_seconds)
+    job = job_factory(launcher, steps=scenario.steps, step_seconds=scenario.step_seconds)
     run(scenario, launcher, etcd_cluster_factory(1), job, report_figures)
     assert "restarting to be safe" not in "".join(agent.stderr for agent in job.agents.values())
 
@@ -126,7 +125,7 @@ def crash_while_full(ctx: Context) -> Timeline:
 def test_a_worker_crash_while_etcd_is_full_re_forms_once_it_is_cleaned(launcher, etcd_cluster_factory, job_factory,
                                                                        report_figures):
     scenario = Scenario("nospace-crash", crash_while_full, etcd_members=1, worlds=(2, 2), rounds=(2, 2), charged=1)
-    job = job_factory(launcher, steps=STEPS, step_seconds=scenario.step_seconds)
+    job = job_factory(launcher, steps=scenario.steps, step_seconds=scenario.step_seconds)
     run(scenario, launcher, etcd_cluster_factory(1, extra_args=QUOTA), job, report_figures)
     no_tracebacks(job)
     assert any(said(job, "etcd is out of space for").values()), job.stderr_tails()
@@ -156,7 +155,7 @@ def test_a_slow_link_to_etcd_still_trains_and_re_forms_after_a_crash(launcher, d
     scenario = Scenario(f"latency-{delay:g}s-crash", lambda ctx: Timeline(crash_worker(ctx)), etcd_members=1,
                         worlds=(2, 2), rounds=(2, 2), charged=1)
     with LatencyProxy(("127.0.0.1", cluster.members[0].client_port), delay) as proxy:
-        job = job_factory(launcher, steps=STEPS, step_seconds=scenario.step_seconds)
+        job = job_factory(launcher, steps=scenario.steps, step_seconds=scenario.step_seconds)
         run(scenario, launcher, Proxied(cluster, proxy), job, report_figures)
     no_tracebacks(job)
     if delay >= 1.0:  # a 2 s round trip is above the 3 s lease's share: each node says what it raised
@@ -178,8 +177,9 @@ def delete_job_keys(ctx: Context) -> Timeline:
 @pytest.mark.parametrize("launcher", [ELASTICRUN, ELASTICRUN_LIVE, TORCHRUN])
 def test_deleting_the_jobs_keys_re_forms_and_every_agent_says_why(launcher, etcd_cluster_factory, job_factory,
                                                                  report_figures):
-    scenario = Scenario("keys-deleted", delete_job_keys, etcd_members=1, worlds=(2, 2), rounds=(2, 2))
-    job = job_factory(launcher, steps=STEPS, step_seconds=scenario.step_seconds)
+    scenario = Scenario("keys-deleted", delete_job_keys, etcd_members=1, worlds=(2, 2), rounds=(2, 2),
+                        steps=STEPS_INSTANT)
+    job = job_factory(launcher, steps=scenario.steps, step_seconds=scenario.step_seconds)
     run(scenario, launcher, etcd_cluster_factory(1), job, report_figures)
     assert said(job, "the job's keys were deleted") == {"a": True, "b": True}, job.stderr_tails()
 
@@ -209,7 +209,8 @@ REVOKED_UNDER_TORCHRUN = pytest.mark.xfail(strict=False, raises=AssertionError, 
 @pytest.mark.parametrize("launcher", [ELASTICRUN, ELASTICRUN_LIVE, pytest.param(TORCHRUN, marks=REVOKED_UNDER_TORCHRUN)])
 def test_revoking_one_agents_lease_re_forms_once_and_charges_nothing(launcher, etcd_cluster_factory, job_factory,
                                                                      report_figures):
-    scenario = Scenario("lease-revoked", revoke_one_lease, etcd_members=1, worlds=(2, 2), rounds=(2, 2))
-    job = job_factory(launcher, steps=STEPS, step_seconds=scenario.step_seconds)
+    scenario = Scenario("lease-revoked", revoke_one_lease, etcd_members=1, worlds=(2, 2), rounds=(2, 2),
+                        steps=STEPS_INSTANT)
+    job = job_factory(launcher, steps=scenario.steps, step_seconds=scenario.step_seconds)
     run(scenario, launcher, etcd_cluster_factory(1), job, report_figures)
     no_tracebacks(job)

@@ -50,9 +50,16 @@ OURS_CONF = f"lease_ttl={LEASE_TTL},last_call_timeout={LAST_CALL}"
 # torch's dynamic rendezvous (c10d) takes join/last_call/close timeouts and keep-alive settings
 # (torch/distributed/elastic/rendezvous/dynamic_rendezvous.py:create_handler).
 # read_timeout bounds its store waits (60 s by default), which is where it hangs when it cannot
-# re-form (see the membership tests).
+# re-form (see the membership tests and the finished-job scenario: each waits it out once, then
+# torchrun exits 1). Where it completes, those waits last well under a second (every agent of a
+# round writes its key at once), so 10 s exercises the same outcome as 20 s, 10 s sooner. It is
+# also how long a client that is not the host keeps trying to connect to the store: the
+# any-order scenario, which waits for a host started 5 s later, sets C10D_CONNECT_TIMEOUT.
+C10D_READ_TIMEOUT = 10
+C10D_CONNECT_TIMEOUT = 20
+"""``read_timeout`` for a c10d node that starts before its store's host (test_any_order_differential)."""
 C10D_CONF = f"join_timeout=60,last_call_timeout={LAST_CALL},close_timeout=20,keep_alive_interval=1," \
-            "keep_alive_max_attempt=3,read_timeout=20"
+            f"keep_alive_max_attempt=3,read_timeout={C10D_READ_TIMEOUT}"
 JOB_TIMEOUT = 60.0
 """Seconds one launcher may take for one phase of a scenario before the harness gives up on it."""
 REFERENCE_TIMEOUT = 30.0

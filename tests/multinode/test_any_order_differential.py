@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from harness import C10D, ELASTICRUN_C10D, Job
+from harness import C10D, C10D_CONNECT_TIMEOUT, ELASTICRUN_C10D, Job
 from test_differential import find, judge, run_scenario
 
 pytestmark = [pytest.mark.slow, pytest.mark.needs_torch]
@@ -29,7 +29,10 @@ def host_last(early_exit: dict[str, int | None]):
     end. ``early_exit[launcher]`` gets B's exit code if it exited before A started (else None),
     and then A is not started."""
     def drive(job: Job) -> tuple[dict, dict]:
-        b = job.start("B", 1, conf="is_host=0")
+        # torchrun's client tries to connect for its read_timeout: longer than the harness's
+        # (which bounds the store waits of a round), as the host starts EARLY s later.
+        connect = f",read_timeout={C10D_CONNECT_TIMEOUT}" if job.launcher == C10D else ""
+        b = job.start("B", 1, conf=f"is_host=0{connect}")
         until = time.monotonic() + EARLY
         while b.returncode is None and time.monotonic() < until:
             time.sleep(0.1)
