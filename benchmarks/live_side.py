@@ -101,10 +101,16 @@ def measure_freeze(run: Run, window: float) -> tuple[FaultFigures, str]:
     fault_at = run.freeze(1)
     _hold(run, fault_at + FREEZE_S)
     thawed_at = run.thaw(1)
+    return _through_window(run, fault_at, window, f"thawed {thawed_at - fault_at:.1f} s after the SIGSTOP")
+
+
+def _through_window(run: Run, fault_at: float, window: float, note: str) -> tuple[FaultFigures, str]:
+    """Hold a run whose launchers may exit through ``window`` after ``fault_at``: its figures, and
+    ``note`` with what else a reader must know (:func:`outcome`)."""
     exits = _hold_through(run, fault_at + window + 0.5)
     figures = fault_figures(commits(run.events(0)), commits(run.events(1)), fault_at, window)
     after = outcome(figures, exits)
-    return figures, f"thawed {thawed_at - fault_at:.1f} s after the SIGSTOP" + (f"; {after}" if after else "")
+    return figures, note + (f"; {after}" if after else "")
 
 
 def _hold_through(run: Run, until: float) -> dict[int, int]:
@@ -150,10 +156,7 @@ def measure_control_plane(run: Run, window: float, cluster=None) -> tuple[FaultF
     else:
         killed_at = run.kill_lighthouse()
         what = "lighthouse"
-    exits = _hold_through(run, fault_at + window + 0.5)
-    figures = fault_figures(commits(run.events(0)), commits(run.events(1)), fault_at, window)
-    after = outcome(figures, exits)
-    return figures, f"{what} killed {1000 * (killed_at - fault_at):.1f} ms after the crash" + (f"; {after}" if after else "")
+    return _through_window(run, fault_at, window, f"{what} killed {1000 * (killed_at - fault_at):.1f} ms after the crash")
 
 
 def measure_fault_and_state(run: Run, kind: str, window: float):

@@ -369,12 +369,12 @@ class LiveTraining:
         if target.local_rank != self._round.local_rank:
             log.warning("%s: round %d moves this worker from local rank %d to %d (its device does not change)",
                         self._where(), target.round, self._round.local_rank, target.local_rank)
-        if target.round < self._round.round or (target.round == self._round.round and target is not self._round):
-            # Renumbered rounds (the job's keys were deleted): commit rounds of the old numbering
-            # say nothing against the new one; every rank that lived through it forgets them.
-            self._commit_round = -1
-        if target is not self._round:  # a newer round starts at its generation 0
-            self._generation = 0
+        if target is not self._round:  # not the first round, nor a generation of the round in use
+            self._generation = 0  # a newer round starts at its generation 0
+            if target.round <= self._round.round:
+                # Renumbered rounds (the job's keys were deleted): commit rounds of the old numbering
+                # say nothing against the new one; every rank that lived through it forgets them.
+                self._commit_round = -1
         self._round = target
         if isinstance(self._environ, MutableMapping):
             export_round(target, self._environ)
