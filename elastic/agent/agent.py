@@ -237,7 +237,8 @@ class ElasticAgent:
         while True:
             self._waker.check()
             state = group.poll()
-            if live and self._refill(group, state):
+            # Asked only after a failure: its checks read the workers' pipes.
+            if live and state.status is GroupStatus.FAILED and self._refill(group, state):
                 state = group.poll()
             reported_exits = self._report.worker_exits(state, reported_exits)
             membership = self.rendezvous.membership()
@@ -275,11 +276,12 @@ class ElasticAgent:
         """Replace live workers that failed, at once, in the round in use (their ranks re-form it
         through its own store while the rendezvous closes the next round; see
         :mod:`elastic.worker.refill`); whether any was started. Not when the failure will end or
-        stop the group anyway: no restart left, or a worker outside the live protocol."""
+        stop the group anyway (no restart left, a worker outside the live protocol), nor without
+        pre-warmed replacements."""
         if not refills(state.status is GroupStatus.FAILED, self.restarts_used < self.config.max_restarts,
-                       self._attempts.unanswered(), self._attempts.silent()):
+                       self._attempts.unanswered(), self._attempts.silent(), self._attempts.prewarmed):
             return False
-        if not self._attempts.refill(group.rdzv, self.attempt + 1, self.restarts_used):
+        if not self._attempts.refill(self.attempt + 1, self.restarts_used):
             return False
         self.attempt += 1  # the replacements' log directory; the next round's workers get the one after
         return True

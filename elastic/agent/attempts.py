@@ -137,7 +137,7 @@ class Attempts:
         """Whether a live worker reported the group of the current round as lost."""
         return isinstance(self.running, LiveWorkers) and self.running.broken()
 
-    def refill(self, info: RendezvousInfo, attempt: int, restart_count: int) -> bool:
+    def refill(self, attempt: int, restart_count: int) -> bool:
         """Replace the failed live workers in the round in use (:meth:`LiveWorkers.refill`);
         whether any was started. A replacement that cannot start is left to the restart that
         follows (one console line)."""
@@ -147,20 +147,22 @@ class Attempts:
         before = set(group.pids().values())
         try:
             ranks = group.refill(attempt=attempt, restart_count=restart_count,
-                                 use_agent_store=self._use_agent_store(info))
+                                 use_agent_store=self._use_agent_store(group.rdzv))
         except WorkerStartError as error:
-            self._report.print(f"elasticrun: cannot replace the failed workers in round {info.round}: {error}")
+            self._report.print(f"elasticrun: cannot replace the failed workers in round {group.rdzv.round}: {error}")
             return False
-        if self._lifeline is not None and ranks:
-            after = set(group.pids().values())
-            self._lifeline.untrack(before - after)
-            self._lifeline.track(after - before)
+        self._retrack(group, before)
         return bool(ranks)
 
     def held(self, until: float | None) -> None:
         """Tell live workers until when the store cannot have dropped this node (no-op otherwise)."""
         if isinstance(self.running, LiveWorkers) and until is not None:
             self.running.held(until)
+
+    @property
+    def prewarmed(self) -> bool:
+        """Whether workers start as forks of pre-warmed templates (``--prewarm``)."""
+        return self._templates is not None
 
     def silent(self) -> bool:
         """Whether a running worker never spoke the live protocol (or the group is not live)."""
@@ -183,11 +185,15 @@ class Attempts:
             return None
         if listener is not None and use_agent_store:
             self._hand_over(listener, info)
-        after = set(group.pids().values())
+        self._retrack(group, before)
+        return group
+
+    def _retrack(self, group: LiveWorkers, before: set[int]) -> None:
+        """Tell the lifeline which live workers replaced which (``before``: the pids until now)."""
         if self._lifeline is not None:
+            after = set(group.pids().values())
             self._lifeline.untrack(before - after)
             self._lifeline.track(after - before)
-        return group
 
     def close(self) -> None:
         """Stop the store helper (the agent is done)."""

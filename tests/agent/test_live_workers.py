@@ -61,15 +61,16 @@ def test_keeps_workers(live, action, unanswered, silent, keeps):
     assert keeps_workers(live, action, unanswered, silent) is keeps
 
 
-@pytest.mark.parametrize("failed, restart_left, unanswered, silent, refill", [
-    (True, True, False, False, True),     # a live worker died: replace it now, in the round in use
-    (False, True, False, False, False),   # nothing failed
-    (True, False, False, False, False),   # no restart left: the failure ends the job
-    (True, True, True, False, False),     # a worker left a round unanswered: the group restarts
-    (True, True, False, True, False),     # a worker never spoke the protocol: the group restarts
+@pytest.mark.parametrize("failed, restart_left, unanswered, silent, prewarmed, refill", [
+    (True, True, False, False, True, True),     # a live worker died: replace it now, in the round in use
+    (False, True, False, False, True, False),   # nothing failed
+    (True, False, False, False, True, False),   # no restart left: the failure ends the job
+    (True, True, True, False, True, False),     # a worker left a round unanswered: the group restarts
+    (True, True, False, True, True, False),     # a worker never spoke the protocol: the group restarts
+    (True, True, False, False, False, False),   # --no-prewarm: the next round comes before a fresh process
 ])
-def test_refills(failed, restart_left, unanswered, silent, refill):
-    assert refills(failed, restart_left, unanswered, silent) is refill
+def test_refills(failed, restart_left, unanswered, silent, prewarmed, refill):
+    assert refills(failed, restart_left, unanswered, silent, prewarmed) is refill
 
 
 @pytest.mark.parametrize("published, formed, over, expected", [

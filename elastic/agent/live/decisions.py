@@ -30,15 +30,18 @@ def keeps_workers(live: bool, action: AgentAction, unanswered: bool, silent: boo
     return live and action in KEPT_ACTIONS and not unanswered and not silent
 
 
-def refills(failed: bool, restart_left: bool, unanswered: bool, silent: bool) -> bool:
+def refills(failed: bool, restart_left: bool, unanswered: bool, silent: bool, prewarmed: bool) -> bool:
     """Whether the agent replaces its failed live workers in the round in use, before the
     rendezvous (:mod:`elastic.worker.refill`).
 
-    Only for a failed group with a restart left (without one the failure ends the job), and not
+    Only for a failed group with a restart left (without one the failure ends the job), not
     when :func:`keeps_workers` would stop the group anyway (a worker left a round unanswered or
-    never spoke the live protocol).
+    never spoke the live protocol), and only with pre-warmed replacements: a fresh process
+    imports torch for seconds, by which time the next round has usually closed and the master
+    node's store has moved on, so it would only connect to a round that is gone (and, in torch
+    2.13, a store connect left behind that way was seen to abort the worker).
     """
-    return failed and restart_left and not unanswered and not silent
+    return failed and restart_left and not unanswered and not silent and prewarmed
 
 
 class RoundAnswer(enum.Enum):
