@@ -1,7 +1,7 @@
 """Live recovery: the real launchers side by side, and what a survivor and a joiner see.
 
 Run:  python benchmarks/live_recovery.py --side-by-side [--systems ...] [--faults crash,node_loss,freeze,control_plane]
-                                         [--window 60] [--schedule 120] [--state-mb 100] [--quick]
+                                         [--window 60] [--schedule 120] [--state-mb 100] [--repetitions N] [--quick]
       python benchmarks/live_recovery.py [--cases crash,freeze,transfer] [--repetitions N] [--json FILE]
 
 ``--side-by-side`` (``live_side.py``, ``live_systems.py``): the same small DDP model under
@@ -221,7 +221,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "(default 10; 60 with --side-by-side)")
     parser.add_argument("--big-mb", type=int, default=100, help="transfer: MB of parameters + Adam state (default 100)")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for any one thing (default 120)")
-    parser.add_argument("--repetitions", type=int, default=1, help="runs per case; medians are printed (default 1)")
+    parser.add_argument("--repetitions", type=int, default=1,
+                        help="runs per case (side by side: per fault and system); medians are printed (default 1)")
     parser.add_argument("--json", help="also write the figures (and every run's) to this file")
     side = parser.add_argument_group("launcher-level side by side (--side-by-side)")
     side.add_argument("--side-by-side", action="store_true", help="run the real launchers side by side instead")
@@ -235,6 +236,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                       help="every worker's model: ~N MiB of parameters + Adam state (default 0: the small model)")
     side.add_argument("--quick", action="store_true", help="a smoke: live+prewarm and torchrun, a crash, a 10 s window")
     args = parser.parse_args(argv)
+    if args.repetitions < 1:
+        parser.error("--repetitions must be at least 1")
     if args.side_by_side:
         return _side_args(parser, args)
     args.window = 10.0 if args.window is None else args.window

@@ -11,7 +11,9 @@ survivor's step 25: the survivor's longest step gap, the steps it redid, seconds
 commits a step again, and goodput over ``--window`` seconds after the fault (useful steps ÷ the
 steps at the pre-fault rate). ``--schedule S``: one fault every 10 s for S seconds, alternating
 crash and node loss, and the useful-step fraction over those S seconds. Times are the workers'
-``time.monotonic()`` stamps.
+``time.monotonic()`` stamps. ``--repetitions N`` runs the whole plan N times and reports, per
+fault and system, the run with the median gap (per schedule, the median fraction) whole, with the
+range over the runs in its note.
 """
 
 from __future__ import annotations
@@ -77,6 +79,25 @@ def one_world(*logs: list[dict]) -> bool:
     """Whether every log's last step was taken in a world of ``len(logs)`` (not two jobs of one)."""
     last = [next((e for e in reversed(events) if e.get("ev") == "step"), None) for events in logs]
     return all(event is not None and event.get("world") == len(logs) for event in last)
+
+
+def median_run(costs: list[float]) -> int:
+    """The index of the median run by ``costs`` (higher is worse; of an even count, the worse of
+    the two middle ones). Its figures are reported whole, so a row is always one run that happened."""
+    order = sorted(range(len(costs)), key=lambda index: costs[index])
+    return order[len(order) // 2]
+
+
+def spread_note(runs: list[FaultFigures]) -> str:
+    """The range over several runs of one fault and system; empty for one run."""
+    if len(runs) < 2:
+        return ""
+    gaps = sorted(figures.longest_gap_s for figures in runs)
+    goodputs = sorted(figures.goodput for figures in runs)
+    redone = sorted(figures.steps_redone for figures in runs)
+    stalled = sum(figures.stalled for figures in runs)
+    return (f"median of {len(runs)} runs: gap {gaps[0]:.2f}-{gaps[-1]:.2f} s, goodput {goodputs[0]:.3f}-"
+            f"{goodputs[-1]:.3f}, redone {redone[0]}-{redone[-1]}" + (f", {stalled} stalled" if stalled else ""))
 
 
 def _hold(run: Run, until: float) -> None:
@@ -269,7 +290,11 @@ def main(args) -> int:
     row_notes: dict[tuple[str, str], str] = {}
     schedule: dict[str, object] = {}
     states: dict[tuple[str, str], object] = {}
+    fault_runs: dict[tuple[str, str], list[tuple[FaultFigures, str, object]]] = {}
+    schedule_runs: dict[str, list[ScheduleFigures]] = {}
+    errors: dict[object, list[str]] = {}
     state_mb = getattr(args, "state_mb", 0)
+    repetitions = getattr(args, "repetitions", 1)
     failed = 0
     with ExitStack() as cleanup:
         sys.path.insert(0, str(REPO))
@@ -281,11 +306,12 @@ def main(args) -> int:
         workdir = Path(tempfile.mkdtemp(prefix="live-side-"))
         plan = [(kind, system) for kind in args.faults for system in systems]
         plan += [("schedule", system) for system in systems] if args.schedule else []
-        for kind, system in plan:
+        # Repetitions go round the whole plan, so a change of load touches every system alike.
+        for repetition, (kind, system) in ((r, step) for r in range(repetitions) for step in plan):
             if kind == "control_plane" and system == "torchrun":
                 faults[kind, system] = NO_CONTROL_PLANE
                 continue
-            rundir = workdir / f"{kind}-{system}"
+            rundir = workdir / f"{kind}-{system}-{repetition}"
             rundir.mkdir()
             cluster = run = None
             try:
@@ -295,32 +321,50 @@ def main(args) -> int:
                     endpoints = cluster.endpoints()
                 run = Run(system, rundir, endpoints, args.step_seconds, python, args.timeout,
                           rejoin_timeout=args.rejoin_timeout, state_mb=state_mb)
-                note = ""
+                note, state = "", None
                 if kind == "schedule":
-                    schedule[system] = figures = measure_schedule(run, args.schedule)
+                    figures = measure_schedule(run, args.schedule)
+                    schedule_runs.setdefault(system, []).append(figures)
                 elif kind == "control_plane":
                     figures, note = measure_control_plane(run, args.window, cluster)
                 elif kind == "freeze":
                     figures, note = measure_freeze(run, args.window)
                 elif state_mb:
-                    figures, states[kind, system] = measure_fault_and_state(run, kind, args.window)
+                    figures, state = measure_fault_and_state(run, kind, args.window)
                     note = outcome(figures)
-                    print(f"  {kind:<13} {LABELS[system]:<{WIDTH}} {asdict(states[kind, system])}", file=sys.stderr, flush=True)
+                    print(f"  {kind:<13} {LABELS[system]:<{WIDTH}} {asdict(state)}", file=sys.stderr, flush=True)
                 else:
                     figures, note = measure_fault(run, kind, args.window)
                 if kind != "schedule":
-                    faults[kind, system], row_notes[kind, system] = figures, note
+                    fault_runs.setdefault((kind, system), []).append((figures, note, state))
                 print(f"  {kind:<13} {LABELS[system]:<{WIDTH}} {asdict(figures)} {note}", file=sys.stderr, flush=True)
             except (SystemFailed, ValueError, EtcdServerError) as error:
                 failed += 1
-                (schedule if kind == "schedule" else faults)[(kind, system) if kind != "schedule" else system] = \
-                    f"FAILED: {error}"
+                errors.setdefault(system if kind == "schedule" else (kind, system), []).append(str(error))
                 print(f"  {kind:<13} {LABELS[system]:<{WIDTH}} FAILED: {error}", file=sys.stderr, flush=True)
             finally:
                 if run is not None:
                     run.stop()
                 if cluster is not None:
                     cluster.close()
+    for key, runs in fault_runs.items():
+        figures, note, state = runs[median_run([figures.longest_gap_s for figures, _, _ in runs])]
+        lost = errors.pop(key, [])
+        faults[key] = figures
+        row_notes[key] = "; ".join(part for part in (note, spread_note([run[0] for run in runs]),
+                                                     f"{len(lost)} run(s) failed" if lost else "") if part)
+        if state is not None:
+            states[key] = state
+    schedule_notes = {}
+    for system, runs in schedule_runs.items():
+        schedule[system] = runs[median_run([-figures.fraction for figures in runs])]
+        fractions = sorted(figures.fraction for figures in runs)
+        lost = errors.pop(system, [])
+        if len(runs) > 1 or lost:
+            schedule_notes[system] = (f"median of {len(runs)} runs: fraction {fractions[0]:.3f}-{fractions[-1]:.3f}"
+                                      + (f"; {len(lost)} run(s) failed" if lost else ""))
+    for key, lost in errors.items():  # every repetition failed
+        (schedule if isinstance(key, str) else faults)[key] = f"FAILED: {lost[0]}"
     load_after = os.getloadavg()
     print(f"load average (1/5/15 min) before {tuple(round(x, 2) for x in load_before)}, "
           f"after {tuple(round(x, 2) for x in load_after)} on {os.cpu_count()} CPUs; "
@@ -333,6 +377,8 @@ def main(args) -> int:
         print(state_table(states, systems, state_mb))
     if schedule:
         print(schedule_table(schedule, systems, args.schedule))
+        for system, note in schedule_notes.items():
+            print(f"  {LABELS[system]}: {note}")
     if failed:
         print(f"{failed} run(s) failed; worker and launcher logs kept in {workdir}", file=sys.stderr)
     else:

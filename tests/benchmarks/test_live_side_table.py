@@ -49,3 +49,23 @@ def test_the_fault_waits_for_both_nodes_in_one_world(side, worlds, joined):
     logs = [[{"ev": "start"}] + ([{"ev": "step", "step": 3, "t": 1.0, "world": world}] if world else [])
             for world in worlds]
     assert side.one_world(*logs) is joined
+
+
+@pytest.mark.parametrize("costs, picked", [
+    ([0.3], 0),
+    ([0.5, 0.2, 0.3], 2),        # gaps: the middle one
+    ([0.2, 0.5], 1),             # of two middles, the worse (the longer gap)
+    ([0.4, 0.1, 0.3, 0.2], 2),   # 0.3, not 0.2
+    ([-0.97, -0.95, -0.99], 0),  # schedule fractions, negated: 0.97
+    ([-0.97, -0.95], 1),         # of two middles, the worse (the smaller fraction)
+])
+def test_the_median_run_is_one_run_and_the_worse_middle_of_an_even_count(side, costs, picked):
+    assert side.median_run(costs) == picked
+
+
+def test_several_runs_say_their_range_and_one_run_says_nothing(side):
+    runs = [side.FaultFigures(0.31, 0, 0.5, 470, 480.0), side.FaultFigures(0.24, 0, 0.4, 475, 480.0),
+            side.FaultFigures(2.5, 1, None, 400, 480.0, stalled=True)]
+    assert side.spread_note(runs[:1]) == ""
+    assert side.spread_note(runs) == ("median of 3 runs: gap 0.24-2.50 s, goodput 0.833-0.990, redone 0-1, "
+                                      "1 stalled")
