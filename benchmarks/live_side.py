@@ -292,7 +292,8 @@ def main(args) -> int:
     states: dict[tuple[str, str], object] = {}
     fault_runs: dict[tuple[str, str], list[tuple[FaultFigures, str, object]]] = {}
     schedule_runs: dict[str, list[ScheduleFigures]] = {}
-    errors: dict[object, list[str]] = {}
+    fault_errors: dict[tuple[str, str], list[str]] = {}
+    schedule_errors: dict[str, list[str]] = {}
     state_mb = getattr(args, "state_mb", 0)
     repetitions = getattr(args, "repetitions", 1)
     failed = 0
@@ -340,7 +341,10 @@ def main(args) -> int:
                 print(f"  {kind:<13} {LABELS[system]:<{WIDTH}} {asdict(figures)} {note}", file=sys.stderr, flush=True)
             except (SystemFailed, ValueError, EtcdServerError) as error:
                 failed += 1
-                errors.setdefault(system if kind == "schedule" else (kind, system), []).append(str(error))
+                if kind == "schedule":
+                    schedule_errors.setdefault(system, []).append(str(error))
+                else:
+                    fault_errors.setdefault((kind, system), []).append(str(error))
                 print(f"  {kind:<13} {LABELS[system]:<{WIDTH}} FAILED: {error}", file=sys.stderr, flush=True)
             finally:
                 if run is not None:
@@ -348,23 +352,24 @@ def main(args) -> int:
                 if cluster is not None:
                     cluster.close()
     for key, runs in fault_runs.items():
-        figures, note, state = runs[median_run([figures.longest_gap_s for figures, _, _ in runs])]
-        lost = errors.pop(key, [])
+        figures, note, state = runs[median_run([each.longest_gap_s for each, _, _ in runs])]
+        lost = fault_errors.pop(key, [])
         faults[key] = figures
-        row_notes[key] = "; ".join(part for part in (note, spread_note([run[0] for run in runs]),
+        row_notes[key] = "; ".join(part for part in (note, spread_note([each for each, _, _ in runs]),
                                                      f"{len(lost)} run(s) failed" if lost else "") if part)
         if state is not None:
             states[key] = state
     schedule_notes = {}
     for system, runs in schedule_runs.items():
-        schedule[system] = runs[median_run([-figures.fraction for figures in runs])]
-        fractions = sorted(figures.fraction for figures in runs)
-        lost = errors.pop(system, [])
+        schedule[system] = runs[median_run([-each.fraction for each in runs])]
+        fractions = sorted(each.fraction for each in runs)
+        lost = schedule_errors.pop(system, [])
         if len(runs) > 1 or lost:
             schedule_notes[system] = (f"median of {len(runs)} runs: fraction {fractions[0]:.3f}-{fractions[-1]:.3f}"
                                       + (f"; {len(lost)} run(s) failed" if lost else ""))
-    for key, lost in errors.items():  # every repetition failed
-        (schedule if isinstance(key, str) else faults)[key] = f"FAILED: {lost[0]}"
+    # What is left failed in every repetition.
+    faults.update({key: f"FAILED: {lost[0]}" for key, lost in fault_errors.items()})
+    schedule.update({system: f"FAILED: {lost[0]}" for system, lost in schedule_errors.items()})
     load_after = os.getloadavg()
     print(f"load average (1/5/15 min) before {tuple(round(x, 2) for x in load_before)}, "
           f"after {tuple(round(x, 2) for x in load_after)} on {os.cpu_count()} CPUs; "
