@@ -163,6 +163,11 @@ def _select_tiers(config, items) -> None:
 # rendezvous) form one group: they run one after the other on one worker, so no two of them
 # ever run at once (each loads the machine), and they are scheduled first, being the longest
 # chain; the other worker runs everything else meanwhile.
+#
+# The group is decided by the controller's scheduler from each test's path, not by an
+# ``xdist_group`` marker: xdist 3.8 marks a group by rewriting ``item._nodeid``, which pytest 9.2
+# no longer reads (its ``nodeid`` comes from ``item._id``), so under pytest >= 9.2 the marker
+# silently groups nothing.
 WHOLE_JOB_DIRS = frozenset({"chaos", "multinode"})
 WHOLE_JOB_TESTS = frozenset({
     # 64 handlers' joins and watches at once on one etcd: beside a whole job on a loaded 2-core
@@ -173,22 +178,44 @@ WHOLE_JOBS = "whole-jobs"
 _TESTS = Path(__file__).resolve().parent
 
 
-def _is_whole_job(item) -> bool:
+def _is_whole_job_path(path: Path, name: str) -> bool:
     try:
-        path = item.path.resolve().relative_to(_TESTS)
+        relative = path.resolve().relative_to(_TESTS)
     except ValueError:  # a test outside tests/
         return False
-    return path.parts[0] in WHOLE_JOB_DIRS or f"{path.as_posix()}::{item.name}" in WHOLE_JOB_TESTS
+    return relative.parts[0] in WHOLE_JOB_DIRS or f"{relative.as_posix()}::{name}" in WHOLE_JOB_TESTS
+
+
+def _is_whole_job(item) -> bool:
+    return _is_whole_job_path(item.path, item.name)
 
 
 def _group_whole_jobs(config, items) -> None:
-    # Workers collect (the controller does not); xdist tells them the mode in option.loadgroup.
+    """Put the whole-job tests first, in the same order on every worker (workers collect; the
+    controller schedules them in that order)."""
     if not config.getoption("loadgroup", False):
         return
     whole = [item for item in items if _is_whole_job(item)]
-    for item in whole:
-        item.add_marker(pytest.mark.xdist_group(WHOLE_JOBS))
-    items[:] = whole + [item for item in items if not _is_whole_job(item)]  # the same order on every worker
+    items[:] = whole + [item for item in items if not _is_whole_job(item)]
+
+
+@pytest.hookimpl(optionalhook=True)  # unknown without xdist (-p no:xdist)
+def pytest_xdist_make_scheduler(config, log):
+    """With ``--dist loadgroup``: every whole-job test in one scope (one worker, one at a time),
+    every other test a scope of its own (xdist's own ``xdist_group`` markers still group). The
+    controller runs it; it knows the mode as ``--dist`` (workers as ``option.loadgroup``)."""
+    if config.getoption("dist", None) != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class WholeJobsScheduling(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            file_part, _, name = nodeid.partition("::")
+            if _is_whole_job_path(config.rootpath / file_part, name.partition("@")[0]):
+                return WHOLE_JOBS
+            return super()._split_scope(nodeid)
+
+    return WholeJobsScheduling(config, log)
 
 
 # -- torch -------------------------------------------------------------------------------------
