@@ -100,8 +100,10 @@ def test_a_barrier_waiting_for_a_rank_is_abandoned_when_the_generation_moves_pas
     thread.start()
     time.sleep(0.2)
     assert "result" not in outcome
-    started = time.monotonic()
     assert move_generation(_client(server), current_generation(base)) == 2  # the replacement's move
-    thread.join(10)
+    thread.join(20)
+    # It left because the key moved (_GenerationMoved, naming generation 2), not at its 30 s form
+    # deadline, which would raise another error and only after the join above gave up. No bound on
+    # how soon: that would measure the machine's load, not the barrier.
+    assert not thread.is_alive()
     assert isinstance(outcome["result"], _GenerationMoved) and moved.newest == 2
-    assert time.monotonic() - started < 1.0
