@@ -44,7 +44,7 @@ from elastic.rendezvous.job import job_identity
 
 __all__ = ["ConfigError", "HelpRequested", "config_from_args", "installed_logs_specs", "parse_or_exit",
            "split_command_line"]
-from elastic.rendezvous.conf import parse_rdzv_conf
+from elastic.rendezvous.conf import parse_rdzv_conf, unquote_conf
 from elastic.rendezvous.secret_sources import command_line_secret_warning, inline_secret_options
 from elastic.launch.values import (
     ConfigError, Sources, as_given, choice, fail, host_address, integer, optional_port, optional_text, seconds,
@@ -247,7 +247,8 @@ def config_from_args(
     if not (role_text or "").strip():
         raise fail(role_where, "the role name must not be empty")
     _warn_compat_only(sources, pending.append)
-    secrets = inline_secret_options(parse_rdzv_conf(given["rdzv_conf"])) if "rdzv_conf" in given else ()
+    given_conf = [unquote_conf(text) or text for text in given.get("rdzv_conf", ())]
+    secrets = inline_secret_options(parse_rdzv_conf(given_conf)) if given_conf else ()
     if secrets:  # on the command line, every user of the machine reads it in ps
         pending.append(command_line_secret_warning(secrets))
     live_recovery = _live_recovery(sources, rendezvous)

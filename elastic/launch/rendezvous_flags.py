@@ -22,7 +22,7 @@ from elastic.rendezvous.backend_spec import (
     BACKEND_NAMES, ETCD_NAMES, BackendSpec, StaticSpec, etcd_endpoints, etcd_spec, standalone_spec, store_endpoint,
     store_spec,
 )
-from elastic.rendezvous.conf import from_torch, parse_rdzv_conf
+from elastic.rendezvous.conf import from_torch, parse_rdzv_conf, unquote_conf
 from elastic.rendezvous.errors import RendezvousConfigError
 from elastic.rendezvous.settings import RendezvousSettings, settings_from_conf
 
@@ -89,6 +89,7 @@ def _rdzv_conf(sources: Sources, torch_backend: str, warn: Callable[[str], None]
     """``--rdzv-conf`` in our vocabulary (torch's keys mapped, as torchrun's plugin maps them);
     a torch key that has no effect here is said once, through ``warn``."""
     texts, where = sources.texts("rdzv_conf")
+    texts = [_unquoted(text, where, warn) for text in texts]
     try:
         conf = from_torch(parse_rdzv_conf(texts), torch_backend)
     except RendezvousConfigError as error:
@@ -96,6 +97,15 @@ def _rdzv_conf(sources: Sources, torch_backend: str, warn: Callable[[str], None]
     for note in conf.notes:
         warn(note)
     return conf.values
+
+
+def _unquoted(text: str, where: str, warn: Callable[[str], None]) -> str:
+    """``text`` without one pair of quotes around it (:func:`unquote_conf`), said in one line."""
+    inner = unquote_conf(text)
+    if inner is None:
+        return text
+    warn(f"{where}: took the quotes off {text.strip()} (a shell would have removed them)")
+    return inner
 
 
 def _torch_backend(sources: Sources, backend: str, endpoint: str, master_port: int | None, max_nodes: int) -> str:

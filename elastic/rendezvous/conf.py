@@ -96,6 +96,24 @@ _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 
 
+_QUOTES = ("'", '"')
+
+
+def unquote_conf(text: str) -> str | None:
+    """``'k=v,k2=v2'`` without its quotes, or None when ``text`` is not wrapped in one matching pair.
+
+    A shell removes the quotes of ``--rdzv-conf='join_timeout=5,timeout=5'``; a Kubernetes
+    ``args:`` list (or torch's own launcher tests) passes them on, and torchrun runs such a line.
+    Only one pair of the same quote around the whole value, with no quote inside, is taken off:
+    ``'a=1`` or ``'a=1"`` stay as they are and are refused as typos would be.
+    """
+    stripped = text.strip()
+    if len(stripped) < 2 or stripped[0] not in _QUOTES or stripped[-1] != stripped[0]:
+        return None
+    inner = stripped[1:-1]
+    return None if any(quote in inner for quote in _QUOTES) else inner
+
+
 def parse_rdzv_conf(text: str | Sequence[str]) -> dict[str, str]:
     """Parse ``k=v,k2=v2`` (or several such strings) into a dict; later keys win; ``-`` in a key is ``_``.
 

@@ -408,6 +408,33 @@ def test_bad_rdzv_conf_fails_at_parse_time(text, says):
     assert message.startswith("--rdzv-conf: ") and says in message
 
 
+@pytest.mark.parametrize("text", ["'join_timeout=5,last_call_timeout=1,timeout=5'",
+                                  '"join_timeout=5,last_call_timeout=1,timeout=5"'])
+def test_one_pair_of_quotes_around_the_whole_rdzv_conf_is_taken_off_and_said_once(text):
+    # torch's own launcher test (test_launch_elastic) passes the value with its quotes, as a
+    # Kubernetes args: list does with a pasted shell line; torchrun runs it.
+    config, warnings = parse_with_warnings(*ETCD, f"--rdzv-conf={text}", "train.py")
+    assert (config.rendezvous.join_timeout, config.rendezvous.last_call_timeout) == (5.0, 1.0)
+    assert [line for line in warnings if "quotes" in line] == [
+        f"--rdzv-conf: took the quotes off {text} (a shell would have removed them)"]
+
+
+@pytest.mark.parametrize("text, says", [
+    ("'join_timeout=5,timeout=5", "unknown rendezvous option(s) 'join_timeout"),
+    ("'join_timeout=5,timeout=5\"", "unknown rendezvous option(s) 'join_timeout"),
+    ("'join_timeout='5',timeout=5'", "unknown rendezvous option(s) 'join_timeout"),
+    ("'join_timout=5'", "unknown rendezvous option(s) join_timout"),
+])
+def test_unmatched_or_nested_quotes_and_typos_inside_quotes_are_still_refused(text, says):
+    message = parse_error(*ETCD, "--rdzv-conf", text, "train.py")
+    assert message.startswith("--rdzv-conf: ") and says in message and "\n" not in message
+
+
+def test_quotes_around_an_inline_password_still_warn_that_ps_shows_it():
+    _config, warnings = parse_with_warnings(*ETCD, "--rdzv-conf='user=alice,password=hunter2'", "train.py")
+    assert any("password" in line and "ps" in line for line in warnings), warnings
+
+
 @pytest.mark.parametrize("argv, conf, says", [
     (ETCD, "dial_timeout=0", "rendezvous option dial_timeout='0' must be a positive number"),
     (ETCD, "read_timeout=soon", "rendezvous option read_timeout='soon' must be a number of seconds"),

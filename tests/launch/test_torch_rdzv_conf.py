@@ -87,3 +87,20 @@ def test_the_issues_exact_command_line_runs_to_completion(tmp_path: Path):
     assert result.stderr.count("has no effect") == 1
     assert "elasticrun: warning: --rdzv-conf timeout=5 has no effect" in result.stderr
     assert sorted(result.stdout.splitlines()) == [f"rank {rank} of 4" for rank in range(4)]
+
+
+@pytest.mark.slow
+def test_torchs_launch_elastic_command_line_with_the_quotes_inside_its_value_runs(tmp_path: Path):
+    """torch's own launcher test ``test_launch_elastic`` passes ``--rdzv-conf='...'`` as one argv
+    item, quotes included (no shell took them off); torchrun runs it, and so do we, saying so once."""
+    script = tmp_path / "hello.py"
+    script.write_text(HELLO)
+    port, run_id = free_port(), str(uuid.uuid4().int)
+    argv = [sys.executable, "-m", "elastic.run", "--nnodes=1:2", "--nproc-per-node=4", "--rdzv-backend=c10d",
+            f"--rdzv-endpoint=localhost:{port}", "--rdzv-conf='join_timeout=5,last_call_timeout=1,timeout=5'",
+            f"--rdzv-id={run_id}", "--monitor-interval=1", "--start-method=spawn", str(script)]
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("PET_", "TORCHELASTIC_"))}
+    result = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.count("took the quotes off") == 1, result.stderr
+    assert sorted(result.stdout.splitlines()) == [f"rank {rank} of 4" for rank in range(4)]
