@@ -207,3 +207,14 @@ def test_ci_runs_the_readmes_test_commands():
     ci = (REPO / ".ci" / "run").read_text()
     assert "python3 -m pip install -q -e '.[test]' torch==2.13.0" in ci
     assert "python3 -m pytest -q -ra --all -n 2 --dist loadgroup" in ci
+
+
+def test_ci_runs_the_readmes_fast_tier_command_as_written_on_its_own():
+    """The fast tier hid a failure behind CI's ``--all -n 2`` once: CI runs the README's line as is,
+    in a new virtual environment (the newest test tools, as a new user's venv gets them)."""
+    cmds = commands(section(README.read_text(encoding="utf-8"), "Test"))
+    assert ["python", "-m", "pytest", "-q"] in cmds
+    ci = (REPO / ".ci" / "run").read_text()
+    assert "\nleg fast python -m pytest -q\n" in ci
+    assert 'python3 -m venv "$WORK/venv"' in ci and '. "$WORK/venv/bin/activate"' in ci
+    assert ci.index('. "$WORK/venv/bin/activate"') < ci.index("python3 -m pip install -q -e")
