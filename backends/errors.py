@@ -36,6 +36,11 @@ class BackendAuthError(BackendError):
     """The server rejected our credentials (wrong token, user or password, or certificate)."""
 
 
+class BackendPermissionError(BackendAuthError):
+    """The server knows the user, but the user's role may not access that key (etcd's
+    "permission denied" with a valid token): an operator must grant it; retrying cannot help."""
+
+
 class BackendClosedError(BackendError):
     """The client, or the watch, was closed by its owner; further calls are refused."""
 

@@ -78,17 +78,20 @@ class EtcdBackend(KVBackend):
         response = self._call(f"get prefix {prefix!r}", lambda c, o: o.unary(c.kv.Range, request), writes=False)
         return RangeResult(revision=response.header.revision, kvs=tuple(key_value(kv) for kv in response.kvs))
 
-    def round_trip(self, budget: float) -> float:
-        """Seconds one tiny read takes on a connected channel: the round trip to etcd.
+    def round_trip(self, budget: float, key: str) -> float:
+        """Seconds one tiny read of ``key`` takes on a connected channel: the round trip to etcd.
 
         Connects first if need be (that read gets ``budget`` seconds in all); then times a
         second read. For fitting timeouts to a slow link (:mod:`elastic.rendezvous.latency`).
+        ``key`` must be one the user may read: with etcd auth, a least-privilege role may read
+        only its job's prefix.
 
         Raises:
-            BackendError: etcd could not be reached or refused (e.g. the credentials).
+            BackendError: etcd could not be reached or refused (e.g. the credentials);
+                BackendPermissionError when the user's role may not read ``key``.
         """
-        request = etcdrpc.RangeRequest(key=b"/", count_only=True)
-        what = "get '/'"  # what its errors say: a read, like any other (e.g. resolving a wrong host name)
+        request = etcdrpc.RangeRequest(key=encode_key(key), count_only=True)
+        what = f"get {key!r}"  # what its errors say: a read, like any other (e.g. resolving a wrong host name)
         self._connection.call(what, lambda c, o: o.unary(c.kv.Range, request), budget=budget)
         started = time.monotonic()
         self._connection.call(what, lambda c, o: o.unary(c.kv.Range, request), budget=budget)

@@ -344,7 +344,8 @@ class EtcdConnection:
         except BackendAuthError:
             if self.config.user is None or fresh:
                 raise
-            log.info("etcd %s: token for %s refused; authenticating again", operation, channel)
+            # Routine: a simple token lapses after etcd's --auth-token-ttl unused (300 s by default).
+            log.debug("etcd %s: token for %s refused; authenticating again", operation, channel)
             channel.forget_token(stale)
             return self._invoke(channel, operation, invoke, deadline, writes, watched)
 

@@ -16,6 +16,7 @@ from backends.errors import (
     BackendClosedError,
     BackendConnectionError,
     BackendError,
+    BackendPermissionError,
     BackendTimeoutError,
     CompactedError,
     LeaseNotFoundError,
@@ -33,7 +34,16 @@ _AUTH_TEXTS = (
     "permission denied",
     "invalid auth management",
     "root user does not",
+    "revision of auth store is old",
+    "revision in header is old",
 )
+_STALE_TOKEN_TEXTS = ("invalid auth token", "revision of auth store is old", "revision in header is old")
+"""etcd's ErrInvalidAuthToken (a simple token unused for --auth-token-ttl, or one its member
+forgot by restarting) and ErrAuthOldRevision (a JWT token issued before a user or role changed;
+etcd 3.5.1 sends it untranslated, as "auth: revision in header is old"): the token is stale, not
+the credentials; etcd's Go client authenticates again and resends, and so do we
+(:mod:`backends.etcd.connection`, :mod:`backends.etcd.watch`)."""
+_PERMISSION_TEXT = "permission denied"
 _TOO_LARGE_TEXTS = ("request is too large", "larger than max", "message larger")
 _COMPACTED_TEXT = "required revision has been compacted"
 _NOSPACE_TEXT = "database space exceeded"
@@ -178,9 +188,12 @@ def _auth_advice(text: str) -> str:
         return "etcd has auth enabled: pass --rdzv-conf user=NAME,password_file=FILE."
     if "authentication failed" in text or "user name not found" in text:
         return "Check --rdzv-conf user= and the password (password_file=)."
-    if "permission denied" in text:
-        return ("The etcd user's role lacks access to the rendezvous keys: grant it readwrite on the namespace "
-                "prefix (etcdctl role grant-permission ROLE --prefix=true readwrite /elastic/, or the namespace= given).")
+    if any(marker in text for marker in _STALE_TOKEN_TEXTS):
+        return ("The auth token is stale (unused for etcd's --auth-token-ttl, its member restarted, or users or "
+                "roles changed since it was issued); the client authenticates again and resends.")
+    if _PERMISSION_TEXT in text:
+        return ("The etcd user's role lacks access to those keys: grant it readwrite on the namespace prefix "
+                "(etcdctl role grant-permission --prefix=true ROLE readwrite /elastic/, or the namespace= given).")
     return "Check --rdzv-conf user=, the password (password_file=) and the user's role permissions."
 
 
@@ -283,7 +296,8 @@ def _translate_server_error(code: grpc.StatusCode, details: str, where: str, req
     if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED) or any(
         marker in text for marker in _AUTH_TEXTS
     ):
-        return BackendAuthError(f"{where} was refused: {details}. {_auth_advice(text)}")
+        refused = BackendPermissionError if _is_permission_refusal(text) else BackendAuthError
+        return refused(f"{where} was refused: {details}. {_auth_advice(text)}")
     if _LEASE_NOT_FOUND_TEXT in text:
         return LeaseNotFoundError(f"{where} failed: the lease expired or was revoked ({details}).")
     if any(marker in text for marker in _TOO_LARGE_TEXTS):
@@ -305,9 +319,20 @@ def _translate_server_error(code: grpc.StatusCode, details: str, where: str, req
     return BackendError(f"{where} failed with {code.name}: {details}.")
 
 
+def _is_permission_refusal(text: str) -> bool:
+    """Whether etcd's ``text`` (lower case) says the role lacks the key, not that the token is stale."""
+    return _PERMISSION_TEXT in text and not any(marker in text for marker in _STALE_TOKEN_TEXTS)
+
+
 def translate_watch_cancel(reason: str, *, prefix: str, endpoint: str) -> BackendError:
-    """Map the ``cancel_reason`` of a watch the server cancelled (other than for compaction)."""
+    """Map the ``cancel_reason`` of a watch the server cancelled (other than for compaction).
+
+    etcd 3.5 cancels a create sent with a stale token as "permission denied" too, so the watch
+    hub retries such a create once with a fresh token before this error stands.
+    """
     where = f"etcd watch on {prefix!r} at {endpoint}"
-    if any(marker in reason.lower() for marker in _AUTH_TEXTS):
-        return BackendAuthError(f"{where} was refused: {reason}. Check the etcd user's read permission on the prefix.")
+    text = reason.lower()
+    if any(marker in text for marker in _AUTH_TEXTS):
+        refused = BackendPermissionError if _is_permission_refusal(text) else BackendAuthError
+        return refused(f"{where} was refused: {reason}. {_auth_advice(text)}")
     return BackendConnectionError(f"{where} was cancelled by the server: {reason or 'no reason given'}.")

@@ -310,8 +310,10 @@ class WatchHub:
                         registration.reauthenticated = True
                         stream.channel.forget_token(stream.token)
                         stream.renewing_token = True
-                        log.info("etcd at %s refused watch %r with the stream's token (%s); authenticating again "
-                                 "and resuming every watch", stream.channel, registration.prefix, error)
+                        # Routine (the token lapsed unused): etcd's own words, not the advice for a refusal.
+                        log.debug("etcd at %s refused watch %r with the stream's token (%s); authenticating again "
+                                  "and resuming every watch", stream.channel, registration.prefix,
+                                  response.cancel_reason)
                         stream.call.cancel()  # the reader resumes on a new stream with a new token
                         return
                     failed = registration, error
@@ -349,8 +351,8 @@ class WatchHub:
 
         etcd checks a Watch stream's token on every create, and a simple token lapses after
         ``--auth-token-ttl`` (300 s) unused: a long-lived stream's token goes stale while its
-        watches run. etcd 3.4 reports that as "invalid auth token" or "permission denied".
-        """
+        watches run. etcd 3.4 reports that as "invalid auth token", 3.5 as "permission denied"
+        (so only a refusal with a fresh token is a permission problem)."""
         return (
             isinstance(error, BackendAuthError)
             and self._connection.config.user is not None

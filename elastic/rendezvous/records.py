@@ -50,8 +50,14 @@ class RendezvousKeys:
     run_id: str
 
     @functools.cached_property
+    def namespace_prefix(self) -> str:
+        """Every run's keys in this namespace (what docs/security.md grants a job's etcd user)."""
+        return f"{self.namespace.rstrip('/')}/"
+
+    @functools.cached_property
     def root(self) -> str:
-        return f"{self.namespace.rstrip('/')}/{self.run_id}/"
+        """Every key of this run: the rendezvous touches nothing outside it."""
+        return f"{self.namespace_prefix}{self.run_id}/"
 
     @functools.cached_property
     def state_prefix(self) -> str:

@@ -27,12 +27,13 @@ from typing import Callable
 
 from backends.api import KVBackend
 from backends.endpoints import is_loopback_only
-from backends.errors import BackendError, EndpointError
+from backends.errors import BackendError, BackendPermissionError, EndpointError
 from elastic.rendezvous.backend_spec import (
     OPEN_STORE_OPTION, BackendSpec, EtcdSpec, Hosting, StandaloneSpec, StaticSpec, StoreBackedSpec, StoreSpec,
 )
 from elastic.rendezvous.errors import RendezvousConfigError, RendezvousConnectionError
 from elastic.rendezvous.latency import Timing, describe, fit_to_round_trip, raised
+from elastic.rendezvous.records import RendezvousKeys
 from elastic.rendezvous.settings import RendezvousSettings
 from elastic.rendezvous.store_wait import StoreWait, wait_for_store
 
@@ -56,11 +57,13 @@ class OpenedBackend:
     endpoint: str = ""
 
 
-def open_backend(spec: StoreBackedSpec, wait: StoreWait | None = None) -> OpenedBackend:
+def open_backend(spec: StoreBackedSpec, wait: StoreWait | None = None, *,
+                 keys: RendezvousKeys | None = None) -> OpenedBackend:
     """Connect to the backend ``spec`` names (hosting the store first when this node is a c10d host).
 
     ``wait``: how long to keep trying a built-in store that is not up yet (None: fail at once;
-    etcd is always tried once).
+    etcd is always tried once). ``keys``: the run whose keys etcd's connection check reads (a
+    least-privilege etcd user may read nothing else; None: the default namespace's prefix).
 
     Raises:
         RendezvousConfigError: a certificate file or secret file cannot be read, or the backend
@@ -70,7 +73,7 @@ def open_backend(spec: StoreBackedSpec, wait: StoreWait | None = None) -> Opened
     """
     try:
         if isinstance(spec, EtcdSpec):
-            return _open_etcd(spec)
+            return _open_etcd(spec, keys)
         return _open_store(spec, wait)
     except EndpointError as error:
         raise RendezvousConfigError(f"--rdzv-endpoint / --rdzv-conf for backend {spec.name!r}: {error}") from error
@@ -80,7 +83,11 @@ def open_backend(spec: StoreBackedSpec, wait: StoreWait | None = None) -> Opened
         ) from error
 
 
-def _open_etcd(spec: EtcdSpec) -> OpenedBackend:
+DEFAULT_PREFIX = f"{RendezvousSettings.namespace}/"
+"""Where etcd's connection check reads when no run is named: the default namespace's prefix."""
+
+
+def _open_etcd(spec: EtcdSpec, keys: RendezvousKeys | None) -> OpenedBackend:
     try:
         from backends.etcd import EtcdBackend, EtcdConfig
         from backends.etcd.diagnose import second_look
@@ -105,11 +112,17 @@ def _open_etcd(spec: EtcdSpec) -> OpenedBackend:
     backend = EtcdBackend(config)
     # Fail fast on a wrong endpoint or credentials, before any node state is written, and fit
     # the timeouts to the link (elastic.rendezvous.latency): the probe gets dial + request time.
+    # It reads a key of the run itself: a least-privilege user may read nothing else.
     try:
-        round_trip = backend.round_trip(budget=config.dial_timeout + config.request_timeout)
+        probe = keys.root if keys is not None else DEFAULT_PREFIX
+        round_trip = backend.round_trip(budget=config.dial_timeout + config.request_timeout, key=probe)
     except RequestNotSent as error:
         backend.close()
         raise second_look(error, config) or error
+    except BackendPermissionError as error:
+        backend.close()
+        grant = keys.namespace_prefix if keys is not None else DEFAULT_PREFIX
+        raise BackendPermissionError(no_access(config.user, probe, grant)) from error
     except BaseException:
         backend.close()
         raise
@@ -120,6 +133,14 @@ def _open_etcd(spec: EtcdSpec) -> OpenedBackend:
         backend.close()  # its connections were made with the old timeouts: reconnect with the new
         backend = EtcdBackend(dataclasses.replace(config, dial_timeout=fitted.dial, request_timeout=fitted.request))
     return OpenedBackend(backend, backend.close, round_trip=round_trip, raised=changes, endpoint=config.endpoint_list)
+
+
+def no_access(user: str | None, probe: str, grant: str) -> str:
+    """The line for an etcd user whose role may not read the run's keys (under ``probe``): grant
+    it readwrite on ``grant``, the namespace prefix. Pure."""
+    return (f"etcd user {user!r} may not read the run's keys under {probe!r} (etcd: permission denied); grant its "
+            f"role readwrite on the namespace prefix: etcdctl role grant-permission --prefix=true ROLE readwrite "
+            f"{grant} (etcdctl user get {user} names ROLE; see docs/security.md).")
 
 
 def _open_store(spec: StoreSpec, wait: StoreWait | None) -> OpenedBackend:
@@ -254,7 +275,8 @@ def create_handler(
                                        spec.master.host, spec.master.port)
     if isinstance(spec, StandaloneSpec):
         raise RendezvousConfigError("A --standalone store must be hosted before a handler can use it.")
-    opened = open_backend(spec, StoreWait(settings.run_id, node_addr, settings.join_timeout))
+    opened = open_backend(spec, StoreWait(settings.run_id, node_addr, settings.join_timeout),
+                          keys=RendezvousKeys(settings.namespace, settings.run_id))
     settings = _fit_lease(settings, opened, node_addr)
     return RendezvousHandler(settings, opened.backend, node_addr, release=opened.release,
                              local_world_size=local_world_size, role=role)

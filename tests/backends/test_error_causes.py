@@ -15,12 +15,13 @@ import grpc
 import pytest
 
 from backends.endpoints import Endpoint
-from backends.errors import BackendAuthError, BackendConnectionError, BackendTimeoutError
+from backends.errors import BackendAuthError, BackendConnectionError, BackendPermissionError, BackendTimeoutError
 from backends.etcd.config import EtcdConfig
 from backends.etcd.diagnose import NOT_ETCD, SERVES_PLAIN, SERVES_TLS, second_look
 from backends.tcp.advice import dial_advice
 from backends.etcd.translate import (
     DialFailure, Diagnosis, RequestNotSent, merge_not_sent, not_sent, short_details, translate_rpc_error,
+    translate_watch_cancel,
 )
 
 UNAVAILABLE, DEADLINE = grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED
@@ -104,6 +105,45 @@ def test_only_a_write_in_flight_says_whether_it_applied_is_unknown(code, details
 def test_auth_refusals_say_which_setting_to_fix(details, says):
     error = translate(grpc.StatusCode.INVALID_ARGUMENT, details)
     assert isinstance(error, BackendAuthError) and ENDPOINT in str(error) and says in str(error)
+
+
+PERMISSION, UNAUTHENTICATED, INVALID, UNKNOWN = (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED,
+                                                grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.UNKNOWN)
+BLAME = ("password", "grant", "permission on", "role lacks", "user=")
+"""Advice that sends the operator to the credentials or the grants."""
+
+
+@pytest.mark.parametrize(("code", "details"), [
+    (UNAUTHENTICATED, "etcdserver: invalid auth token"),  # a simple token unused for --auth-token-ttl, or a restart
+    (INVALID, "etcdserver: revision of auth store is old"),  # a JWT token from before a user or role changed
+    (UNKNOWN, "auth: revision in header is old"),  # the same, as etcd 3.5.1 sends it
+])
+def test_a_stale_token_is_an_auth_error_that_blames_neither_the_password_nor_the_grants(code, details):
+    error = translate(code, details)
+    assert type(error) is BackendAuthError and "stale" in str(error) and "authenticates again" in str(error)
+    assert not [word for word in BLAME if word in str(error).lower()], str(error)
+
+
+def test_a_permission_refusal_is_a_permission_error_naming_the_grant():
+    error = translate(PERMISSION, "etcdserver: permission denied")
+    assert isinstance(error, BackendPermissionError)
+    assert "etcdctl role grant-permission --prefix=true ROLE readwrite /elastic/" in str(error)
+
+
+@pytest.mark.parametrize(("reason", "kind", "says"), [
+    # etcd 3.4 cancels a create sent with a lapsed token so; 3.5 says "permission denied" (the watch
+    # hub retries a create once with a fresh token before either error stands)
+    ("rpc error: code = Unauthenticated desc = etcdserver: invalid auth token", BackendAuthError, "stale"),
+    ("rpc error: code = InvalidArgument desc = etcdserver: revision of auth store is old", BackendAuthError, "stale"),
+    ("rpc error: code = PermissionDenied desc = etcdserver: permission denied", BackendPermissionError,
+     "grant-permission --prefix=true ROLE readwrite"),
+    ("etcdserver: mvcc: required revision is a future revision", BackendConnectionError, "cancelled by the server"),
+])
+def test_a_watch_cancelled_for_a_stale_token_is_not_reported_as_a_permission_problem(reason, kind, says):
+    error = translate_watch_cancel(reason, prefix="/elastic/run/", endpoint=ENDPOINT)
+    assert type(error) is kind and says in str(error) and "'/elastic/run/'" in str(error), str(error)
+    if kind is BackendAuthError:
+        assert not [word for word in BLAME if word in str(error).lower()], str(error)
 
 
 @pytest.mark.parametrize(("details", "short"), [

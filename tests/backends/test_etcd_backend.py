@@ -27,6 +27,7 @@ from backends.errors import (
     BackendClosedError,
     BackendConnectionError,
     BackendError,
+    BackendPermissionError,
     BackendTimeoutError,
     CompactedError,
     EndpointError,
@@ -39,8 +40,10 @@ from backends.etcd import EtcdBackend, EtcdConfig
 from backends.etcd.connection import EtcdConnection
 from backends.etcd.convert import prefix_range_end
 from backends.etcd.translate import DialFailure, RequestNotSent, diagnose_dial_failure, translate_rpc_error
+from elastic.testing.etcd_auth import JOB_PASSWORD, ROOT_PASSWORD, job_user_lines, least_privilege_lines, run_lines
+from elastic.testing.etcd_cluster import EtcdCluster
 from elastic.testing.freeze import freeze, thaw
-from elastic.testing.etcd_server import EtcdServerOptions, find_etcdctl_binary, start_etcd_server
+from elastic.testing.etcd_server import ROOT_USER, EtcdServerOptions, find_etcdctl_binary, start_etcd_server
 
 pytestmark = pytest.mark.etcd
 
@@ -345,6 +348,67 @@ def test_watches_created_after_the_streams_auth_token_lapsed_still_work(start_et
         assert [event.revision for event in collect(first, 1, timeout=5)] == [again]
 
 
+BLAME = ("grant-permission", "role lacks", "read permission", "password_file", "rejected user")
+"""Our advice for a refusal that an operator must fix: never for a token that lapsed."""
+
+
+@pytest.mark.slow
+def test_a_prefix_only_users_lapsed_token_is_renewed_at_debug_and_never_blamed(start_etcd, prefix, caplog):
+    # A simple token lapses after --auth-token-ttl unused; etcd 3.4 then refuses a watch create
+    # with "invalid auth token", 3.5 with "permission denied", and a unary call with "invalid auth token".
+    server = start_etcd(auth=True, auth_token_ttl=1)
+    run_lines(job_user_lines("job", prefix), server.endpoints, {JOB_PASSWORD: "pw"},
+              login=f"{ROOT_USER}:{server.options.password}")
+    caplog.set_level(logging.DEBUG, logger="backends")
+    with server.connect(user="job", password="pw") as backend:
+        first = backend.watch_prefix(prefix + "first/")
+        time.sleep(2.5)  # the token lapses on the server; the stream stays open
+        later = backend.watch_prefix(prefix + "later/")  # refused with the lapsed token, created with a new one
+        time.sleep(2.5)
+        revision = backend.put(prefix + "later/k", b"1")  # the same for a unary call
+        assert [event.revision for event in collect(later, 1, timeout=5)] == [revision]
+        revision = backend.put(prefix + "first/k", b"2")
+        assert [event.revision for event in collect(first, 1, timeout=5)] == [revision]
+    renewed = {record.name for record in caplog.records if "authenticating again" in record.getMessage()}
+    assert renewed == {"backends.etcd.watch", "backends.etcd.connection"}, caplog.text  # both lapses were met
+    loud = [record.getMessage() for record in caplog.records
+            if record.levelno >= logging.INFO and "over plain http" not in record.getMessage()]
+    assert not loud, loud
+    assert not [record.getMessage() for record in caplog.records if any(word in record.getMessage() for word in BLAME)]
+
+
+def jwt_flags(directory) -> tuple[str, ...]:
+    """etcd flags for JWT tokens signed with a fresh RSA key written into ``directory``."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    private, public = directory / "jwt.key", directory / "jwt.pub"
+    private.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                          serialization.NoEncryption()))
+    public.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
+                                                     serialization.PublicFormat.SubjectPublicKeyInfo))
+    return (f"--auth-token=jwt,pub-key={public},priv-key={private},sign-method=RS256,ttl=10m",)
+
+
+def test_a_jwt_token_issued_before_another_user_was_added_is_renewed_not_refused(tmp_path, prefix):
+    # A JWT token carries the auth store's revision: once anyone adds a user or changes a role,
+    # etcd refuses it ("revision of auth store is old"; 3.5.1: "auth: revision in header is old").
+    passwords = {ROOT_PASSWORD: "root-pw", JOB_PASSWORD: "pw"}
+    with EtcdCluster(1, extra_args=jwt_flags(tmp_path)) as cluster:
+        run_lines(least_privilege_lines("job", prefix), cluster.endpoints(), passwords)
+        with EtcdBackend(EtcdConfig(endpoints=cluster.endpoints(), user="job", password="pw")) as backend:
+            watch = backend.watch_prefix(prefix + "w/")
+            backend.get(prefix + "k")
+            run_lines(['etcdctl user add other-tenant --new-user-password="$JOB_PASSWORD"'], cluster.endpoints(),
+                      passwords, login="root:root-pw")
+            assert backend.get(prefix + "k").kv is None
+            revision = backend.put(prefix + "w/k", b"1")
+            assert [event.revision for event in collect(watch, 1, timeout=5)] == [revision]
+            later = backend.watch_prefix(prefix + "later/", start_revision=revision)
+            assert later.get(timeout=0.5) == []  # created, not refused
+
+
 def test_a_watch_refused_for_permission_fails_alone_after_one_fresh_token(etcd_server, prefix):
     import subprocess
 
@@ -359,7 +423,7 @@ def test_a_watch_refused_for_permission_fails_alone_after_one_fresh_token(etcd_s
         now = backend.get(prefix + "allowed/").revision + 1  # (reading denied/ would be refused at once)
         allowed = backend.watch_prefix(prefix + "allowed/", start_revision=now)
         denied = backend.watch_prefix(prefix + "denied/", start_revision=now)
-        with pytest.raises(BackendAuthError, match="refused"):
+        with pytest.raises(BackendPermissionError, match="refused.*grant-permission"):
             denied.get(timeout=10)
         assert allowed.get(timeout=0.5) == []  # still running
         assert backend._watch_hub.live_count == 1
@@ -762,7 +826,7 @@ def test_requests_never_sent_are_retried_even_when_not_resend_safe(etcd_server):
             BackendAuthError,
         ),
         (grpc.StatusCode.INVALID_ARGUMENT, "etcdserver: user name is empty", BackendAuthError),
-        (grpc.StatusCode.PERMISSION_DENIED, "etcdserver: permission denied", BackendAuthError),
+        (grpc.StatusCode.PERMISSION_DENIED, "etcdserver: permission denied", BackendPermissionError),
         (grpc.StatusCode.NOT_FOUND, "etcdserver: requested lease not found", LeaseNotFoundError),
         (grpc.StatusCode.INVALID_ARGUMENT, "etcdserver: request is too large", ValueTooLargeError),
         (

@@ -12,12 +12,14 @@ import http.server
 import subprocess
 import sys
 import threading
+import uuid
 from pathlib import Path
 
 import pytest
 
 from elastic.testing.agents import clean_env
-from elastic.testing.etcd_server import EtcdServerOptions, start_etcd_server
+from elastic.testing.etcd_auth import JOB_PASSWORD, job_user_lines, run_lines
+from elastic.testing.etcd_server import ROOT_USER, EtcdServerOptions, start_etcd_server
 from elastic.testing.ports import free_port
 from elastic.testing.tls import make_tls_files
 
@@ -117,6 +119,19 @@ def test_no_user_against_an_etcd_with_auth(tmp_path, etcd_server):
     endpoint = etcd_server.endpoints.removeprefix("http://")
     line = only_line(tmp_path, endpoint)
     assert endpoint in line and "auth enabled: pass --rdzv-conf user=NAME,password_file=FILE" in line
+
+
+def test_a_user_whose_role_has_no_grant_on_the_namespace(tmp_path, etcd_server):
+    tag = uuid.uuid4().hex[:8]
+    user, namespace = f"elsewhere-{tag}", f"/team-{tag}"
+    run_lines(job_user_lines(user, f"/elsewhere-{tag}/"), etcd_server.endpoints, {JOB_PASSWORD: "pw"},
+              login=f"{ROOT_USER}:{etcd_server.options.password}")
+    secret = files(tmp_path, pw="pw")["pw"]
+    endpoint = etcd_server.endpoints.removeprefix("http://")
+    line = only_line(tmp_path, endpoint, f"namespace={namespace},user={user},password_file={secret}")
+    assert (f"etcd user '{user}' may not read the run's keys under '{namespace}/error-lines/' (etcd: permission "
+            f"denied); grant its role readwrite on the namespace prefix: etcdctl role grant-permission "
+            f"--prefix=true ROLE readwrite {namespace}/ ") in line, line
 
 
 @pytest.mark.parametrize("service", ["http", "store"])

@@ -208,6 +208,7 @@ def test_tls_profile_uses_https_and_mounts_the_client_secret(rendered):
     assert [item["key"] for item in auth_volume["secret"]["items"]] == ["password"], "only the user's password"
     init = container(manifests.workers, "wait-for-etcd")
     assert f"--endpoint={line.one('--rdzv-endpoint')}" in init["args"]
+    assert f"--run-id={line.one('--rdzv-id')}" in init["args"]
     assert f"--conf={','.join(line.flags['--rdzv-conf'][1:])}" in init["args"]
 
 
@@ -253,7 +254,20 @@ def test_auth_setup_job_runs_only_for_the_bundled_etcd_with_auth(rendered):
     assert flags["--password-file"] == f"{admin_dir}/password"
     assert flags["--root-password-file"] == f"{admin_dir}/root-password"
     assert flags["--cacert"] == f"{tls_dir}/ca.crt"
+    assert flags["--prefix"] == "/elastic/", "the job's user gets the rendezvous namespace and nothing more"
     assert setup["command"][-1].endswith("/etcd_auth_setup.py")
+
+
+def test_the_auth_grant_and_the_init_containers_check_follow_the_rendezvous_namespace(helm):
+    manifests = render(helm, "tls-auth", {"workers": {"rdzvConf": {"namespace": "/team-a"}}})
+    job = manifests.get("Job", f"{FULLNAME}-etcd-auth-setup-r1")
+    flags = dict(a.partition("=")[::2] for a in container(job, "etcd-auth-setup")["args"])
+    assert flags["--prefix"] == "/team-a/"
+    line = agent(manifests)
+    assert line.rdzv_conf()["namespace"] == "/team-a"
+    init = dict(a.partition("=")[::2] for a in container(manifests.workers, "wait-for-etcd")["args"])
+    assert init["--run-id"] == line.one("--rdzv-id")  # it reads a key of the run, as the agent does
+    assert init["--conf"].endswith(",namespace=/team-a") and init["--conf"].startswith("cacert=")
 
 
 # -- etcd --------------------------------------------------------------------------------------

@@ -229,6 +229,46 @@ def test_auth_setup_lets_only_the_jobs_user_in_and_is_idempotent(etcd, passwords
         open_backend(spec_from_conf("etcd", etcd.endpoints, {"user": USER, "password_file": str(old)})).release()
 
 
+CHART_PREFIX = "/elastic/"
+"""The --prefix the chart's auth Job passes by default (test_chart_render checks it)."""
+
+
+def role_permissions(endpoint: str, root_password: str, role: str) -> list[tuple[int, bytes, bytes]]:
+    """``(type, key, range_end)`` of every permission of ``role``, read as root."""
+    import grpc
+    from etcd3 import etcdrpc
+
+    with grpc.insecure_channel(endpoint.split("://", 1)[-1]) as channel:
+        auth = etcdrpc.AuthStub(channel)
+        token = auth.Authenticate(etcdrpc.AuthenticateRequest(name="root", password=root_password), timeout=10).token
+        found = auth.RoleGet(etcdrpc.AuthRoleGetRequest(role=role), metadata=(("token", token),), timeout=10).perm
+    return [(perm.permType, perm.key, perm.range_end) for perm in found]
+
+
+@pytest.mark.etcd
+def test_an_agent_starts_as_the_user_the_setup_script_granted_only_the_namespace(etcd, passwords, tmp_path):
+    from etcd3.etcdrpc import auth_pb2
+
+    from elastic.testing.agents import clean_env
+
+    root, user = passwords
+    result = setup_auth(etcd.endpoints, passwords, f"--prefix={CHART_PREFIX}")
+    assert result.returncode == 0, result.stderr
+    assert role_permissions(etcd.endpoints, root.read_text().strip(), USER) == [
+        (auth_pb2.Permission.READWRITE, b"/elastic/", b"/elastic0")]  # no more than docs/security.md grants
+    conf = f"user={USER},password_file={user}"
+    run_id = f"chart-{os.getpid()}-{time.monotonic_ns()}"
+    waited = run_script("wait_for_etcd.py", f"--endpoint={etcd.endpoints}", f"--run-id={run_id}", f"--conf={conf}",
+                        "--timeout=20")
+    assert waited.returncode == 0, waited.stderr
+    agent = subprocess.run([sys.executable, "-m", "elastic.run", "--nnodes=1", "--rdzv-backend=etcd",
+                            f"--rdzv-endpoint={etcd.endpoints}", f"--rdzv-id={run_id}",
+                            f"--rdzv-conf=last_call_timeout=1,{conf}", "-m", "this"],
+                           capture_output=True, text=True, timeout=120, env=clean_env(), cwd=tmp_path)
+    assert agent.returncode == 0, agent.stderr
+    assert "Beautiful is better than ugly." in agent.stdout
+
+
 @pytest.mark.etcd
 def test_auth_setup_refuses_when_the_root_password_no_longer_matches(etcd, passwords):
     root, _ = passwords

@@ -1,10 +1,10 @@
 """Turn on etcd authentication for an etcd-elastic job; run by the chart's setup Job, idempotent.
 
 Creates the ``root`` user (with the ``root`` role, which etcd requires before enabling auth),
-the job's user, and a role named after that user with read-write access to every key under
-``--prefix`` (default ``/``: the agents read ``/`` to check their connection and keep the
-rendezvous under ``/elastic``), then enables auth. Run again (every ``helm upgrade``), it logs in
-as root and makes the users, role and passwords match the Secret again.
+the job's user, and a role named after that user with read-write access to the keys under
+``--prefix`` and nothing else (default ``/elastic/``, the rendezvous namespace: the agents touch
+only ``<namespace>/<run id>/``; docs/security.md), then enables auth. Run again (every ``helm
+upgrade``), it logs in as root and makes the users, role and passwords match the Secret again.
 
 Exit status: 0 done; 1 etcd unreachable within ``--timeout`` seconds or it refused a request
 (the message says which, e.g. a root password that no longer matches the one etcd has).
@@ -134,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--user", required=True, help="the job's etcd user")
     parser.add_argument("--password-file", required=True, help="file holding the job user's password")
     parser.add_argument("--root-password-file", required=True, help="file holding root's password")
-    parser.add_argument("--prefix", default="/", help="keys the job's user may read and write")
+    parser.add_argument("--prefix", default="/elastic/",
+                        help="keys the job's user may read and write: the rendezvous namespace and a '/'")
     parser.add_argument("--cacert", help="CA bundle verifying etcd")
     parser.add_argument("--cert", help="client certificate")
     parser.add_argument("--key", help="client key")

@@ -1,10 +1,11 @@
 """Wait until etcd accepts the job's connection settings, as elasticrun will use them.
 
-Run by the worker pods' init container with elasticrun's own ``--rdzv-endpoint`` and
-``--rdzv-conf`` connection options (TLS files, user, password file). It parses them as elasticrun does
-and connects as the agent does (``elastic.rendezvous.registry.open_backend``, which reads ``/``
-to check the endpoints and credentials), so a pod starts its agent only once etcd is up, its certificates
-verify and, with auth, its user exists.
+Run by the worker pods' init container with elasticrun's own ``--rdzv-endpoint``, ``--rdzv-id``
+and ``--rdzv-conf`` connection options (TLS files, user, password file, namespace). It parses them
+as elasticrun does and connects as the agent does (``elastic.rendezvous.registry.open_backend``,
+which reads a key of the run, ``<namespace>/<run id>/``, to check the endpoints and credentials:
+a least-privilege user may read nothing else), so a pod starts its agent only once etcd is up,
+its certificates verify and, with auth, its user exists and may use the run's keys.
 
 Exit status: 0 connected; 1 not reachable within ``--timeout`` seconds (Kubernetes retries the
 pod); 2 the settings are wrong and waiting will not help (a bad option or unreadable file).
@@ -19,6 +20,7 @@ import time
 from elastic.rendezvous.errors import RendezvousConfigError, RendezvousConnectionError
 from elastic.rendezvous.backend_spec import spec_from_conf
 from elastic.rendezvous.conf import parse_rdzv_conf
+from elastic.rendezvous.records import RendezvousKeys
 from elastic.rendezvous.registry import open_backend
 from elastic.rendezvous.settings import settings_from_conf
 
@@ -28,12 +30,13 @@ RETRY_INTERVAL = 2.0
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--endpoint", required=True, help="etcd endpoints, as --rdzv-endpoint")
-    parser.add_argument("--conf", default="", help="connection options, as --rdzv-conf")
+    parser.add_argument("--conf", default="", help="connection options (and namespace=), as --rdzv-conf")
+    parser.add_argument("--run-id", default="wait-for-etcd", help="the run id, as --rdzv-id (whose keys are read)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds before giving up")
     args = parser.parse_args(argv)
     try:  # the keys and values elasticrun would accept, or exit 2 now
         conf = parse_rdzv_conf(args.conf)
-        settings_from_conf("wait-for-etcd", 1, 1, conf)
+        settings = settings_from_conf(args.run_id, 1, 1, conf)
         spec = spec_from_conf("etcd", args.endpoint, conf)
     except RendezvousConfigError as error:
         print(f"wait-for-etcd: the connection settings are wrong: {error}", file=sys.stderr)
@@ -44,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     while True:
         attempt += 1
         try:
-            opened = open_backend(spec)
+            opened = open_backend(spec, keys=RendezvousKeys(settings.namespace, settings.run_id))
         except RendezvousConfigError as error:
             print(f"wait-for-etcd: the connection settings are wrong: {error}", file=sys.stderr)
             return 2

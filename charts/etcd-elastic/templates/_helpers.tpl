@@ -86,6 +86,15 @@ app.kubernetes.io/component: {{ .component }}
 {{- default (printf "%s-%s" .Release.Namespace .Release.Name) .Values.job.runId }}
 {{- end }}
 
+{{/*
+The rendezvous namespace's key prefix with its "/" (default /elastic/): every key the agents
+touch is under <prefix><run id>/, so the auth setup Job grants the job's etcd user this and
+nothing else (docs/security.md).
+*/}}
+{{- define "etcd-elastic.keyPrefix" -}}
+{{- printf "%s/" (trimSuffix "/" (default "/elastic" .Values.workers.rdzvConf.namespace)) }}
+{{- end }}
+
 {{- define "etcd-elastic.workerImage" -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
 {{- end }}
