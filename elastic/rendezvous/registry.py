@@ -36,6 +36,7 @@ from elastic.rendezvous.backend_spec import (
 )
 from elastic.rendezvous.errors import RendezvousConfigError, RendezvousConnectionError
 from elastic.rendezvous.latency import Timing, describe, fit_to_round_trip, raised
+from elastic.rendezvous.ports import port_unusable
 from elastic.rendezvous.settings import RendezvousSettings
 from elastic.rendezvous.store_wait import StoreWait, wait_for_store
 from elastic.rendezvous.taken_port import not_a_store, taken_port_message
@@ -266,13 +267,19 @@ def create_handler(
     A :class:`StandaloneSpec` must be hosted first (``StandaloneSpec.hosted_at``).
 
     Raises:
-        RendezvousConfigError: a file the spec names cannot be read, or an unhosted standalone spec.
+        RendezvousConfigError: a file the spec names cannot be read, an unhosted standalone spec,
+            or (static, node rank 0) a master port this node cannot listen on.
         RendezvousConnectionError: the backend could not be reached.
     """
     from elastic.rendezvous.handler import RendezvousHandler
 
     if isinstance(spec, StaticSpec):
-        from elastic.rendezvous.static import StaticRendezvousHandler
+        from elastic.rendezvous.static import StaticRendezvousHandler, master_port_problem
+
+        if spec.node_rank == 0:  # its rank 0 worker will listen there; elsewhere it cannot be known
+            error = port_unusable(spec.master.port)
+            if error is not None:
+                raise RendezvousConfigError(master_port_problem(spec.master.port, error, settings.max_nodes))
 
         return StaticRendezvousHandler(settings.run_id, settings.max_nodes, spec.node_rank,
                                        spec.master.host, spec.master.port)
