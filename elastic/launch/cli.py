@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import re
 import signal
 import sys
@@ -39,6 +40,7 @@ from elastic.launch.flags import (
 from elastic.launch.prewarm_flags import prewarm_fields
 from elastic.launch.rendezvous_flags import rendezvous_fields
 from elastic.launch.scan import HelpRequested, split_command_line
+from elastic.launch.script_path import script_problem
 from elastic.rendezvous.backend_spec import StaticSpec
 from elastic.rendezvous.job import job_identity
 
@@ -321,8 +323,10 @@ def parse_or_exit(
 ) -> LaunchConfig:
     """:func:`config_from_args` for the entry point: warnings go to stderr as ``elasticrun: warning: ...``.
 
-    Also refuses a ``--log-dir`` that cannot hold logs (a file, ``/dev/null``, under ``/proc``,
-    read-only), which only the filesystem can tell.
+    Also refuses, as only the filesystem can tell, a ``--log-dir`` that cannot hold logs (a file,
+    ``/dev/null``, under ``/proc``, read-only) and a training script that does not exist
+    (:mod:`elastic.launch.script_path`; not with ``--dry-run``, whose command line may be meant
+    for another machine).
 
     Raises:
         SystemExit: status 2 after printing ``elasticrun: error: <one line>`` to stderr for bad
@@ -335,6 +339,9 @@ def parse_or_exit(
         problem = config.log_dir and log_dir_problem(config.log_dir)  # reads the filesystem: not in the pure part
         if problem:
             raise fail("--log-dir", f"{config.log_dir[:200]!r}: {problem}; give a writable directory")
+        missing = None if config.dry_run else script_problem(config.entrypoint, os.getcwd())
+        if missing:
+            raise ConfigError(missing)
         return config
     except HelpRequested as help_:
         print(help_.text, file=out, end="")

@@ -3,8 +3,9 @@
 Sets up what the agent needs — the embedded store for ``--standalone``, the rendezvous handler,
 the event log, the metrics server, signal handling (a signal only wakes the agent, see
 :mod:`elastic.agent.waking`) — runs the agent, and returns the exit code.
-Setup errors (a malformed endpoint, an unreachable backend, a busy metrics port) are printed as
-one line, never as a traceback.
+Setup errors (a malformed endpoint, an unreachable backend, a busy metrics or master port) are
+printed as one line, never as a traceback; torchrun's ``OMP_NUM_THREADS`` banner is printed only
+after a set-up that succeeded.
 """
 
 from __future__ import annotations
@@ -55,9 +56,7 @@ def run(config: LaunchConfig) -> int:
     setup = console.console_setup(os.environ, config.verbose)
     console.configure(setup)
     hide_inline_secrets(os.environ)  # read into config.backend: no helper or worker inherits it
-    notice = omp_threads_notice(os.environ, config.nproc_per_node)
-    if notice:
-        print(notice, file=sys.stderr)
+    notice = omp_threads_notice(os.environ, config.nproc_per_node)  # said once set-up succeeded
     with ExitStack() as cleanup:
         try:
             logs_specs = _start_logs_specs(config, cleanup)  # imports torch while the rest is set up
@@ -99,6 +98,8 @@ def run(config: LaunchConfig) -> int:
         except KeyboardInterrupt:  # e.g. while it waits for a store that is not up yet
             print("elasticrun: interrupted before the workers started", file=sys.stderr)
             return 128 + signal.SIGINT
+        if notice:  # about the workers: not before a set-up error, which is then the only line
+            print(notice, file=sys.stderr)
         with waker.catching(config.signals_to_handle):
             result = agent.run()
     if result.exit_code != 0:

@@ -27,7 +27,7 @@ import threading
 
 log = logging.getLogger(__name__)
 
-__all__ = ["PortReservation", "reserve_port"]
+__all__ = ["PortReservation", "port_unusable", "reserve_port"]
 
 
 class PortReservation:
@@ -95,6 +95,22 @@ def _listen(family: int, sockaddr: tuple, *, not_local_ok: bool = False) -> sock
         raise
     sock.set_inheritable(False)
     return sock
+
+
+def port_unusable(port: int) -> OSError | None:
+    """Why a TCP server could not listen on ``port`` of every IPv4 interface now (EADDRINUSE:
+    another process holds it; EACCES: a privileged port), or None when it could.
+
+    The static rendezvous's master port is bound by rank 0's worker (torch's ``TCPStore``, on
+    every interface), long after the launcher started; this binds it as that store does
+    (``SO_REUSEADDR``, so a previous store's connections in TIME_WAIT do not count), listens,
+    and closes at once, so the launcher can say it in one line before any worker starts.
+    """
+    try:
+        _listen(socket.AF_INET, ("", port)).close()  # type: ignore[union-attr]
+    except OSError as error:
+        return error
+    return None
 
 
 _warned: set[str] = set()

@@ -11,7 +11,8 @@
 
 A node that connects to a built-in store may start before it listens: given a
 :class:`~elastic.rendezvous.store_wait.StoreWait` it keeps trying until the join timeout
-(:mod:`elastic.rendezvous.store_wait`).
+(:mod:`elastic.rendezvous.store_wait`). A c10d host whose port another process holds first
+checks with one connection that the holder is a store (:mod:`elastic.rendezvous.taken_port`).
 
 Nothing here parses a string: the spec carries typed values. Optional dependencies (the etcd
 client) are imported only when their backend is chosen.
@@ -27,15 +28,19 @@ from typing import Callable
 
 from backends.api import KVBackend
 from backends.endpoints import is_loopback_only
-from backends.errors import BackendError, BackendPermissionError, EndpointError
+from backends.errors import (
+    BackendConnectionError, BackendError, BackendPermissionError, BackendTimeoutError, EndpointError, ProtocolError,
+)
 from elastic.rendezvous.backend_spec import (
     OPEN_STORE_OPTION, BackendSpec, EtcdSpec, Hosting, StandaloneSpec, StaticSpec, StoreBackedSpec, StoreSpec,
 )
 from elastic.rendezvous.errors import RendezvousConfigError, RendezvousConnectionError
 from elastic.rendezvous.latency import Timing, describe, fit_to_round_trip, raised
+from elastic.rendezvous.ports import port_unusable
 from elastic.rendezvous.records import RendezvousKeys
 from elastic.rendezvous.settings import RendezvousSettings
 from elastic.rendezvous.store_wait import StoreWait, wait_for_store
+from elastic.rendezvous.taken_port import not_a_store, taken_port_message
 
 log = logging.getLogger(__name__)
 
@@ -174,6 +179,8 @@ def _open_store(spec: StoreSpec, wait: StoreWait | None) -> OpenedBackend:
         if wait is None or hosted is not None:
             connect()
         else:  # nodes start in any order: the store may not listen yet
+            if host_failed:
+                _probe_holder(connect, spec, wait)
             wait_for_store(connect, store_subject(spec, host_failed), store_fix(spec), wait)
     except (BackendError, RendezvousConnectionError):
         backend.close()
@@ -185,6 +192,24 @@ def _open_store(spec: StoreSpec, wait: StoreWait | None) -> OpenedBackend:
         release_server()
 
     return OpenedBackend(backend, release, hosted)
+
+
+def _probe_holder(connect: Callable[[], None], spec: StoreSpec, wait: StoreWait) -> None:
+    """One connection to whatever holds the port this c10d node could not host on; returns when
+    it is a store or nothing listens any more (then the usual wait follows).
+
+    Raises:
+        RendezvousConnectionError: what holds the port is not an elastic-store (one line,
+            :mod:`elastic.rendezvous.taken_port`).
+        BackendError: it is a store that refuses us (auth): as it is.
+    """
+    try:
+        connect()
+    except (BackendConnectionError, BackendTimeoutError, ProtocolError) as error:
+        reason = not_a_store(error, spec.timeouts.dial)
+        if reason is not None:
+            raise RendezvousConnectionError(
+                taken_port_message(wait.run_id, wait.node, spec.endpoint.netloc, reason)) from error
 
 
 def store_subject(spec: StoreSpec, host_failed: bool = False) -> str:
@@ -263,13 +288,19 @@ def create_handler(
     A :class:`StandaloneSpec` must be hosted first (``StandaloneSpec.hosted_at``).
 
     Raises:
-        RendezvousConfigError: a file the spec names cannot be read, or an unhosted standalone spec.
+        RendezvousConfigError: a file the spec names cannot be read, an unhosted standalone spec,
+            or (static, node rank 0) a master port this node cannot listen on.
         RendezvousConnectionError: the backend could not be reached.
     """
     from elastic.rendezvous.handler import RendezvousHandler
 
     if isinstance(spec, StaticSpec):
-        from elastic.rendezvous.static import StaticRendezvousHandler
+        from elastic.rendezvous.static import StaticRendezvousHandler, master_port_problem
+
+        if spec.node_rank == 0:  # its rank 0 worker will listen there; elsewhere it cannot be known
+            error = port_unusable(spec.master.port)
+            if error is not None:
+                raise RendezvousConfigError(master_port_problem(spec.master.port, error, settings.max_nodes))
 
         return StaticRendezvousHandler(settings.run_id, settings.max_nodes, spec.node_rank,
                                        spec.master.host, spec.master.port)

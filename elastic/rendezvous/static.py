@@ -2,14 +2,32 @@
 
 Every node must be started with the same ``--nnodes`` and a distinct ``--node-rank``; the
 endpoint (``--rdzv-endpoint`` or ``--master-addr:--master-port``) is where rank 0's workers
-meet. Membership never changes, so the membership signal is never set.
+meet. Membership never changes, so the membership signal is never set. Node rank 0, whose rank 0
+worker will listen on the master port, finds out at set-up whether it can
+(:func:`elastic.rendezvous.registry.create_handler`, :func:`master_port_problem`).
 """
 
 from __future__ import annotations
 
+import errno
+
 from elastic.rendezvous.api import Rendezvous, RendezvousInfo
 from elastic.rendezvous.errors import RendezvousClosedError, RendezvousConfigError
 from elastic.rendezvous.records import Member
+
+
+def master_port_problem(port: int, error: OSError, nnodes: int) -> str:
+    """The one line for a master port that node rank 0 cannot listen on (``error`` from trying).
+
+    Rank 0's worker hosts the workers' store there (torch's ``env://`` rendezvous); found only
+    when it starts, the taken port was a 20-line ``EADDRINUSE`` traceback and a root-cause report.
+    """
+    taken = error.errno == errno.EADDRINUSE
+    why = "is already in use on this node" if taken else f"cannot be used on this node ({error.strerror or error})"
+    fix = "stop what holds it, or choose a free port" if taken else "choose another port"
+    alone = " (or leave it out: a single node then picks a free one)" if nnodes == 1 else ""
+    return (f"The master port {port} {why} (node rank 0's workers would host their store there); {fix} with "
+            f"--master-port{alone}.")
 
 
 class StaticRendezvousHandler(Rendezvous):

@@ -45,6 +45,36 @@ def test_route_stream(redirect, tee, shown, console, expected):
     assert route_stream(redirect=redirect, tee=tee, shown=shown, console=console) == expected
 
 
+GATED = StreamRoute(Sink.PIPE, gated=True)
+
+
+@pytest.mark.parametrize(
+    ("redirect", "tee", "shown", "console", "expected"),
+    [
+        # a gated stream (stderr) that reaches the console is piped, to hold back tracebacks
+        (False, False, True, FD, GATED),
+        (False, False, True, STREAM, GATED),
+        (False, True, True, FD, StreamRoute(Sink.PIPE, logged=True, prefixed=True, gated=True)),
+        # one that does not reach the console is routed as any other
+        (False, False, True, NONE, DISCARD),
+        (False, False, False, FD, DISCARD),
+        (True, False, True, FD, FILE),
+        (False, True, False, FD, FILE),
+    ],
+)
+def test_route_stream_of_a_gated_stream(redirect, tee, shown, console, expected):
+    assert route_stream(redirect=redirect, tee=tee, shown=shown, console=console, gated=True) == expected
+
+
+@pytest.mark.parametrize(("path", "tee", "expected"), [
+    ("", False, StreamRoute(Sink.INHERIT)),  # a plugin's console stream has no file to keep tracebacks in
+    ("/logs/0.err", True, StreamRoute(Sink.PIPE, logged=True, prefixed=True, gated=True)),
+    ("/logs/0.err", False, FILE),
+])
+def test_a_plugins_stream_is_gated_only_when_tee_d_to_its_file(path, tee, expected):
+    assert route_dest(path, tee, FD, gated=True) == expected
+
+
 @pytest.mark.parametrize(
     ("path", "tee", "console", "expected"),
     [

@@ -42,9 +42,12 @@ def run_quick_start(tmp_path: Path, *extra: str, **env: str) -> Launched:
 
 
 def agent_lines(stderr: str) -> list[str]:
+    """The lines beside the banner, which comes once, after the set-up (``-v``: after its lines)."""
     lines = stderr.splitlines()
-    assert lines[:len(BANNER)] == BANNER, stderr[-3000:]
-    return lines[len(BANNER):]
+    at = next((i for i in range(len(lines)) if lines[i:i + len(BANNER)] == BANNER), None)
+    assert at is not None, stderr[-3000:]
+    assert not [line for line in lines[:at] if "formed a world" in line], stderr[-3000:]  # before the workers
+    return lines[:at] + lines[at + len(BANNER):]
 
 
 def test_the_quick_start_prints_a_few_agent_lines_without_json_and_a_summary(tmp_path):

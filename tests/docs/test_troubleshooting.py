@@ -1,9 +1,10 @@
 """The README's Troubleshooting table quotes what elasticrun really prints.
 
-Each of the table's ten mistakes is made for real, and the line the table quotes for it must be
+Each of the table's mistakes is made for real, and the line the table quotes for it must be
 in the output: the quote's pieces between ``...``, in order. The rows that need a job use the
 session's etcd (with its credentials) and plain Python scripts; the too-few-machines row runs
-with a 5 s join timeout where the README quotes the default 600 s.
+with a 5 s join timeout where the README quotes the default 600 s; the rows of a taken port
+hold it with a plain listening socket (the README's port numbers stand for the test's).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from elastic.testing.agents import Job, clean_env
+from elastic.testing.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -28,7 +30,8 @@ MISTAKES = {
     "`--standalone` with several nodes": ["--standalone", "--nnodes=2", "train.py"],
     "etcd not started, or the wrong port": ["--nnodes=1", "--rdzv-backend=etcd", "--rdzv-endpoint=127.0.0.1:1",
                                            "--rdzv-id=j", "train.py"],
-    "the training script fails (a typo in its path, an exception)": ["--standalone", "nosuch.py"],
+    "a script path that does not exist": ["--standalone", "--nproc-per-node=2", "examples/train_dpp.py"],
+    "the training script raises an exception": ["--standalone", "fails.py"],
     "an etcd host name that does not resolve": ["--nnodes=1", "--rdzv-backend=etcd",
                                                 "--rdzv-endpoint=etcd-0:2379", "--rdzv-id=j", "train.py"],
 }
@@ -75,11 +78,20 @@ WITH_ETCD = ("fewer machines started than `--nnodes` min", "running a finished j
              "another script under a running job's `--rdzv-id`")
 """The rows made by the tests with etcd at the end of this file."""
 
+WITH_A_HELD_PORT = {
+    "a c10d endpoint whose port another program holds": ("29400", ["--rdzv-backend=c10d",
+                                                                   "--rdzv-endpoint=127.0.0.1:{port}",
+                                                                   "--rdzv-id=my-job", "train.py"]),
+    "`--master-port` already in use (one node, or node rank 0)": ("29500", ["--nproc-per-node=2",
+                                                                            "--master-port={port}", "train.py"]),
+}
+"""The rows made with a port held by a plain socket: the README's port, and the arguments."""
 
-def test_the_table_has_ten_rows_and_this_file_makes_each_mistake():
+
+def test_the_table_has_thirteen_rows_and_this_file_makes_each_mistake():
     rows = table_rows()
-    assert len(rows) == 10, sorted(rows)
-    assert set(MISTAKES) | set(WITH_ETCD) == set(rows)
+    assert len(rows) == 13, sorted(rows)
+    assert set(MISTAKES) | set(WITH_ETCD) | set(WITH_A_HELD_PORT) == set(rows)
 
 
 def test_pieces_must_appear_in_order():
@@ -87,7 +99,7 @@ def test_pieces_must_appear_in_order():
 
 
 SLOW_ROWS = ("etcd not started, or the wrong port", "an etcd host name that does not resolve",
-             "the training script fails (a typo in its path, an exception)")
+             "the training script raises an exception")
 """Rows that take seconds (connection retries, a worker started): in the slow tier."""
 
 
@@ -97,9 +109,31 @@ def test_each_mistake_prints_the_line_the_readme_quotes(mistake, tmp_path):
     argv = MISTAKES[mistake]
     if "--rdzv-endpoint=etcd-0:2379" in argv and _resolves("etcd-0"):
         pytest.fail("the name etcd-0 resolves on this machine; the row cannot be checked here")
+    scripts(tmp_path)
     result = elasticrun(argv, tmp_path)
     assert result.returncode != 0
     check_row(mistake, result.stderr)
+
+
+def scripts(cwd: Path) -> None:
+    """The scripts the rows name, where they exist: ``train.py``, ``fails.py`` and the quick start's."""
+    (cwd / "train.py").write_text("print('ok')\n")
+    (cwd / "fails.py").write_text("raise SystemExit('failed on purpose')\n")
+    (cwd / "examples").mkdir()
+    (cwd / "examples" / "train_ddp.py").write_text("print('ok')\n")
+
+
+@pytest.mark.parametrize("mistake", sorted(WITH_A_HELD_PORT))
+def test_a_taken_port_prints_the_line_the_readme_quotes(mistake, tmp_path):
+    readme_port, argv = WITH_A_HELD_PORT[mistake]
+    scripts(tmp_path)
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", free_port()))
+        holder.listen(16)
+        port = str(holder.getsockname()[1])
+        result = elasticrun([arg.format(port=port) for arg in argv], tmp_path)
+    assert result.returncode == 1
+    check_row(mistake, result.stderr, **{readme_port: port})
 
 
 def elasticrun(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:

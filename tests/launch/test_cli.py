@@ -685,7 +685,9 @@ def test_parse_or_exit_prints_one_error_line_and_exits_2():
     assert err.getvalue() == "elasticrun: error: --nnodes: '3:2' is not N or MIN:MAX with 1 <= MIN <= MAX\n"
 
 
-def test_parse_or_exit_prints_warnings_as_elasticrun_lines():
+def test_parse_or_exit_prints_warnings_as_elasticrun_lines(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "t.py").write_text("")
     err = io.StringIO()
     parse_or_exit(["--virtual-local-rank", "t.py"], {}, stderr=err, new_run_id=lambda: RUN_ID)
     assert err.getvalue() == ("elasticrun: warning: --virtual-local-rank is accepted for torchrun "

@@ -3,7 +3,8 @@
 ==============  =====================================  ============================================
 mask            shown rank                             filtered-out rank
 ==============  =====================================  ============================================
-neither         the agent's console, as is (inherited)  discarded
+neither         the agent's console, as is (stdout      discarded
+                inherited, stderr gated: below)
 redirect        ``<rank dir>/{stdout,stderr}.log``      the file
 tee             the file, and the console with each     the file
                 line prefixed ``[{role}{local_rank}]:``
@@ -15,6 +16,12 @@ then each stream goes where its :class:`RankDest` says (a file, the console or n
 not; :func:`route_dest`). Tee'd streams are pumped by one thread each (pipe → file + console,
 line-buffered, bounded memory); the others are plain file descriptors. :func:`route_stream`
 decides, :class:`WorkerOutput` carries it out for one worker.
+
+A worker's stderr that reaches the console is *gated*: piped through a
+:class:`~elastic.agent.processes.peer_left.TracebackGate`, which keeps a traceback that only says
+a peer left (or Ctrl-C) off the console and in the rank's ``stderr.log`` (the whole stream with
+``--tee``; by default, only what was withheld). The rest passes at once, unprefixed and unbuffered
+when not tee'd. Only where there is such a file: a plugin's console stream is not gated.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ from string import Template
 from typing import IO
 
 from elastic.agent.private_files import open_private_file
+from elastic.agent.processes.peer_left import Release, TracebackGate, WithheldLog
 
 log = logging.getLogger(__name__)
 
@@ -138,23 +146,28 @@ class Sink(enum.Enum):
 
 @dataclass(frozen=True)
 class StreamRoute:
-    """One stream's route: its sink, whether it lands in the log file, and whether console lines
-    get the rank prefix (tee'd streams only)."""
+    """One stream's route: its sink, whether it lands in the log file, whether console lines
+    get the rank prefix (tee'd streams only), and whether it is gated (see the module)."""
 
     sink: Sink
     logged: bool = False
     prefixed: bool = False
+    gated: bool = False
 
 
-def route_stream(*, redirect: bool, tee: bool, shown: bool, console: Console) -> StreamRoute:
+def route_stream(*, redirect: bool, tee: bool, shown: bool, console: Console, gated: bool = False) -> StreamRoute:
     """The route of one worker stream (see the module's table). ``shown``: the rank passes
-    ``--local-ranks-filter``. Without a console, a tee'd stream still lands in its file."""
+    ``--local-ranks-filter``. Without a console, a tee'd stream still lands in its file.
+    ``gated``: the stream's tracebacks are judged on their way to the console (stderr), so it
+    is piped even where it could be inherited."""
     if tee and shown and console is not Console.NONE:
-        return StreamRoute(Sink.PIPE, logged=True, prefixed=True)
+        return StreamRoute(Sink.PIPE, logged=True, prefixed=True, gated=gated)
     if tee or redirect:
         return StreamRoute(Sink.FILE, logged=True)
     if not shown or console is Console.NONE:
         return StreamRoute(Sink.DEVNULL)
+    if gated:
+        return StreamRoute(Sink.PIPE, gated=True)
     return StreamRoute(Sink.INHERIT if console is Console.FD else Sink.PIPE)
 
 
@@ -171,13 +184,15 @@ class RankDest:
     error_file: str = ""
 
 
-def route_dest(path: str, tee: bool, console: Console) -> StreamRoute:
+def route_dest(path: str, tee: bool, console: Console, *, gated: bool = False) -> StreamRoute:
     """The route of one stream a plugin placed at ``path``: as a redirect (``tee``: and shown) to
     that file, torch's console (``""``) as a stream nobody redirected, ``os.devnull`` discarded.
-    A tee of a stream that goes to the console is that console, as under torch."""
+    A tee of a stream that goes to the console is that console, as under torch. ``gated`` holds
+    for a tee'd stream only: the plugin's file is then where withheld blocks are."""
     if path == os.devnull:
         return StreamRoute(Sink.DEVNULL)
-    return route_stream(redirect=bool(path), tee=tee and bool(path), shown=True, console=console)
+    teed = tee and bool(path)
+    return route_stream(redirect=bool(path), tee=teed, shown=True, console=console, gated=gated and teed)
 
 
 def console_kind(stream: IO | None) -> Console:
@@ -195,15 +210,19 @@ class WorkerOutput:
         routes: each stream's route (``{"stdout": ..., "stderr": ...}``).
         logs: the files (a logged route's stream is written to its path).
         consoles: the agent's console per stream (may be ``None``).
+        withheld_path: where a gated stream that is not logged keeps what it withholds (None:
+            such a stream is not gated).
 
     Build it with :meth:`planned` (our layout) or :meth:`from_dest` (a plugin's).
     """
 
-    def __init__(self, routes: dict[str, StreamRoute], logs: WorkerLogs, consoles: dict[str, IO | None]) -> None:
+    def __init__(self, routes: dict[str, StreamRoute], logs: WorkerLogs, consoles: dict[str, IO | None],
+                 withheld_path: str | None = None) -> None:
         self.routes = routes
         self.logs = logs
         self._consoles = consoles
         self.pumps: list[Pump] = []
+        self.withheld_path = withheld_path
 
     @classmethod
     def planned(cls, rank_dir: str, *, redirect: dict[str, bool], tee: dict[str, bool], shown: bool,
@@ -213,18 +232,20 @@ class WorkerOutput:
         passes ``--local-ranks-filter``."""
         routes = {
             name: route_stream(redirect=redirect[name], tee=tee[name], shown=shown,
-                               console=console_kind(consoles[name]))
+                               console=console_kind(consoles[name]), gated=name == "stderr")
             for name in STREAMS
         }
         paths = {name: os.path.join(rank_dir, f"{name}.log") if routes[name].logged else None for name in STREAMS}
         return cls(routes, WorkerLogs(stdout=paths["stdout"], stderr=paths["stderr"],
-                                      error_file=os.path.join(rank_dir, "error.json")), consoles)
+                                      error_file=os.path.join(rank_dir, "error.json")), consoles,
+                   withheld_path=os.path.join(rank_dir, "stderr.log"))
 
     @classmethod
     def from_dest(cls, dest: RankDest, consoles: dict[str, IO | None]) -> WorkerOutput:
         """A ``--logs-specs`` plugin's layout for one rank (:func:`route_dest` per stream)."""
         paths = {"stdout": (dest.stdout, dest.tee_stdout), "stderr": (dest.stderr, dest.tee_stderr)}
-        routes = {name: route_dest(path, tee, console_kind(consoles[name])) for name, (path, tee) in paths.items()}
+        routes = {name: route_dest(path, tee, console_kind(consoles[name]), gated=name == "stderr")
+                  for name, (path, tee) in paths.items()}
         logged = {name: paths[name][0] if routes[name].logged else None for name in STREAMS}
         return cls(routes, WorkerLogs(stdout=logged["stdout"], stderr=logged["stderr"], error_file=dest.error_file),
                    consoles)
@@ -250,8 +271,9 @@ class WorkerOutput:
             for fp in opened:
                 fp.close()
 
-    def start_pumps(self, proc: subprocess.Popen, prefix: str, local_rank: int) -> None:
-        """Start a pump for each piped stream of ``proc``."""
+    def start_pumps(self, proc: subprocess.Popen, prefix: str, local_rank: int, who: str = "") -> None:
+        """Start a pump for each piped stream of ``proc``; ``who`` names the worker in log lines
+        (``Run R attempt K local rank L``)."""
         for name in STREAMS:
             route = self.routes[name]
             if route.sink is not Sink.PIPE:
@@ -260,16 +282,35 @@ class WorkerOutput:
             fd = os.dup(pipe.fileno())
             pipe.close()
             path = getattr(self.logs, name) if route.logged else None
+            withheld = self._withheld(route, path, who or f"local rank {local_rank}")
             pump = Pump(f"pump-{name}-{local_rank}", fd, path, self._consoles[name],
-                        prefix if route.prefixed else "")
+                        prefix if route.prefixed else "", withheld=withheld)
             pump.start()
             self.pumps.append(pump)
 
+    def peer_left_at_end(self, timeout: float) -> str | None:
+        """The file holding the traceback that ended this worker's stderr, when the console
+        withheld it (it only said a peer left); else None. Waits up to ``timeout`` for the end."""
+        for pump in self.pumps:
+            if pump.gated:
+                pump.join(timeout)
+                return pump.withheld_path if not pump.is_alive() and pump.last_withheld else None
+        return None
+
+    def _withheld(self, route: StreamRoute, path: str | None, who: str) -> WithheldLog | None:
+        """Where a gated stream's withheld blocks go: its log file, else the rank's ``stderr.log``."""
+        kept_in = path or self.withheld_path
+        if not route.gated or kept_in is None:
+            return None
+        return WithheldLog(kept_in, who, already_there=path is not None)
+
 
 class Pump(threading.Thread):
-    """Copies a worker's pipe to its log file and, line by line with a prefix, to the console."""
+    """Copies a worker's pipe to its log file and, line by line with a prefix, to the console;
+    with ``withheld``, through a :class:`TracebackGate` that hands it what the console must not show."""
 
-    def __init__(self, name: str, fd: int, path: str | None, console: IO, prefix: str) -> None:
+    def __init__(self, name: str, fd: int, path: str | None, console: IO, prefix: str,
+                 withheld: WithheldLog | None = None) -> None:
         super().__init__(name=name, daemon=True)
         self._fd = fd
         self._file = open_private_file(path, "wb", buffering=0) if path else None
@@ -277,6 +318,22 @@ class Pump(threading.Thread):
         self._prefix = prefix.encode()
         self._partial = b""
         self._stop_at: float | None = None
+        self._withheld = withheld
+        self._gate = TracebackGate() if withheld is not None else None
+        self._line_open = False  # an unprefixed console line was begun and not ended
+
+    @property
+    def gated(self) -> bool:
+        return self._gate is not None
+
+    @property
+    def last_withheld(self) -> bool:
+        """Whether the last traceback the gate let go was withheld."""
+        return self._gate is not None and self._gate.last_withheld
+
+    @property
+    def withheld_path(self) -> str | None:
+        return self._withheld.path if self._withheld is not None else None
 
     def request_stop(self, drain_s: float = PUMP_DRAIN_S) -> None:
         """Finish at EOF, or ``drain_s`` from now at the latest."""
@@ -290,23 +347,43 @@ class Pump(threading.Thread):
                 if self._stop_at is not None and time.monotonic() >= self._stop_at:
                     break  # a process that escaped the stop still holds the pipe
                 if not poller.poll(int(_POLL_S * 1000)):
+                    if self._gate is not None and self._gate.holding:
+                        self._release(self._gate.tick())
                     continue
                 chunk = os.read(self._fd, 65536)
                 if not chunk:
                     break
                 if self._file is not None:
                     self._file.write(chunk)
-                self._to_console(chunk)
+                if self._gate is None:
+                    self._to_console(chunk)
+                else:
+                    self._release(self._gate.feed(chunk))
         except OSError:
             log.exception("Log pump %s failed; its output is lost from now on.", self.name)
         finally:
-            if self._partial:
+            if self._gate is not None:
+                self._release(self._gate.end())
+            if self._partial or self._line_open:  # end the last line: the next one is the agent's
                 self._emit([self._partial + b"\n"])
             os.close(self._fd)
             if self._file is not None:
                 self._file.close()
+            if self._withheld is not None:
+                self._withheld.close()
+
+    def _release(self, release: Release) -> None:
+        """Show what the gate let go; keep what it withheld (shown if it cannot be kept)."""
+        if release.shown:
+            self._to_console(release.shown)
+        if release.withheld and not (self._withheld is not None and self._withheld(release.withheld)):
+            self._to_console(release.withheld)
 
     def _to_console(self, chunk: bytes) -> None:
+        if not self._prefix:  # nothing to put before each line: pass it on now (a progress bar's \r)
+            self._emit([chunk])
+            self._line_open = not chunk.endswith(b"\n")
+            return
         data = self._partial + chunk
         lines = data.split(b"\n")
         self._partial = lines.pop()

@@ -365,7 +365,8 @@ class WorkerGroup:
         prefix = console_prefix(
             self._prefix_template, self.config.role, worker.global_rank, worker.local_rank
         )
-        output.start_pumps(proc, prefix, worker.local_rank)
+        output.start_pumps(proc, prefix, worker.local_rank,
+                           f"Run {self.rdzv.run_id} attempt {self.attempt} local rank {worker.local_rank}")
 
     def _forked_note(self) -> str:
         forked = sum(isinstance(w.proc, ForkedWorker) for w in self._workers)
@@ -381,10 +382,13 @@ class WorkerGroup:
         for callback in list(self._exit_callbacks):
             callback()
         if code != 0 and self._stop_began is None:
-            log.warning(
-                "Run %s attempt %d: local rank %d (rank %d, pid %d) exited with %d.",
+            # After a traceback that only said a peer left, the agent's line about the peer says it.
+            kept_in = worker.output.peer_left_at_end(PUMP_DRAIN_S) if worker.output is not None else None
+            log.log(
+                logging.INFO if kept_in else logging.WARNING,
+                "Run %s attempt %d: local rank %d (rank %d, pid %d) exited with %d%s.",
                 self.rdzv.run_id, self.attempt, worker.local_rank, worker.global_rank,
-                worker.pid, code,
+                worker.pid, code, f" after a traceback that says a peer left (in {kept_in})" if kept_in else "",
             )
 
     def _failure_of(self, worker: Worker) -> WorkerFailure:
