@@ -40,7 +40,7 @@ from elastic.testing.live_agent import read_events
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "worker"))
 from live_checks import REPO, TEST_OPTIONS, WORKER, steps  # noqa: E402
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.needs_torch]  # torch workers
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",
