@@ -21,8 +21,9 @@ __all__ = ["Interruption", "interruptions"]
 
 @dataclass(frozen=True)
 class Interruption:
-    """The job did not train from ``start`` to ``end`` (on the clock of the spans) because of ``cause``; ``resumed``: training resumed at ``end`` (in round ``resumed_in``),
-    else the logs end first."""
+    """The job did not train from ``start`` to ``end`` (on the clock of the spans) because of
+    ``cause``, which stopped round ``stopped_round``; ``resumed``: training resumed at ``end``
+    (in round ``resumed_in``), else the logs end first."""
 
     start: float
     end: float

@@ -32,7 +32,8 @@ svg.timeline text { font: 12px system-ui, sans-serif; fill: #1d2330; }
 .open-stripe.attempt { fill: #4c9a6a; } .open-stripe.stalled { fill: #e9a3a0; } .open-stripe.resuming { fill: #b9dcc6; }
 .bar.rendezvous { fill: #9aa7bd; } .bar.excluded { fill: #f2c14e; opacity: .6; }
 .downtime-shade { fill: #c0392b; opacity: .08; pointer-events: none; } .downtime-bar { fill: #c0392b; }
-.downtime.open .downtime-bar { opacity: .5; } svg.timeline .downtime-seconds { fill: #c0392b; font-size: 11px; font-weight: 600; }
+.downtime.open .downtime-bar { opacity: .5; }
+svg.timeline .downtime-seconds { fill: #c0392b; font-size: 11px; font-weight: 600; }
 svg.timeline .downtime-label { fill: #c0392b; font-weight: 600; }
 .mark path, .mark circle, .mark rect { stroke-width: 2; }
 .mark.worker_exit path { stroke: #c0392b; } .mark.worker_exit[data-cause="exit 0"] path { stroke: #4c9a6a; }

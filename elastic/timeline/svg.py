@@ -42,7 +42,8 @@ _DEFS = ('<defs>' + "".join(
 # Where a mark sits in its lane (a fraction of its height): what happened above the bars, what the
 # agent did below, endings on them.
 _ROWS = {MarkKind.WORKER_EXIT: 0.17, MarkKind.MEMBER_LOST: 0.17, MarkKind.NODES_WAITING: 0.17,
-         MarkKind.RESTART: 0.83, MarkKind.HEAL: 0.83, MarkKind.EXCLUDED: 0.83, MarkKind.FINISHED: 0.5, MarkKind.GONE: 0.5}
+         MarkKind.RESTART: 0.83, MarkKind.HEAL: 0.83, MarkKind.EXCLUDED: 0.83,
+         MarkKind.FINISHED: 0.5, MarkKind.GONE: 0.5}
 _NICE_STEPS = (0.1, 0.2, 0.5, 1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 14400, 43200, 86400)
 
 

@@ -99,7 +99,8 @@ class Page:
 
     @staticmethod
     def bars(element: Element, kind: str, node: str | None = None) -> list[tuple[float, float]]:
-        return [(float(bar.attrs["data-start"]), float(bar.attrs["data-end"])) for bar in element.find_all("rect", "bar")
+        return [(float(bar.attrs["data-start"]), float(bar.attrs["data-end"]))
+                for bar in element.find_all("rect", "bar")
                 if kind in bar.classes and (node is None or bar.attrs["data-node"] == node)]
 
     @staticmethod
@@ -125,8 +126,8 @@ def story_args(out: Path, stop_file: Path) -> list[str]:
             "--interval", "0.05"]
 
 
-def test_a_killed_worker_a_killed_node_and_its_return_are_drawn_as_they_happened(procs, reports, etcd_server,  # noqa: F811
-                                                                                 tmp_path):
+def test_a_killed_worker_a_killed_node_and_its_return_are_drawn_as_they_happened(procs, reports,  # noqa: F811
+                                                                                 etcd_server, tmp_path):
     chromium()  # before the run: no point in it without a browser
     stop_file = tmp_path / "stop"
     logs = [tmp_path / "a.events.jsonl", tmp_path / "b.events.jsonl"]
@@ -140,8 +141,8 @@ def test_a_killed_worker_a_killed_node_and_its_return_are_drawn_as_they_happened
     victim = min(p.pid for p in b.tree() if p.pid in first_workers)
     worker_killed = time.time()
     os.kill(victim, signal.SIGKILL)
-    reports.wait_for("a world of 4 after the worker's kill", allreduces_at(4, after=worker_killed, not_by=first_workers),
-                     [a, b])
+    reports.wait_for("a world of 4 after the worker's kill",
+                     allreduces_at(4, after=worker_killed, not_by=first_workers), [a, b])
     # b is SIGKILLed with its workers: a goes on alone.
     node_killed = b.kill_tree().at
     reports.wait_for("a world of 2 after the node's kill", allreduces_at(2, after=node_killed), [a])
@@ -188,7 +189,8 @@ def check_kills(page: Page, worker_killed: float, node_killed: float, came_back:
     # The downtime: where no worker completed a step; one interruption per fault at least, each
     # charged to its fault, and the total on the page.
     page.assert_no_training_in_downtime(trained)
-    causes = [(gap.attrs["data-cause"], gap.attrs["data-node"], float(gap.attrs["data-start"])) for gap in page.downtime]
+    causes = [(gap.attrs["data-cause"], gap.attrs["data-node"], float(gap.attrs["data-start"]))
+              for gap in page.downtime]
     assert ("worker_exit", b, at) in causes, causes
     assert ("lost", b, died) in causes, causes
     assert any(start >= page.t(came_back) for _, _, start in causes), causes  # the return stopped the job too
