@@ -57,8 +57,9 @@ Static ranks, torchrun's default backend: no elasticity, each node names its ran
     elasticrun --nnodes=2 --node-rank=0 --master-addr=node0 --master-port=29500 \\
         --nproc-per-node=8 train.py
 
-Draw the event logs of a run's nodes as one HTML page (a lane per node, rounds, restarts and
-worker exits with their cause, the world size; see :mod:`elastic.timeline`)::
+Draw the event logs of a run's nodes as one HTML page (a lane per machine, training and stalls,
+restarts, heals and worker exits with their cause, the world size, the downtime per fault; see
+:mod:`elastic.timeline`)::
 
     elasticrun timeline node-a.jsonl node-b.jsonl -o timeline.html
 

@@ -113,6 +113,7 @@ class Attempts:
         if self._lifeline is not None:
             self._lifeline.track(group.pids().values())
         self.running = self.last = group
+        self._report.workers_started(info.round, sorted(group.pids()), [])
         self._report.started(info, group.global_ranks(), group.world_size)
         return group
 
@@ -130,8 +131,15 @@ class Attempts:
             self._lifeline.untrack(group.pids().values())
 
     def unanswered(self) -> bool:
-        """Whether a live worker left the round published last unanswered past the deadline."""
-        return isinstance(self.running, LiveWorkers) and self.running.answer() is RoundAnswer.OVERDUE
+        """Whether a live worker left the round published last unanswered past the deadline. The
+        answer that every live worker formed it is told to the report (``round_formed``)."""
+        group = self.running
+        if not isinstance(group, LiveWorkers):
+            return False
+        answer = group.answer()
+        if answer is RoundAnswer.ANSWERED:
+            self._report.round_formed(group.rdzv.round)
+        return answer is RoundAnswer.OVERDUE
 
     def broken(self) -> bool:
         """Whether a live worker reported the group of the current round as lost."""
@@ -152,6 +160,9 @@ class Attempts:
             self._report.print(f"elasticrun: cannot replace the failed workers in round {group.rdzv.round}: {error}")
             return False
         self._retrack(group, before)
+        if ranks:
+            self._report.workers_started(group.rdzv.round, list(ranks),
+                                         [rank for rank in sorted(group.pids()) if rank not in ranks], refill=True)
         return bool(ranks)
 
     def held(self, until: float | None) -> None:
@@ -176,7 +187,8 @@ class Attempts:
         if listener is not None and not use_agent_store:
             listener.close()
         try:
-            group.advance(info, attempt=attempt, restart_count=restart_count, use_agent_store=use_agent_store)
+            restarted = group.advance(info, attempt=attempt, restart_count=restart_count,
+                                      use_agent_store=use_agent_store)
         except WorkerStartError as error:
             if listener is not None:
                 listener.close()
@@ -186,6 +198,8 @@ class Attempts:
         if listener is not None and use_agent_store:
             self._hand_over(listener, info)
         self._retrack(group, before)
+        self._report.workers_started(info.round, list(restarted),
+                                     [rank for rank in sorted(group.pids()) if rank not in restarted])
         return group
 
     def _retrack(self, group: LiveWorkers, before: set[int]) -> None:

@@ -2,14 +2,17 @@
 
 Each line should be one JSON object as :mod:`elastic.agent.observe.events` writes it. A line that
 is not (torn, binary, too long), an event this version does not know, or a known event whose
-fields have the wrong types is skipped and counted, never fatal: `read_log` returns what it
-could read and a `Skipped` tally whose `Skipped.line` says it in one line. Memory stays bounded
+fields have the wrong types or values out of range (a time stamp outside `EARLIEST`..`LATEST`,
+a duration beyond `MAX_SECONDS`) is skipped and counted, never fatal: `read_log` returns what it
+could read and a `Skipped` tally whose `Skipped.line` says it in one printable line (names from the
+file with control characters escaped, so a log cannot drive the terminal). Memory stays bounded
 whatever the file: a line is read at most ``max_line_bytes`` at a time, only the fields the
 timeline draws are kept (strings cut to ``max_text``), and at most ``max_events`` events per file.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import math
@@ -19,7 +22,15 @@ from typing import IO, Any
 
 from elastic.agent.observe.events import Event
 
-__all__ = ["BadRecord", "ReadLimits", "Record", "Skipped", "UnknownEvent", "parse_line", "read_log"]
+__all__ = ["EARLIEST", "LATEST", "MAX_SECONDS", "BadRecord", "ReadLimits", "Record", "Skipped", "UnknownEvent",
+           "parse_line", "printable", "read_log"]
+
+EARLIEST = 0.0
+"""The earliest time stamp read (1970-01-01, seconds since the epoch): an agent writes ``time.time()``."""
+LATEST = 253_402_214_400.0
+"""The latest time stamp read (9999-12-31): every later one is beyond what a date can say."""
+MAX_SECONDS = 366 * 86400.0
+"""The longest duration read (a rendezvous' ``duration_s``, an exclusion's ``cooldown_s``): a year."""
 
 
 @dataclass(frozen=True)
@@ -49,6 +60,8 @@ class Record:
     host: str
     run_id: str
     fields: Mapping[str, Any] = field(default_factory=dict, compare=True, hash=False)
+    source: str = ""
+    """The file it was read from ("" when not read from a file)."""
 
 
 @dataclass(frozen=True)
@@ -79,21 +92,23 @@ class Skipped:
         return bool(self.total or self.unread_from)
 
     def line(self) -> str:
-        """``events.jsonl: skipped 3 lines (2 not events; 1 unknown event: foo), the first at line 7``."""
+        """``events.jsonl: skipped 3 lines (2 not events; 1 unknown event: foo), the first at line 7``,
+        printable (see `printable`)."""
         unread = f"; stopped reading at byte {self.unread_from}" if self.unread_from else ""
+        path = printable(self.path)
         if not self.total:
-            return f"{self.path}: stopped reading at byte {self.unread_from} (the file is too large)"
+            return f"{path}: stopped reading at byte {self.unread_from} (the file is too large)"
         parts = []
         if self.corrupt:
             parts.append(f"{self.corrupt} not events")
         if self.unknown:
-            names = ", ".join(self.unknown_names)
+            names = ", ".join(printable(name) for name in self.unknown_names)
             parts.append(f"{self.unknown} unknown event{'s' if self.unknown > 1 else ''}: {names}")
         if self.too_long:
             parts.append(f"{self.too_long} too long")
         if self.beyond_limit:
             parts.append(f"{self.beyond_limit} beyond the first {self.kept_limit} events")
-        return (f"{self.path}: skipped {self.total} line{'s' if self.total > 1 else ''} ({'; '.join(parts)}), "
+        return (f"{path}: skipped {self.total} line{'s' if self.total > 1 else ''} ({'; '.join(parts)}), "
                 f"the first at line {self.first_line}{unread}")
 
 
@@ -106,6 +121,18 @@ def _is_int(value: Any) -> bool:
 
 def _is_number(value: Any) -> bool:
     return (isinstance(value, (int, float)) and not isinstance(value, bool)) and math.isfinite(value)
+
+
+def _is_seconds(value: Any) -> bool:
+    return _is_number(value) and 0 <= value <= MAX_SECONDS
+
+
+def _is_int_list(value: Any) -> bool:
+    return isinstance(value, list) and all(_is_int(v) for v in value)
+
+
+def _is_bool(value: Any) -> bool:
+    return isinstance(value, bool)
 
 
 def _is_str(value: Any) -> bool:
@@ -124,7 +151,7 @@ def _optional(check: _Check) -> _Check:
 _FIELDS: Mapping[Event, tuple[frozenset[str], Mapping[str, _Check]]] = {
     Event.ROUND_JOINED: (frozenset({"round", "group_world_size", "duration_s"}),
                          {"round": _is_int, "group_rank": _is_int, "group_world_size": _is_int,
-                          "world_size": _is_int, "duration_s": _is_number, "members": _is_str_list}),
+                          "world_size": _is_int, "duration_s": _is_seconds, "members": _is_str_list}),
     Event.ROUND_CLOSED: (frozenset(), {"round": _is_int}),
     Event.MEMBER_LOST: (frozenset(), {"reason": _is_str}),
     Event.NODES_WAITING: (frozenset(), {"count": _is_int, "reason": _is_str}),
@@ -133,8 +160,11 @@ _FIELDS: Mapping[Event, tuple[frozenset[str], Mapping[str, _Check]]] = {
     Event.WORKER_EXIT: (frozenset(), {"local_rank": _is_int, "global_rank": _optional(_is_int),
                                       "exitcode": _optional(_is_int), "signal": _optional(_is_str)}),
     Event.JOB_FINISHED: (frozenset({"status"}), {"status": _is_str}),
-    Event.NODE_EXCLUDED: (frozenset({"cooldown_s"}), {"reason": _is_str, "cooldown_s": _is_number,
+    Event.NODE_EXCLUDED: (frozenset({"cooldown_s"}), {"reason": _is_str, "cooldown_s": _is_seconds,
                                                       "failures_in_a_row": _is_int}),
+    Event.WORKERS_STARTED: (frozenset({"round", "started", "kept"}),
+                            {"round": _is_int, "started": _is_int_list, "kept": _is_int_list, "refill": _is_bool}),
+    Event.ROUND_FORMED: (frozenset({"round"}), {"round": _is_int}),
 }
 _KNOWN = {event.value: event for event in Event}
 
@@ -197,7 +227,17 @@ def _seconds(ts: Any) -> float:
         raise BadRecord(f"a bad time stamp {ts[:40]!r}") from None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=datetime.timezone.utc)
-    return moment.timestamp()
+    seconds = moment.timestamp()
+    if not EARLIEST <= seconds <= LATEST:
+        raise BadRecord(f"a time stamp out of range {ts[:40]!r}")
+    return seconds
+
+
+def printable(text: str) -> str:
+    """``text`` with every control or unprintable character escaped (``\\x1b``): safe on a terminal."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
 def _cut(value: Any, max_text: int) -> Any:
@@ -210,8 +250,9 @@ def _cut(value: Any, max_text: int) -> Any:
 
 
 def read_log(stream: IO[bytes], path: str, limits: ReadLimits = ReadLimits()) -> tuple[list[Record], Skipped]:
-    """The records of one event log and what was skipped. Reads ``stream`` to its end or to
-    ``limits.max_file_bytes`` in bounded memory, and keeps at most ``limits.max_events`` records."""
+    """The records of one event log (their `Record.source` is ``path``) and what was skipped.
+    Reads ``stream`` to its end or to ``limits.max_file_bytes`` in bounded memory, and keeps at
+    most ``limits.max_events`` records."""
     records: list[Record] = []
     counts = {"corrupt": 0, "unknown": 0, "too_long": 0, "beyond_limit": 0}
     unknown: dict[str, None] = {}
@@ -227,7 +268,7 @@ def read_log(stream: IO[bytes], path: str, limits: ReadLimits = ReadLimits()) ->
             problem = "beyond_limit"
         else:
             try:
-                records.append(parse_line(line, limits.max_text))
+                records.append(dataclasses.replace(parse_line(line, limits.max_text), source=path))
             except UnknownEvent as error:
                 problem = "unknown"
                 if len(unknown) < 5:

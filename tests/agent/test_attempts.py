@@ -4,6 +4,7 @@ on a node that does not host it (unless templates need it warm). Fake groups, a 
 from __future__ import annotations
 
 import io
+import json
 import socket
 
 import pytest
@@ -105,3 +106,10 @@ def test_a_helper_that_cannot_take_the_store_leaves_rank_0_to_host_it_from_the_n
     listener = listening()
     assert not attempts.start(round_info(0, listener), 1, 0).use_agent_store
     assert listener.fileno() == -1  # closed: rank 0's worker binds the port itself
+
+
+def test_each_start_tells_the_event_log_which_local_ranks_started(attempts_of, tmp_path):
+    attempts, _ = attempts_of(None)
+    attempts.start(round_info(1, None), 0, 0)
+    [line] = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    assert (line["event"], line["round"], line["started"], line["kept"]) == ("workers_started", 0, [0], [])

@@ -94,6 +94,8 @@ def test_every_documented_event_is_accepted_with_its_required_fields(tmp_path):
         Event.JOB_FINISHED: {"status": "failed"},
         Event.NODE_EXCLUDED: {"reason": "its own workers failed 2 times in a row", "cooldown_s": 600.0,
                               "failures_in_a_row": 2},
+        Event.WORKERS_STARTED: {"round": 3, "started": [1], "kept": [0]},
+        Event.ROUND_FORMED: {"round": 3},
     }
     assert set(samples) == set(Event)
     with make_log(path) as log:

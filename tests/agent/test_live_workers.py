@@ -265,8 +265,8 @@ def test_a_new_round_is_published_to_running_workers_with_their_new_ranks(live):
     workers, clock = live()
     _until(lambda: len(live.events()) == 2, "both workers started")
     pids = workers.pids()
-    workers.advance(_info(1, group_rank=1, group_world_size=2, port=30001), attempt=1, restart_count=0,
-                    use_agent_store=True)
+    assert workers.advance(_info(1, group_rank=1, group_world_size=2, port=30001), attempt=1, restart_count=0,
+                           use_agent_store=True) == ()  # none restarted
     rounds = _until(lambda: [e for e in live.events() if e["ev"] == "round"] if len(live.events()) == 4 else None,
                     "both workers read round 1")
     assert sorted((e["local_rank"], e["round"], e["rank"], e["world"]) for e in rounds) == [(0, 1, 2, 4), (1, 1, 3, 4)]
@@ -284,7 +284,7 @@ def test_only_the_dead_worker_restarts_and_it_starts_in_the_new_round(live):
     os.kill(pids[1], signal.SIGKILL)
     state = _until(lambda: (s := workers.poll()).status is FAIL and s, "the kill seen")
     assert [failure.local_rank for failure in state.failures] == [1] and state.running == {0}
-    workers.advance(_info(1), attempt=1, restart_count=1, use_agent_store=True)
+    assert workers.advance(_info(1), attempt=1, restart_count=1, use_agent_store=True) == (1,)
     assert workers.pids()[0] == pids[0] and workers.pids()[1] != pids[1]
     assert workers.poll() == type(state)(RUN, (), frozenset({0, 1}))  # the replaced failure is forgotten
     started = _until(lambda: [e for e in live.events() if e["ev"] == "start" and e["pid"] == workers.pids()[1]],

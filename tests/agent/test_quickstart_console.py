@@ -71,4 +71,4 @@ def test_verbose_shows_the_rest_and_the_events_go_to_the_event_log_only(tmp_path
     assert "closed round 0" in agent.stderr and "\"event\"" not in agent.stderr  # no JSON event lines
     assert "succeeded after" in lines[-1]
     names = [json.loads(line)["event"] for line in events.read_text().splitlines()]
-    assert names == ["round_joined", "job_finished"]
+    assert names == ["round_joined", "workers_started", "job_finished"]

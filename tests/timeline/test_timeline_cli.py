@@ -62,6 +62,37 @@ def test_bad_lines_and_an_unreadable_file_are_one_line_each_and_skipped(tmp_path
     assert len(page.find_all("g", "lane")) == 1 and len(page.find_all("p", "notes")) == 3
 
 
+def hostile(**fields) -> str:
+    return json.dumps({"ts": TS.format(2), "event": "round_joined", "run_id": "job", "node": "n-x", "host": "box",
+                       "round": 0, "group_rank": 0, "group_world_size": 1, "members": ["n-x"], "duration_s": 0.5,
+                       **fields})
+
+
+@pytest.mark.parametrize("lines", [
+    [hostile(duration_s=1e18)],  # was an OSError out of fromtimestamp
+    [hostile(ts="0001-01-01T00:00:00+00:00")],  # was a ValueError: year 0 is out of range
+    [hostile(duration_s=1.7e308), hostile(node="n-y", members=["n-y"], duration_s=1.7e308)],  # an OverflowError
+], ids=["duration 1e18", "year 1", "two durations of 1.7e308"])
+def test_a_line_out_of_range_is_skipped_with_one_line_and_the_page_is_drawn(tmp_path, lines):
+    a = write_log(tmp_path / "a.jsonl", "n-a", extra_lines=lines)
+    result = run([*TIMELINE, str(a), "-o", "out.html"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.splitlines() == [
+        f"elastic-timeline: {a}: skipped {len(lines)} line{'s' if len(lines) > 1 else ''} ({len(lines)} not events), "
+        "the first at line 3",
+        "elastic-timeline: wrote out.html: 1 node(s), 1 round(s), 0 restart(s)"]
+    assert parse((tmp_path / "out.html").read_text()).find_all("g", "lane")
+
+
+def test_an_unknown_event_name_reaches_the_terminal_with_its_escape_sequences_escaped(tmp_path):
+    name = "x\x1b[31mRED\x1b]0;pwned\x07"
+    a = write_log(tmp_path / "a.jsonl", "n-a", extra_lines=[json.dumps({"ts": TS.format(2), "event": name,
+                                                                        "node": "n-a"})])
+    result = run([*TIMELINE, str(a), "-o", "out.html"], tmp_path)
+    assert result.returncode == 0 and "\x1b" not in result.stderr and "\x07" not in result.stderr
+    assert "1 unknown event: x\\x1b[31mRED\\x1b]0;pwned\\x07)" in result.stderr
+
+
 @pytest.mark.parametrize(("argv", "code", "line"), [
     ([], 2, "elastic-timeline: error: the following arguments are required: EVENTS.jsonl (see --help)"),
     (["--frobnicate", "a"], 2, "elastic-timeline: error: unrecognized arguments: --frobnicate (see --help)"),

@@ -64,10 +64,27 @@ def test_a_line_becomes_a_record(raw, expected):
     (line(**{**JOINED, "members": [1, 2]}), "bad members"),
     (line(event="restart", cause=None), "bad cause"),
     (line(event="node_excluded", cooldown_s=float("inf")).replace(b"Infinity", b"1e999"), "bad cooldown_s"),
+    # Values no agent writes, which would overflow a date or the drawing: refused, not fatal.
+    (line(**{**JOINED, "duration_s": 1e18}), "bad duration_s"),
+    (line(**{**JOINED, "duration_s": 1.7e308}), "bad duration_s"),
+    (line(**{**JOINED, "duration_s": -1.0}), "bad duration_s"),
+    (line(event="node_excluded", cooldown_s=1e300), "bad cooldown_s"),
+    (line(**{**FINISHED, "ts": "0001-01-01T00:00:00+00:00"}), "time stamp out of range"),
+    (line(**{**FINISHED, "ts": "1969-12-31T23:59:59+00:00"}), "time stamp out of range"),
+    (line(event="workers_started", round=1, started=[0], kept=["0"]), "bad kept"),
+    (line(event="workers_started", round=1, started=[0]), "without kept"),
+    (line(event="round_formed"), "without round"),
 ])
 def test_what_is_not_an_event_record_is_refused_with_the_reason(raw, why):
     with pytest.raises(BadRecord, match=why):
         parse_line(raw)
+
+
+def test_the_events_of_live_recovery_are_read():
+    started = parse_line(line(event="workers_started", round=3, started=[], kept=[0, 1], refill=False))
+    assert (started.event, started.fields) == (Event.WORKERS_STARTED, {"round": 3, "started": [], "kept": [0, 1],
+                                                                      "refill": False})
+    assert parse_line(line(event="round_formed", round=3)).fields == {"round": 3}
 
 
 def test_an_event_this_version_does_not_know_is_told_apart():
@@ -99,6 +116,21 @@ def test_bad_lines_are_skipped_and_said_in_one_line():
     assert skipped.line() == ("a.jsonl: skipped 6 lines (2 not events; 3 unknown events: new_event, other_new; "
                               "1 too long), the first at line 2")
     assert "\n" not in skipped.line()
+
+
+def test_names_from_the_file_reach_the_terminal_with_their_control_characters_escaped():
+    hostile = "x\x1b[31mRED\x1b]0;title\x07\u2028é"
+    data = b"\n".join([line(**FINISHED), line(event=hostile)])
+    _, skipped = read_log(io.BytesIO(data), "a\x1b[2J.jsonl")
+    said = skipped.line()
+    assert said == ("a\\x1b[2J.jsonl: skipped 1 line (1 unknown event: x\\x1b[31mRED\\x1b]0;title\\x07\\u2028é), "
+                    "the first at line 2")
+    assert said.isprintable()
+
+
+def test_records_say_the_file_they_came_from():
+    records, _ = read_log(io.BytesIO(line(**FINISHED)), "node-a.jsonl")
+    assert [r.source for r in records] == ["node-a.jsonl"]
 
 
 def test_events_beyond_the_limit_are_counted_not_kept():

@@ -147,8 +147,10 @@ class LiveWorkers:
         return root_cause_summary(self.poll().failures, host, self.config.role, stderr_tails=tails)
 
     # -- live recovery ------------------------------------------------------------------------------
-    def advance(self, info: RendezvousInfo, *, attempt: int, restart_count: int, use_agent_store: bool) -> None:
-        """Move to round ``info``: publish it to the running workers, restart the exited ones in it.
+    def advance(self, info: RendezvousInfo, *, attempt: int, restart_count: int,
+                use_agent_store: bool) -> tuple[int, ...]:
+        """Move to round ``info``: publish it to the running workers, restart the exited ones in it;
+        returns the local ranks restarted.
 
         Raises:
             WorkerStartError: a replacement could not be started (the caller stops the group).
@@ -175,6 +177,7 @@ class LiveWorkers:
         self._forget_replaced()
         log.info("Run %s node %s: round %d published to local ranks %s, restarted %s", info.run_id, self._node_id,
                  info.round, sorted(running) or "none", list(dead) or "none")
+        return dead
 
     def refill(self, *, attempt: int, restart_count: int, use_agent_store: bool) -> tuple[int, ...]:
         """Start a replacement, in the round in use, for each local rank whose worker failed in it

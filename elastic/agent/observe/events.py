@@ -52,6 +52,13 @@ class Event(str, enum.Enum):
     WORKER_EXIT = "worker_exit"
     JOB_FINISHED = "job_finished"
     NODE_EXCLUDED = "node_excluded"
+    WORKERS_STARTED = "workers_started"
+    """The workers of a round started (``started``: local ranks started anew) or moved to it
+    (``kept``: local ranks kept running by ``--live-recovery``); ``refill``: started in the round
+    in use, replacing failed ones."""
+    ROUND_FORMED = "round_formed"
+    """Every live worker of this node formed the round published to it (``--live-recovery``):
+    training goes on in that round."""
 
 
 class RestartCause(str, enum.Enum):
@@ -79,6 +86,8 @@ REQUIRED_FIELDS: Mapping[Event, frozenset[str]] = {
     Event.WORKER_EXIT: frozenset({"local_rank", "global_rank", "exitcode", "signal"}),
     Event.JOB_FINISHED: frozenset({"status"}),
     Event.NODE_EXCLUDED: frozenset({"reason", "cooldown_s", "failures_in_a_row"}),
+    Event.WORKERS_STARTED: frozenset({"round", "started", "kept"}),
+    Event.ROUND_FORMED: frozenset({"round"}),
 }
 
 _RESERVED_FIELDS = frozenset({"ts", "event", "run_id", "node", "host"})

@@ -58,6 +58,15 @@ class AgentReport:
                  info.run_id, info.round, world_size, "" if world_size == 1 else "s", nodes,
                  "" if nodes == 1 else "s", self.events.node, ranks_text(ranks), extra=CONSOLE)
 
+    def workers_started(self, round_: int, started: list[int], kept: list[int], *, refill: bool = False) -> None:
+        """The local ranks ``started`` anew in round ``round_`` and those ``kept`` running (live)."""
+        extra = {"refill": True} if refill else {}
+        self.events.emit(Event.WORKERS_STARTED, round=round_, started=started, kept=kept, **extra)
+
+    def round_formed(self, round_: int) -> None:
+        """Every live worker of this node formed round ``round_``."""
+        self.events.emit(Event.ROUND_FORMED, round=round_)
+
     def looked(self, state: GroupState, membership: MembershipStatus) -> None:
         """One look at the workers and the membership: the gauges."""
         if self.metrics:
