@@ -7,7 +7,7 @@ named after the run and the restart count.
 
 Why this is fresh for every attempt:
 
-* ``elasticrun`` picks ``MASTER_PORT`` afresh for every round (DESIGN §4) and rank 0 of the
+* ``elasticrun`` picks ``MASTER_PORT`` afresh for every round (DESIGN §4.6) and rank 0 of the
   attempt hosts the store in its own process, so a new attempt talks to a new, empty server.
 * The prefix ``etcd-elastic/rpc/<run id>/restart-<n>`` keeps attempts apart on a store that
   outlives them (torchrun's agent-hosted store, ``TORCHELASTIC_USE_AGENT_STORE=True``, where

@@ -3,7 +3,7 @@
 The agent restarts its workers at once, but only the next round says how the restart counts:
 a worker failure counts against ``--max-restarts`` only if that round still has every member
 of the last one (else a peer died and broke our collectives before its lease expired: a
-membership change, and those are free, DESIGN §4). The restart is one value,
+membership change, and those are free, DESIGN §4.4). The restart is one value,
 :class:`PendingRestart`, made when the workers stop and consumed by :func:`settle` after the
 next rendezvous. Tested with a case table in ``tests/agent/test_restarts.py``.
 """

@@ -84,7 +84,7 @@ def test_every_relative_link_and_anchor_resolves(document):
 
 def test_the_readme_links_the_docs_pages():
     readme = (REPO / "README.md").read_text(encoding="utf-8")
-    for page in ("internals", "failure-behaviour", "backends", "security", "benchmarks", "testing"):
+    for page in ("design", "internals", "failure-behaviour", "backends", "security", "benchmarks", "testing"):
         assert f"docs/{page}.md" in readme
 
 

@@ -17,7 +17,7 @@ Matches ``torchrun`` 2.13 (``LocalElasticAgent._start_workers`` + ``DefaultLogsS
 ``GROUP_WORLD_SIZE``             nodes in the round
 ``ROLE_NAME``                    ``--role`` (default ``default``)
 ``ROLE_RANK``/``ROLE_WORLD_SIZE``  the same sums among the members of this role
-``MASTER_ADDR``/``MASTER_PORT``  the round's master (a fresh port per round, DESIGN §4)
+``MASTER_ADDR``/``MASTER_PORT``  the round's master (a fresh port per round, DESIGN §4.6)
 ``TORCHELASTIC_RESTART_COUNT``   restarts after failures so far, agreed in the round record
 ``TORCHELASTIC_MAX_RESTARTS``    ``--max-restarts``
 ``TORCHELASTIC_RUN_ID``          ``--rdzv-id``
