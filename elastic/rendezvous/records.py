@@ -5,9 +5,9 @@ Key layout under ``<namespace>/<run_id>/``::
     state/round              RoundRecord of the last closed round (absent before round 0)
     state/closed             ClosedRecord once the rendezvous is closed for good
     state/finished           FinishedRecord of the first node whose workers all succeeded
-                             (:mod:`elastic.rendezvous.outcome`): no round forms after it
+                             (:mod:`elastic.rendezvous.job`): no round forms after it
     state/job                JobIdentity of the job that first joined this run id (its
-                             fingerprint; :mod:`elastic.rendezvous.outcome`)
+                             fingerprint; :mod:`elastic.rendezvous.job`)
     state/closer/<r>         JoinRecord of the node that closes round r: created by the first
                              joiner in the same transaction as its join key (lease-bound)
     rounds/<r>/nodes/<node>  JoinRecord of a node that wants to be in round r (lease-bound)
