@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import errno
 import io
 import logging
 import os
@@ -35,6 +36,7 @@ from string import Template
 from typing import IO
 
 from elastic.agent.private_files import open_private_file
+from elastic.agent.processes.log_loss import REPORTER, LogLossReporter
 
 log = logging.getLogger(__name__)
 
@@ -269,14 +271,20 @@ class WorkerOutput:
 class Pump(threading.Thread):
     """Copies a worker's pipe to its log file and, line by line with a prefix, to the console."""
 
-    def __init__(self, name: str, fd: int, path: str | None, console: IO, prefix: str) -> None:
+    def __init__(self, name: str, fd: int, path: str | None, console: IO, prefix: str,
+                 reporter: LogLossReporter = REPORTER) -> None:
         super().__init__(name=name, daemon=True)
         self._fd = fd
-        self._file = open_private_file(path, "wb", buffering=0) if path else None
+        self._path = path or None
+        self._file = _open_log(path) if path else None
         self._console = console
         self._prefix = prefix.encode()
         self._partial = b""
         self._stop_at: float | None = None
+        self._reporter = reporter
+        self._lost = 0  # bytes the file misses since the last write that succeeded
+        self._lost_reason = ""
+        self._line_start = True  # the file ends with a whole line
 
     def request_stop(self, drain_s: float = PUMP_DRAIN_S) -> None:
         """Finish at EOF, or ``drain_s`` from now at the latest."""
@@ -294,8 +302,8 @@ class Pump(threading.Thread):
                 chunk = os.read(self._fd, 65536)
                 if not chunk:
                     break
-                if self._file is not None:
-                    self._file.write(chunk)
+                if self._path is not None:
+                    self._to_file(chunk)
                 self._to_console(chunk)
         except OSError:
             log.exception("Log pump %s failed; its output is lost from now on.", self.name)
@@ -304,7 +312,43 @@ class Pump(threading.Thread):
                 self._emit([self._partial + b"\n"])
             os.close(self._fd)
             if self._file is not None:
-                self._file.close()
+                with contextlib.suppress(OSError):  # a network filesystem may report a full disk here
+                    self._file.close()
+
+    def _to_file(self, chunk: bytes) -> None:
+        """Append ``chunk`` to the log file. What a failed write (a full disk) could not write is
+        dropped and reported; the next chunk tries again, after a line that marks the gap."""
+        marker = self._gap_marker() if self._lost else b""
+        data = marker + chunk
+        done, error = self._write(data)
+        if done:
+            self._line_start = data[:done].endswith(b"\n")
+        directory = os.path.dirname(self._path)  # type: ignore[type-var]
+        if error is None:
+            if self._lost:
+                self._lost = 0
+                self._reporter.written(directory)
+            return
+        if done >= len(marker):  # the earlier gap is marked: only this chunk's rest is missing now
+            self._lost = 0
+        if not self._lost:
+            self._lost_reason = error.strerror or str(error)
+        missing = len(chunk) - max(0, done - len(marker))
+        self._lost += missing
+        self._reporter.lost(directory, missing, error)
+
+    def _write(self, data: bytes) -> tuple[int, OSError | None]:
+        """Write ``data``, opening the file first if it could not be created before."""
+        if self._file is None:
+            try:
+                self._file = open_private_file(self._path, "wb", buffering=0)  # type: ignore[arg-type]
+            except OSError as error:
+                return 0, error
+        return _write_all(self._file, data)
+
+    def _gap_marker(self) -> bytes:
+        start = b"" if self._line_start else b"\n"
+        return start + f"[elasticrun: {self._lost} bytes of output lost here ({self._lost_reason})]\n".encode()
 
     def _to_console(self, chunk: bytes) -> None:
         data = self._partial + chunk
@@ -324,6 +368,39 @@ class Pump(threading.Thread):
                 _write_bytes(self._console, payload)
             except (OSError, ValueError):
                 pass  # a closed or broken console must not stop the log file
+
+
+_DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+def _open_log(path: str) -> IO | None:
+    """The log file at ``path``, created (truncated); None when the disk is too full to create
+    it (a pump then tries again with each chunk).
+
+    Raises:
+        OSError: any other reason (see :func:`open_private_file`).
+    """
+    try:
+        return open_private_file(path, "wb", buffering=0)
+    except OSError as error:
+        if error.errno in _DISK_FULL:
+            return None
+        raise
+
+
+def _write_all(file: IO, data: bytes) -> tuple[int, OSError | None]:
+    """Write ``data`` to an unbuffered ``file``: how many bytes were written and, when it
+    stopped short, why (never raises)."""
+    view, done = memoryview(data), 0
+    while done < len(data):
+        try:
+            written = file.write(view[done:])
+        except OSError as error:
+            return done, error
+        if not written:
+            return done, OSError(errno.EIO, "the write made no progress")
+        done += written
+    return done, None
 
 
 def _write_bytes(stream: IO, payload: bytes) -> None:
