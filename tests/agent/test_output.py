@@ -125,20 +125,30 @@ def test_without_a_console_a_tee_still_lands_in_its_file(tmp_path):
 
     run_child(out, "print('kept')")
 
-    assert out.pumps == []
+    assert len(out.pumps) == 2
     with open(out.logs.stdout) as f:
         assert f.read() == "kept\n"
 
 
-def test_redirected_streams_are_written_by_the_child_with_no_pump(tmp_path):
-    out = output(tmp_path, {"stdout": io.StringIO(), "stderr": io.StringIO()}, redirect=True)
+def test_redirected_streams_reach_their_files_through_pumps_and_never_the_console(tmp_path):
+    consoles = {"stdout": io.StringIO(), "stderr": io.StringIO()}
+    out = output(tmp_path, consoles, redirect=True)
 
     run_child(out, "import sys; print('x'); sys.stderr.write('y')")
 
-    assert out.pumps == []
+    assert len(out.pumps) == 2  # the agent writes the files, so a full disk never reaches the child
     with open(out.logs.stdout) as f_out, open(out.logs.stderr) as f_err:
         assert (f_out.read(), f_err.read()) == ("x\n", "y")
+    assert consoles["stdout"].getvalue() == consoles["stderr"].getvalue() == ""
     assert out.logs.error_file == os.path.join(str(tmp_path), "error.json")
+
+
+def test_a_worker_whose_redirected_output_meets_a_full_disk_runs_on():
+    # /dev/full fails every write with ENOSPC: a child writing there itself would die of it.
+    out = WorkerOutput.from_dest(RankDest("/dev/full", "/dev/full"), {"stdout": None, "stderr": None})
+    assert out.routes == {"stdout": FILE, "stderr": FILE}
+
+    run_child(out, "import sys\nfor i in range(1000): print(i, flush=True); print(i, file=sys.stderr)")
 
 
 # -- a log file that cannot be written (a full disk) --------------------------------------------

@@ -12,9 +12,11 @@ tee             the file, and the console with each     the file
 Logs live in ``<log_root>/<run_id>/<node_id>/attempt_<k>/<local_rank>/`` with the worker's
 ``error.json`` (its ``TORCHELASTIC_ERROR_FILE``), unless a ``--logs-specs`` plugin places them:
 then each stream goes where its :class:`RankDest` says (a file, the console or nowhere, tee'd or
-not; :func:`route_dest`). Tee'd streams are pumped by one thread each (pipe → file + console,
-line-buffered, bounded memory); the others are plain file descriptors. :func:`route_stream`
-decides, :class:`WorkerOutput` carries it out for one worker.
+not; :func:`route_dest`). Every stream that lands in a log file is pumped by one thread (pipe →
+file, and for a tee the console, line-buffered, bounded memory), as is a console that is only a
+Python stream; the others are plain file descriptors. The agent, never the worker, writes the
+log files: a full disk costs log lines, not the worker (:mod:`elastic.agent.processes.log_loss`).
+:func:`route_stream` decides, :class:`WorkerOutput` carries it out for one worker.
 """
 
 from __future__ import annotations
@@ -134,7 +136,7 @@ class Sink(enum.Enum):
 
     INHERIT = "inherit"  # the console's file descriptor
     DEVNULL = "devnull"
-    FILE = "file"  # the log file, written by the child itself
+    FILE = "file"  # the log file alone: a pump thread copies it there (a full disk never reaches the child)
     PIPE = "pipe"  # a pump thread copies it to the log file and/or the console
 
 
@@ -233,45 +235,38 @@ class WorkerOutput:
 
     @contextlib.contextmanager
     def stdio(self) -> Iterator[dict[str, object]]:
-        """Popen's ``stdout``/``stderr`` for the child; files opened for it close on exit (the
-        child holds its own copies)."""
-        opened: list[IO] = []
+        """Popen's ``stdout``/``stderr`` for the child: the console's descriptor, ``DEVNULL`` or
+        ``PIPE`` (for a pump)."""
         std: dict[str, object] = {}
-        try:
-            for name in STREAMS:
-                sink = self.routes[name].sink
-                if sink is Sink.FILE:
-                    std[name] = open_private_file(getattr(self.logs, name), "wb")
-                    opened.append(std[name])  # type: ignore[arg-type]
-                elif sink is Sink.INHERIT:
-                    std[name] = _fileno(self._consoles[name])
-                else:
-                    std[name] = subprocess.DEVNULL if sink is Sink.DEVNULL else subprocess.PIPE
-            yield std
-        finally:
-            for fp in opened:
-                fp.close()
+        for name in STREAMS:
+            sink = self.routes[name].sink
+            if sink is Sink.INHERIT:
+                std[name] = _fileno(self._consoles[name])
+            else:
+                std[name] = subprocess.DEVNULL if sink is Sink.DEVNULL else subprocess.PIPE
+        yield std
 
     def start_pumps(self, proc: subprocess.Popen, prefix: str, local_rank: int) -> None:
-        """Start a pump for each piped stream of ``proc``."""
+        """Start a pump for each piped stream of ``proc`` (a file-only stream: no console copy)."""
         for name in STREAMS:
             route = self.routes[name]
-            if route.sink is not Sink.PIPE:
+            if route.sink not in (Sink.PIPE, Sink.FILE):
                 continue
             pipe = getattr(proc, name)
             fd = os.dup(pipe.fileno())
             pipe.close()
             path = getattr(self.logs, name) if route.logged else None
-            pump = Pump(f"pump-{name}-{local_rank}", fd, path, self._consoles[name],
-                        prefix if route.prefixed else "")
+            console = self._consoles[name] if route.sink is Sink.PIPE else None
+            pump = Pump(f"pump-{name}-{local_rank}", fd, path, console, prefix if route.prefixed else "")
             pump.start()
             self.pumps.append(pump)
 
 
 class Pump(threading.Thread):
-    """Copies a worker's pipe to its log file and, line by line with a prefix, to the console."""
+    """Copies a worker's pipe to its log file and, line by line with a prefix, to the console
+    (``None``: none)."""
 
-    def __init__(self, name: str, fd: int, path: str | None, console: IO, prefix: str,
+    def __init__(self, name: str, fd: int, path: str | None, console: IO | None, prefix: str,
                  reporter: LogLossReporter = REPORTER) -> None:
         super().__init__(name=name, daemon=True)
         self._fd = fd
@@ -304,7 +299,8 @@ class Pump(threading.Thread):
                     break
                 if self._path is not None:
                     self._to_file(chunk)
-                self._to_console(chunk)
+                if self._console is not None:
+                    self._to_console(chunk)
         except OSError:
             log.exception("Log pump %s failed; its output is lost from now on.", self.name)
         finally:
