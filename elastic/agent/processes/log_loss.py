@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import errno
 import logging
 import os
 import threading
@@ -24,8 +25,11 @@ from elastic.console import CONSOLE
 
 log = logging.getLogger(__name__)
 
-__all__ = ["REPEAT_S", "REPORTER", "LogLossReporter", "LossState", "Say", "after_loss", "after_write",
+__all__ = ["DISK_FULL", "REPEAT_S", "REPORTER", "LogLossReporter", "LossState", "Say", "after_loss", "after_write",
            "free_bytes", "size_text"]
+
+DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
+"""The ``errno`` values of a full disk or quota: a state that passes, not a mistake."""
 
 REPEAT_S = 60.0
 """The least time between two lines about one filesystem's lost output."""

@@ -38,7 +38,7 @@ from string import Template
 from typing import IO
 
 from elastic.agent.private_files import open_private_file
-from elastic.agent.processes.log_loss import REPORTER, LogLossReporter
+from elastic.agent.processes.log_loss import DISK_FULL, REPORTER, LogLossReporter
 
 log = logging.getLogger(__name__)
 
@@ -366,9 +366,6 @@ class Pump(threading.Thread):
                 pass  # a closed or broken console must not stop the log file
 
 
-_DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
-
-
 def _open_log(path: str) -> IO | None:
     """The log file at ``path``, created (truncated); None when the disk is too full to create
     it (a pump then tries again with each chunk).
@@ -379,7 +376,7 @@ def _open_log(path: str) -> IO | None:
     try:
         return open_private_file(path, "wb", buffering=0)
     except OSError as error:
-        if error.errno in _DISK_FULL:
+        if error.errno in DISK_FULL:
             return None
         raise
 
