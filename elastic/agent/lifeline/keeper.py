@@ -216,20 +216,22 @@ class Lifeline:
         return stopped
 
     def track(self, pids: Iterable[int]) -> None:
-        """Add workers to the PID file (call right after they start); a failed write is logged."""
+        """Add workers to the PID file (call right after they start); a failed write is said once."""
         with self._lock:
             for pid in pids:
                 ident = ProcessId.of(pid)
                 if ident is not None:
                     self._workers[pid] = ident
-            self._write_logged()
+            self._write_logged(misses_live=True)
 
     def untrack(self, pids: Iterable[int]) -> None:
-        """Drop workers from the PID file (call once they are stopped); a failed write is logged."""
+        """Drop workers from the PID file (call once they are stopped). A failed write leaves them
+        named, which is harmless (a stopped process's start time never matches again): logged at
+        DEBUG only."""
         with self._lock:
             for pid in pids:
                 self._workers.pop(pid, None)
-            self._write_logged()
+            self._write_logged(misses_live=False)
 
     def close(self) -> None:
         """Release the watchdog. Normally no worker is tracked any more: the PID file is removed
@@ -259,12 +261,17 @@ class Lifeline:
             _private_dir(self.directory)
             pidfile.write(self.path, live)
 
-    def _write_logged(self) -> None:
-        """:meth:`_write`; a failure is said once (until a write works again), never raised."""
+    def _write_logged(self, *, misses_live: bool) -> None:
+        """:meth:`_write`, never raising. A failure that leaves live workers out of the file
+        (``misses_live``) is said once, until a write works again."""
         try:
             self._write()
         except OSError as error:
-            self._failed(error)
+            if misses_live:
+                self._failed(error)
+            else:
+                log.debug("Run %s node %s: the PID file %s still names stopped workers (%s).", self.run_id,
+                          self._node, self.path, error)
             return
         if self._unwritten:
             self._unwritten = False
