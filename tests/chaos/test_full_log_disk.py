@@ -17,6 +17,7 @@ fails nothing, is said once, and the file is written again once there is space.
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 
@@ -27,6 +28,12 @@ from chaoslib import ELASTICRUN
 from elastic.agent.lifeline import pidfile
 from elastic.agent.lifeline.keeper import Lifeline
 from elastic.agent.observe.events import Event, EventLog
+from elastic.agent.processes.group_state import GroupStatus
+from elastic.agent.processes.workers import WorkerGroup
+from elastic.config import Entrypoint, LaunchConfig, Std, StdMask
+from elastic.rendezvous.api import RendezvousInfo
+from elastic.testing.agents import wait_until
+from elastic.testing.small_fs import SmallFilesystem
 
 STEPS = 100
 FULL_AT = 20
@@ -169,3 +176,48 @@ def test_an_event_log_on_a_full_disk_fails_nothing_is_said_once_and_resumes_on_a
     assert counts == [*range(1, len(counts)), 60]
     [warning] = [record.getMessage() for record in caplog.records]
     assert f"Cannot write to the event log {path} (No space left on device)" in warning
+
+
+GROUP_WORKER = """\
+import os, sys, time
+go = sys.argv[1]
+for i in range(3):
+    print(f"before {i}", flush=True)
+open(f"{go}.ready.{os.environ['LOCAL_RANK']}", "w").close()
+while not os.path.exists(go):
+    time.sleep(0.05)
+print("after", flush=True)
+"""
+
+
+@pytest.mark.chaos
+def test_workers_start_on_a_disk_with_no_room_for_their_log_directory_and_log_once_there_is(tmp_path, caplog):
+    """Each attempt's log directories are new: on a disk with no block (or inode) left, as ext4
+    when full, creating them failed and took the agent down with a traceback (a restart on a
+    full disk: by hand, tmpfs with nr_inodes=400). A tmpfs needs no block for a directory, so
+    its inodes are taken here."""
+    script = tmp_path / "worker.py"
+    script.write_text(GROUP_WORKER)
+    go = tmp_path / "go"
+    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, redirects=StdMask(Std.ALL),
+                          entrypoint=Entrypoint("script", str(script), (str(go),)))
+    info = RendezvousInfo("run-1", 0, 0, 1, "127.0.0.1", 29999, ())
+    with SmallFilesystem(tmp_path / "disk", size=1 << 20, inodes=64) as disk:
+        disk.fill()
+        group = WorkerGroup(config, info, attempt=0, log_root=str(disk.path))
+        try:
+            with caplog.at_level("WARNING", logger="elastic.agent.processes.log_loss"):
+                group.start()
+                wait_until(lambda: all(os.path.exists(f"{go}.ready.{rank}") for rank in (0, 1)), 30, "the workers")
+                disk.free()
+                go.touch()
+                wait_until(lambda: group.poll().status is not GroupStatus.RUNNING, 30, "the workers to exit")
+                state = group.poll()
+        finally:
+            group.stop(timeout=0)
+        assert state.status is GroupStatus.SUCCEEDED, state
+        for logs in group.logs().values():
+            lines = open(logs.stdout).read().splitlines()
+            assert len(lines) == 2 and GAP.match(lines[0]) and lines[1] == "after", lines
+    [warning] = [record.getMessage() for record in caplog.records]
+    assert warning.startswith(f"Worker output cannot be written under {group.log_dir}/")

@@ -81,8 +81,11 @@ def after_write(state: LossState, now: float) -> tuple[LossState, Say | None]:
 
 def free_bytes(directory: str) -> int | None:
     """Bytes an unprivileged user may still write on ``directory``'s filesystem (None: unknown)."""
+    path = os.path.abspath(directory)
+    while not os.path.isdir(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)  # not created (the disk is full): its filesystem is its ancestor's
     try:
-        info = os.statvfs(directory)
+        info = os.statvfs(path)
     except OSError:
         return None
     return info.f_bavail * info.f_frsize
@@ -150,11 +153,17 @@ class LogLossReporter:
 
 
 def _filesystem(directory: str) -> object:
-    """What identifies ``directory``'s filesystem (its device; the path when it cannot be read)."""
-    try:
-        return os.stat(directory).st_dev
-    except OSError:
-        return directory
+    """What identifies ``directory``'s filesystem: the device of it or of its nearest existing
+    ancestor (a full disk may have refused to create it); the path when none can be read."""
+    path = os.path.abspath(directory)
+    while True:
+        try:
+            return os.stat(path).st_dev
+        except OSError:
+            parent = os.path.dirname(path)
+            if parent == path:
+                return directory
+            path = parent
 
 
 REPORTER = LogLossReporter()

@@ -199,14 +199,18 @@ class WorkerOutput:
         routes: each stream's route (``{"stdout": ..., "stderr": ...}``).
         logs: the files (a logged route's stream is written to its path).
         consoles: the agent's console per stream (may be ``None``).
+        create_dirs: the pumps create a log file's directory when it is missing (our layout: a
+            full disk may have refused it when the group started).
 
     Build it with :meth:`planned` (our layout) or :meth:`from_dest` (a plugin's).
     """
 
-    def __init__(self, routes: dict[str, StreamRoute], logs: WorkerLogs, consoles: dict[str, IO | None]) -> None:
+    def __init__(self, routes: dict[str, StreamRoute], logs: WorkerLogs, consoles: dict[str, IO | None], *,
+                 create_dirs: bool = False) -> None:
         self.routes = routes
         self.logs = logs
         self._consoles = consoles
+        self._create_dirs = create_dirs
         self.pumps: list[Pump] = []
 
     @classmethod
@@ -222,7 +226,7 @@ class WorkerOutput:
         }
         paths = {name: os.path.join(rank_dir, f"{name}.log") if routes[name].logged else None for name in STREAMS}
         return cls(routes, WorkerLogs(stdout=paths["stdout"], stderr=paths["stderr"],
-                                      error_file=os.path.join(rank_dir, "error.json")), consoles)
+                                      error_file=os.path.join(rank_dir, "error.json")), consoles, create_dirs=True)
 
     @classmethod
     def from_dest(cls, dest: RankDest, consoles: dict[str, IO | None]) -> WorkerOutput:
@@ -257,7 +261,8 @@ class WorkerOutput:
             pipe.close()
             path = getattr(self.logs, name) if route.logged else None
             console = self._consoles[name] if route.sink is Sink.PIPE else None
-            pump = Pump(f"pump-{name}-{local_rank}", fd, path, console, prefix if route.prefixed else "")
+            pump = Pump(f"pump-{name}-{local_rank}", fd, path, console, prefix if route.prefixed else "",
+                        create_dir=self._create_dirs)
             pump.start()
             self.pumps.append(pump)
 
@@ -267,11 +272,19 @@ class Pump(threading.Thread):
     (``None``: none)."""
 
     def __init__(self, name: str, fd: int, path: str | None, console: IO | None, prefix: str,
-                 reporter: LogLossReporter = REPORTER) -> None:
+                 reporter: LogLossReporter = REPORTER, *, create_dir: bool = False) -> None:
         super().__init__(name=name, daemon=True)
         self._fd = fd
         self._path = path or None
-        self._file = _open_log(path) if path else None
+        self._create_dir = create_dir
+        self._file: IO | None = None
+        if path:
+            try:
+                self._file = _create_log(path, create_dir)
+            except OSError as error:
+                if error.errno not in DISK_FULL:
+                    raise  # the file is refused (a symbolic link...): the worker must not start
+                # no room for it yet: the first chunk tries again
         self._console = console
         self._prefix = prefix.encode()
         self._partial = b""
@@ -337,7 +350,7 @@ class Pump(threading.Thread):
         """Write ``data``, opening the file first if it could not be created before."""
         if self._file is None:
             try:
-                self._file = open_private_file(self._path, "wb", buffering=0)  # type: ignore[arg-type]
+                self._file = _create_log(self._path, self._create_dir)  # type: ignore[arg-type]
             except OSError as error:
                 return 0, error
         return _write_all(self._file, data)
@@ -366,19 +379,16 @@ class Pump(threading.Thread):
                 pass  # a closed or broken console must not stop the log file
 
 
-def _open_log(path: str) -> IO | None:
-    """The log file at ``path``, created (truncated); None when the disk is too full to create
-    it (a pump then tries again with each chunk).
+def _create_log(path: str, create_dir: bool) -> IO:
+    """The log file at ``path``, created (truncated), unbuffered; with ``create_dir`` its
+    directory too if missing (0700).
 
     Raises:
-        OSError: any other reason (see :func:`open_private_file`).
+        OSError: it cannot be created (see :func:`open_private_file`).
     """
-    try:
-        return open_private_file(path, "wb", buffering=0)
-    except OSError as error:
-        if error.errno in DISK_FULL:
-            return None
-        raise
+    if create_dir:
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    return open_private_file(path, "wb", buffering=0)
 
 
 def _write_all(file: IO, data: bytes) -> tuple[int, OSError | None]:
