@@ -275,7 +275,7 @@ class Pump(threading.Thread):
                  reporter: LogLossReporter = REPORTER, *, create_dir: bool = False) -> None:
         super().__init__(name=name, daemon=True)
         self._fd = fd
-        self._path = path or None
+        self._path = path or ""  # "": no log file
         self._create_dir = create_dir
         self._file: IO | None = None
         if path:
@@ -283,7 +283,7 @@ class Pump(threading.Thread):
                 self._file = _create_log(path, create_dir)
             except OSError as error:
                 if error.errno not in DISK_FULL:
-                    raise  # the file is refused (a symbolic link...): the worker must not start
+                    raise  # the file is refused (a symbolic link...): the worker's start fails
                 # no room for it yet: the first chunk tries again
         self._console = console
         self._prefix = prefix.encode()
@@ -310,7 +310,7 @@ class Pump(threading.Thread):
                 chunk = os.read(self._fd, 65536)
                 if not chunk:
                     break
-                if self._path is not None:
+                if self._path:
                     self._to_file(chunk)
                 if self._console is not None:
                     self._to_console(chunk)
@@ -332,7 +332,7 @@ class Pump(threading.Thread):
         done, error = self._write(data)
         if done:
             self._line_start = data[:done].endswith(b"\n")
-        directory = os.path.dirname(self._path)  # type: ignore[type-var]
+        directory = os.path.dirname(self._path)
         if error is None:
             if self._lost:
                 self._lost = 0
@@ -350,7 +350,7 @@ class Pump(threading.Thread):
         """Write ``data``, opening the file first if it could not be created before."""
         if self._file is None:
             try:
-                self._file = _create_log(self._path, self._create_dir)  # type: ignore[arg-type]
+                self._file = _create_log(self._path, self._create_dir)
             except OSError as error:
                 return 0, error
         return _write_all(self._file, data)
