@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import logging
 import socket
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -236,3 +238,30 @@ def test_listeners_get_each_later_event_as_written(tmp_path):
 
     assert seen == [read_records(path)[1]]
     assert seen[0]["event"] == "job_finished" and seen[0]["status"] == "succeeded"
+
+
+CUT_SHORT = """
+import os, resource, signal, sys
+from elastic.agent.observe.events import Event, EventLog
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead
+log = EventLog(sys.argv[1], run_id="job1", node="node-a", host="host-a")
+log.emit(Event.NODES_WAITING, count=1)
+room = os.path.getsize(sys.argv[1]) + 20
+resource.setrlimit(resource.RLIMIT_FSIZE, (room, resource.RLIM_INFINITY))  # the disk fills up
+log.emit(Event.NODES_WAITING, count=2)  # cut short
+log.emit(Event.NODES_WAITING, count=3)  # not written at all
+resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))  # space freed
+log.emit(Event.NODES_WAITING, count=4)
+log.close()
+"""
+
+
+def test_a_record_cut_short_by_a_full_disk_does_not_swallow_the_next_one(tmp_path):
+    path = tmp_path / "events.jsonl"
+    done = subprocess.run([sys.executable, "-c", CUT_SHORT, str(path)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.count("Cannot write to the event log") == 1
+
+    first, cut, last = path.read_text().splitlines()
+    assert json.loads(first)["count"] == 1 and json.loads(last)["count"] == 4
+    assert len(cut) == 20

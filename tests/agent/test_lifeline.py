@@ -326,6 +326,57 @@ def test_track_and_untrack_keep_the_file_equal_to_the_live_workers(spawned, tmp_
     assert not os.path.exists(life.path)
 
 
+def test_a_pid_file_update_that_cannot_be_written_is_said_once_and_its_recovery_once(spawned, tmp_path, caplog):
+    worker, _ = spawned.worker()
+    life = Lifeline.open(str(tmp_path / "run-1"), "run-1", "node-a", watchdog=False)
+    blocker = f"{life.path}.tmp"
+    try:
+        life.track([worker.pid])
+        os.mkdir(blocker)  # the temporary file cannot be created (EISDIR): every update fails
+        with caplog.at_level(logging.INFO, logger="elastic.agent.lifeline.keeper"):
+            life.untrack([worker.pid])  # the file still names a stopped worker: harmless, not said
+            assert not caplog.records
+            life.track([worker.pid])
+            life.untrack([worker.pid])
+            life.track([worker.pid])
+            os.rmdir(blocker)
+            life.untrack([worker.pid])
+            life.track([worker.pid])
+        assert pidfile.read(life.path).workers == (worker,)
+        life.untrack([worker.pid])
+    finally:
+        life.close()
+    warning, recovered = [record.getMessage() for record in caplog.records]
+    assert warning.startswith(f"Run run-1 node node-a: cannot update the PID file {life.path} (Is a directory; ")
+    assert " free there); a restarted agent or the watchdog may miss these workers." in warning
+    assert recovered == f"Run run-1 node node-a: the PID file {life.path} is up to date again."
+
+
+CUT_SHORT = textwrap.dedent("""
+    import resource, signal, sys
+    from elastic.agent.lifeline import pidfile
+    from elastic.agent.lifeline.pidfile import LiveWorkers, ProcessId
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead
+    resource.setrlimit(resource.RLIMIT_FSIZE, (40, 40))  # the new content stops after 40 bytes
+    try:
+        pidfile.write(sys.argv[1], LiveWorkers("run-1", ProcessId(10, 1.5), (ProcessId(11, 2.25),)))
+    except OSError as error:
+        print(error.strerror)
+""")
+
+
+def test_a_pid_file_write_cut_short_leaves_the_old_file_whole_and_no_temporary_file(tmp_path):
+    old = LiveWorkers("run-1", ProcessId(10, 1.5))
+    path = str(tmp_path / "workers-10.json")
+    pidfile.write(path, old)
+
+    done = subprocess.run([sys.executable, "-c", CUT_SHORT, path], capture_output=True, text=True, timeout=60)
+
+    assert done.stdout == "File too large\n", done.stderr
+    assert pidfile.read(path) == old
+    assert os.listdir(tmp_path) == ["workers-10.json"]
+
+
 WATCHED_AGENT = textwrap.dedent("""
     import sys, time
     from elastic.agent.lifeline.keeper import Lifeline

@@ -262,6 +262,10 @@ class ChaosJob:
     """More agent flags (``--prewarm ...``), before the script."""
     rdzv_conf: str = ""
     """More ``--rdzv-conf`` options (e.g. ``user=job,password_file=PATH``), after the suite's own."""
+    script_args: tuple[str, ...] = ()
+    """More worker flags (``--chatter``)."""
+    log_root: Path | None = None
+    """Where each node's ``--log-dir`` (``logs-<node>``) and event log go (default: ``workdir``)."""
     run_id: str = field(default_factory=lambda: f"chaos-{uuid.uuid4().hex[:10]}")
 
     def __post_init__(self) -> None:
@@ -278,19 +282,28 @@ class ChaosJob:
         """The agent's command line."""
         common = [f"--nnodes={self.nnodes}", "--nproc-per-node=1", f"--max-restarts={self.max_restarts}",
                   "--monitor-interval=0.2", f"--rdzv-id={self.run_id}", "--rdzv-backend=etcd-v3",
-                  f"--local-addr={local_addr}", f"--log-dir={self.workdir / ('logs-' + node)}", *self.extra_args]
+                  f"--local-addr={local_addr}", f"--log-dir={self.logs(node)}", *self.extra_args]
         worker = LIVE_TRAIN if self.launcher == ELASTICRUN_LIVE else TRAIN
         more = f",{self.rdzv_conf}" if self.rdzv_conf else ""
-        script = [str(worker), str(self.out_dir), f"--steps={self.steps}", f"--step-seconds={self.step_seconds}"]
+        script = [str(worker), str(self.out_dir), f"--steps={self.steps}", f"--step-seconds={self.step_seconds}",
+                  *self.script_args]
         if self.launcher in (ELASTICRUN, ELASTICRUN_LIVE):
             live = ["--live-recovery"] if self.launcher == ELASTICRUN_LIVE else []
             return [*with_stacks.command("elastic.run"), *common, *live, f"--rdzv-endpoint={endpoints}",
-                    f"--rdzv-conf={RDZV_CONF}{more}", f"--event-log={self.workdir / (node + '.events.jsonl')}", *script]
+                    f"--rdzv-conf={RDZV_CONF}{more}", f"--event-log={self.event_log(node)}", *script]
         if self.launcher == TORCHRUN:
             plain = ",".join(item.split("://", 1)[-1] for item in endpoints.split(","))
             return [*with_stacks.command("torch.distributed.run"), *common, f"--rdzv-endpoint={plain}",
                     f"--rdzv-conf={TORCHRUN_CONF}{more}", *script]
         raise ValueError(f"Unknown launcher {self.launcher!r}.")
+
+    def logs(self, node: str) -> Path:
+        """Node ``node``'s ``--log-dir``."""
+        return (self.log_root or self.workdir) / f"logs-{node}"
+
+    def event_log(self, node: str) -> Path:
+        """Node ``node``'s ``--event-log`` (elasticrun only)."""
+        return (self.log_root or self.workdir) / f"{node}.events.jsonl"
 
     @property
     def agents(self) -> dict[str, agents.Launched]:
@@ -309,7 +322,7 @@ class ChaosJob:
 
     def rounds_joined(self, node: str) -> int:
         """``round_joined`` events in node ``node``'s event log (elasticrun only; 0 without one)."""
-        event_log = self.workdir / f"{node}.events.jsonl"
+        event_log = self.event_log(node)
         if self.launcher == TORCHRUN or not event_log.exists():
             return 0
         count = 0

@@ -4,7 +4,8 @@ is in tests/conftest.py).
 Each fixture stops what it started by PID (or deletes what it created) in its finalizer, also
 when the test fails. When etcd cannot start, the test fails with one line (tests/conftest.py
 turns an ``EtcdServerError`` into that line); it never skips. So does the namespace fixture
-when it cannot create one (not root, no ``ip``).
+when it cannot create one (not root, no ``ip``), and the small filesystem's when it cannot mount
+one (not root).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import chaoslib  # noqa: E402
 
 from elastic.testing.etcd_cluster import EtcdCluster  # noqa: E402
 from elastic.testing.netns import NamespaceError, NamespaceLink  # noqa: E402
+from elastic.testing.small_fs import SmallFilesystem, SmallFilesystemError  # noqa: E402
 
 @pytest.fixture
 def etcd_cluster_factory():
@@ -47,6 +49,20 @@ def netns_link():
         yield link
     finally:
         link.close()
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 4 MiB tmpfs at ``tmp_path/disk``; unmounted at teardown. Ask for it before
+    ``job_factory``: the job's processes are then stopped before it is unmounted."""
+    try:
+        disk = SmallFilesystem(tmp_path / "disk")
+    except SmallFilesystemError as error:
+        pytest.fail(f"could not mount a small filesystem for the full-disk test: {error}", pytrace=False)
+    try:
+        yield disk
+    finally:
+        disk.close()
 
 
 @pytest.fixture

@@ -58,7 +58,9 @@ from elastic.agent.lifeline import pidfile
 from elastic.agent.errors import LifelineError
 from elastic.agent.lifeline.pdeathsig import load_prctl
 from elastic.agent.lifeline.pidfile import LiveWorkers, ProcessId
+from elastic.agent.processes.log_loss import DISK_FULL, free_bytes, size_text
 from elastic.agent.safe_path import isolated_program
+from elastic.console import CONSOLE
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +145,7 @@ class Lifeline:
         self._lock = threading.Lock()
         self._pipe_w: int | None = None
         self._watchdog: subprocess.Popen | None = None
+        self._unwritten = False  # the last write of the PID file failed (and was said)
 
     @classmethod
     def open(cls, directory: str, run_id: str, node: str, *, watchdog: bool = True) -> Lifeline:
@@ -150,11 +153,17 @@ class Lifeline:
         file and start the watchdog.
 
         Raises:
-            OSError: the directory or the PID file cannot be written, or the watchdog cannot start.
+            OSError: the directory cannot be created, the PID file cannot be written for another
+                reason than a full disk (that is said once), or the watchdog cannot start.
         """
         lifeline = cls(_private_dir(directory), run_id, node)
         lifeline.stop_stale()
-        lifeline._write()
+        try:
+            lifeline._write()
+        except OSError as error:
+            if error.errno not in DISK_FULL:
+                raise
+            lifeline._failed(error)  # a full disk passes: the watchdog starts, a later update writes it
         if watchdog:
             try:
                 lifeline._start_watchdog()
@@ -207,20 +216,22 @@ class Lifeline:
         return stopped
 
     def track(self, pids: Iterable[int]) -> None:
-        """Add workers to the PID file (call right after they start); a failed write is logged."""
+        """Add workers to the PID file (call right after they start); a failed write is said once."""
         with self._lock:
             for pid in pids:
                 ident = ProcessId.of(pid)
                 if ident is not None:
                     self._workers[pid] = ident
-            self._write_logged()
+            self._write_logged(misses_live=True)
 
     def untrack(self, pids: Iterable[int]) -> None:
-        """Drop workers from the PID file (call once they are stopped); a failed write is logged."""
+        """Drop workers from the PID file (call once they are stopped). A failed write leaves them
+        named, which is harmless (a stopped process's start time never matches again): logged at
+        DEBUG only."""
         with self._lock:
             for pid in pids:
                 self._workers.pop(pid, None)
-            self._write_logged()
+            self._write_logged(misses_live=False)
 
     def close(self) -> None:
         """Release the watchdog. Normally no worker is tracked any more: the PID file is removed
@@ -250,12 +261,30 @@ class Lifeline:
             _private_dir(self.directory)
             pidfile.write(self.path, live)
 
-    def _write_logged(self) -> None:
+    def _write_logged(self, *, misses_live: bool) -> None:
+        """:meth:`_write`, never raising. A failure that leaves live workers out of the file
+        (``misses_live``) is said once, until a write works again."""
         try:
             self._write()
-        except OSError as exc:
-            log.warning("Run %s node %s: cannot update the PID file %s (%s); a restarted agent or the "
-                        "watchdog may miss these workers.", self.run_id, self._node, self.path, exc)
+        except OSError as error:
+            if misses_live:
+                self._failed(error)
+            else:
+                log.debug("Run %s node %s: the PID file %s still names stopped workers (%s).", self.run_id,
+                          self._node, self.path, error)
+            return
+        if self._unwritten:
+            self._unwritten = False
+            log.info("Run %s node %s: the PID file %s is up to date again.", self.run_id, self._node, self.path,
+                     extra=CONSOLE)
+
+    def _failed(self, error: OSError) -> None:
+        if self._unwritten:
+            return
+        self._unwritten = True
+        log.warning("Run %s node %s: cannot update the PID file %s (%s; %s free there); a restarted agent or the "
+                    "watchdog may miss these workers. Said once, until it can be written again.", self.run_id,
+                    self._node, self.path, error.strerror or error, size_text(free_bytes(self.directory)))
 
     def _start_watchdog(self) -> None:
         read_end, self._pipe_w = os.pipe()  # both close-on-exec; only the watchdog gets read_end

@@ -25,7 +25,9 @@ session's members remain; only a restart long after the death leaves time for th
 
 from __future__ import annotations
 
+import contextlib
 import enum
+import errno
 import functools
 import hashlib
 import json
@@ -200,14 +202,29 @@ def _process_id(item: object) -> ProcessId:
 
 
 def write(path: str, live: LiveWorkers) -> None:
-    """Replace ``path`` atomically with ``live`` (mode 0600)."""
+    """Replace ``path`` atomically with ``live`` (mode 0600). A failed write (a full disk) leaves
+    ``path`` as it was and no temporary file, never a file cut short.
+
+    Raises:
+        OSError: it could not be written.
+    """
     tmp = f"{path}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     try:
-        os.write(fd, encode(live))
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+        try:
+            view = memoryview(encode(live))
+            while view:
+                written = os.write(fd, view)
+                if not written:
+                    raise OSError(errno.EIO, "the write made no progress", tmp)
+                view = view[written:]
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def read(path: str) -> LiveWorkers:

@@ -135,6 +135,7 @@ class EventLog:
         self._wall_clock = wall_clock
         self._lock = threading.Lock()
         self._write_failed = False
+        self._torn = False  # the file ends in a record cut short (a full disk)
         self._fd: int | None = None
         self._listeners: list[Callable[[Mapping[str, Any]], None]] = []
         if self.path is not None:
@@ -144,7 +145,8 @@ class EventLog:
         """Record event ``name`` with ``fields`` (plus ts, event, run_id, node and host).
 
         Writing errors (a full disk, say) are logged once and otherwise ignored: observability
-        never stops the agent.
+        never stops the agent. A record cut short is ended by the next one that can be written,
+        which starts on a line of its own.
 
         Raises:
             ValueError: ``name`` is not an `Event`, a required field is missing, a field uses a
@@ -169,9 +171,14 @@ class EventLog:
         with self._lock:
             if self._fd is None:  # closed meanwhile
                 return
-            try:
-                _write_all(self._fd, data)
-            except OSError as e:
+            if self._torn:  # an earlier record was cut short: it must not swallow this one
+                data = b"\n" + data
+            written, e = _write_all(self._fd, data)
+            if e is None:
+                self._torn = False
+            else:
+                if written:
+                    self._torn = not data[:written].endswith(b"\n")
                 if not self._write_failed:
                     self._write_failed = True
                     log.warning(
@@ -262,8 +269,15 @@ def _plain(value: Any) -> Any:
     return value.value if isinstance(value, enum.Enum) else value
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        written = os.write(fd, view)
-        view = view[written:]
+def _write_all(fd: int, data: bytes) -> tuple[int, OSError | None]:
+    """Write all of ``data``: how many bytes were written and, when it stopped short, why."""
+    view, done = memoryview(data), 0
+    while done < len(data):
+        try:
+            written = os.write(fd, view[done:])
+        except OSError as error:
+            return done, error
+        if not written:
+            return done, OSError(errno.EIO, "the write made no progress")
+        done += written
+    return done, None

@@ -13,9 +13,11 @@ tee             the file, and the console with each     the file
 Logs live in ``<log_root>/<run_id>/<node_id>/attempt_<k>/<local_rank>/`` with the worker's
 ``error.json`` (its ``TORCHELASTIC_ERROR_FILE``), unless a ``--logs-specs`` plugin places them:
 then each stream goes where its :class:`RankDest` says (a file, the console or nowhere, tee'd or
-not; :func:`route_dest`). Tee'd streams are pumped by one thread each (pipe → file + console,
-line-buffered, bounded memory); the others are plain file descriptors. :func:`route_stream`
-decides, :class:`WorkerOutput` carries it out for one worker.
+not; :func:`route_dest`). Every stream that lands in a log file is pumped by one thread (pipe →
+file, and for a tee the console, line-buffered, bounded memory), as is a console that is only a
+Python stream; the others are plain file descriptors. The agent, never the worker, writes the
+log files: a full disk costs log lines, not the worker (:mod:`elastic.agent.processes.log_loss`).
+:func:`route_stream` decides, :class:`WorkerOutput` carries it out for one worker.
 
 A worker's stderr that reaches the console is *gated*: piped through a
 :class:`~elastic.agent.processes.peer_left.TracebackGate`, which keeps a traceback that only says
@@ -27,6 +29,7 @@ when not tee'd. Only where there is such a file: a plugin's console stream is no
 from __future__ import annotations
 
 import contextlib
+import errno
 import enum
 import io
 import logging
@@ -42,6 +45,7 @@ from string import Template
 from typing import IO
 
 from elastic.agent.private_files import open_private_file
+from elastic.agent.processes.log_loss import DISK_FULL, REPORTER, LogLossReporter
 from elastic.agent.processes.peer_left import Release, TracebackGate, WithheldLog
 
 log = logging.getLogger(__name__)
@@ -140,7 +144,7 @@ class Sink(enum.Enum):
 
     INHERIT = "inherit"  # the console's file descriptor
     DEVNULL = "devnull"
-    FILE = "file"  # the log file, written by the child itself
+    FILE = "file"  # the log file alone: a pump thread copies it there (a full disk never reaches the child)
     PIPE = "pipe"  # a pump thread copies it to the log file and/or the console
 
 
@@ -212,15 +216,18 @@ class WorkerOutput:
         consoles: the agent's console per stream (may be ``None``).
         withheld_path: where a gated stream that is not logged keeps what it withholds (None:
             such a stream is not gated).
+        create_dirs: the pumps create a log file's directory when it is missing (our layout: a
+            full disk may have refused it when the group started).
 
     Build it with :meth:`planned` (our layout) or :meth:`from_dest` (a plugin's).
     """
 
     def __init__(self, routes: dict[str, StreamRoute], logs: WorkerLogs, consoles: dict[str, IO | None],
-                 withheld_path: str | None = None) -> None:
+                 withheld_path: str | None = None, *, create_dirs: bool = False) -> None:
         self.routes = routes
         self.logs = logs
         self._consoles = consoles
+        self._create_dirs = create_dirs
         self.pumps: list[Pump] = []
         self.withheld_path = withheld_path
 
@@ -238,7 +245,7 @@ class WorkerOutput:
         paths = {name: os.path.join(rank_dir, f"{name}.log") if routes[name].logged else None for name in STREAMS}
         return cls(routes, WorkerLogs(stdout=paths["stdout"], stderr=paths["stderr"],
                                       error_file=os.path.join(rank_dir, "error.json")), consoles,
-                   withheld_path=os.path.join(rank_dir, "stderr.log"))
+                   withheld_path=os.path.join(rank_dir, "stderr.log"), create_dirs=True)
 
     @classmethod
     def from_dest(cls, dest: RankDest, consoles: dict[str, IO | None]) -> WorkerOutput:
@@ -252,39 +259,32 @@ class WorkerOutput:
 
     @contextlib.contextmanager
     def stdio(self) -> Iterator[dict[str, object]]:
-        """Popen's ``stdout``/``stderr`` for the child; files opened for it close on exit (the
-        child holds its own copies)."""
-        opened: list[IO] = []
+        """Popen's ``stdout``/``stderr`` for the child: the console's descriptor, ``DEVNULL`` or
+        ``PIPE`` (for a pump)."""
         std: dict[str, object] = {}
-        try:
-            for name in STREAMS:
-                sink = self.routes[name].sink
-                if sink is Sink.FILE:
-                    std[name] = open_private_file(getattr(self.logs, name), "wb")
-                    opened.append(std[name])  # type: ignore[arg-type]
-                elif sink is Sink.INHERIT:
-                    std[name] = _fileno(self._consoles[name])
-                else:
-                    std[name] = subprocess.DEVNULL if sink is Sink.DEVNULL else subprocess.PIPE
-            yield std
-        finally:
-            for fp in opened:
-                fp.close()
+        for name in STREAMS:
+            sink = self.routes[name].sink
+            if sink is Sink.INHERIT:
+                std[name] = _fileno(self._consoles[name])
+            else:
+                std[name] = subprocess.DEVNULL if sink is Sink.DEVNULL else subprocess.PIPE
+        yield std
 
     def start_pumps(self, proc: subprocess.Popen, prefix: str, local_rank: int, who: str = "") -> None:
-        """Start a pump for each piped stream of ``proc``; ``who`` names the worker in log lines
-        (``Run R attempt K local rank L``)."""
+        """Start a pump for each piped stream of ``proc`` (a file-only stream: no console copy);
+        ``who`` names the worker in log lines (``Run R attempt K local rank L``)."""
         for name in STREAMS:
             route = self.routes[name]
-            if route.sink is not Sink.PIPE:
+            if route.sink not in (Sink.PIPE, Sink.FILE):
                 continue
             pipe = getattr(proc, name)
             fd = os.dup(pipe.fileno())
             pipe.close()
             path = getattr(self.logs, name) if route.logged else None
             withheld = self._withheld(route, path, who or f"local rank {local_rank}")
-            pump = Pump(f"pump-{name}-{local_rank}", fd, path, self._consoles[name],
-                        prefix if route.prefixed else "", withheld=withheld)
+            console = self._consoles[name] if route.sink is Sink.PIPE else None
+            pump = Pump(f"pump-{name}-{local_rank}", fd, path, console, prefix if route.prefixed else "",
+                        withheld=withheld, create_dir=self._create_dirs)
             pump.start()
             self.pumps.append(pump)
 
@@ -306,14 +306,25 @@ class WorkerOutput:
 
 
 class Pump(threading.Thread):
-    """Copies a worker's pipe to its log file and, line by line with a prefix, to the console;
-    with ``withheld``, through a :class:`TracebackGate` that hands it what the console must not show."""
+    """Copies a worker's pipe to its log file and, line by line with a prefix, to the console
+    (``None``: none); with ``withheld``, through a :class:`TracebackGate` that hands it what the
+    console must not show."""
 
-    def __init__(self, name: str, fd: int, path: str | None, console: IO, prefix: str,
-                 withheld: WithheldLog | None = None) -> None:
+    def __init__(self, name: str, fd: int, path: str | None, console: IO | None, prefix: str,
+                 withheld: WithheldLog | None = None, reporter: LogLossReporter = REPORTER, *,
+                 create_dir: bool = False) -> None:
         super().__init__(name=name, daemon=True)
         self._fd = fd
-        self._file = open_private_file(path, "wb", buffering=0) if path else None
+        self._path = path or ""  # "": no log file
+        self._create_dir = create_dir
+        self._file: IO | None = None
+        if path:
+            try:
+                self._file = _create_log(path, create_dir)
+            except OSError as error:
+                if error.errno not in DISK_FULL:
+                    raise  # the file is refused (a symbolic link...): the worker's start fails
+                # no room for it yet: the first chunk tries again
         self._console = console
         self._prefix = prefix.encode()
         self._partial = b""
@@ -321,6 +332,10 @@ class Pump(threading.Thread):
         self._withheld = withheld
         self._gate = TracebackGate() if withheld is not None else None
         self._line_open = False  # an unprefixed console line was begun and not ended
+        self._reporter = reporter
+        self._lost = 0  # bytes the file misses since the last write that succeeded
+        self._lost_reason = ""
+        self._line_start = True  # the file ends with a whole line
 
     @property
     def gated(self) -> bool:
@@ -353,12 +368,12 @@ class Pump(threading.Thread):
                 chunk = os.read(self._fd, 65536)
                 if not chunk:
                     break
-                if self._file is not None:
-                    self._file.write(chunk)
-                if self._gate is None:
-                    self._to_console(chunk)
-                else:
+                if self._path:
+                    self._to_file(chunk)
+                if self._gate is not None:
                     self._release(self._gate.feed(chunk))
+                elif self._console is not None:
+                    self._to_console(chunk)
         except OSError:
             log.exception("Log pump %s failed; its output is lost from now on.", self.name)
         finally:
@@ -368,9 +383,45 @@ class Pump(threading.Thread):
                 self._emit([self._partial + b"\n"])
             os.close(self._fd)
             if self._file is not None:
-                self._file.close()
+                with contextlib.suppress(OSError):  # a network filesystem may report a full disk here
+                    self._file.close()
             if self._withheld is not None:
                 self._withheld.close()
+
+    def _to_file(self, chunk: bytes) -> None:
+        """Append ``chunk`` to the log file. What a failed write (a full disk) could not write is
+        dropped and reported; the next chunk tries again, after a line that marks the gap."""
+        marker = self._gap_marker() if self._lost else b""
+        data = marker + chunk
+        done, error = self._write(data)
+        if done:
+            self._line_start = data[:done].endswith(b"\n")
+        directory = os.path.dirname(self._path)
+        if error is None:
+            if self._lost:
+                self._lost = 0
+                self._reporter.written(directory)
+            return
+        if done >= len(marker):  # the earlier gap is marked: only this chunk's rest is missing now
+            self._lost = 0
+        if not self._lost:
+            self._lost_reason = error.strerror or str(error)
+        missing = len(chunk) - max(0, done - len(marker))
+        self._lost += missing
+        self._reporter.lost(directory, missing, error)
+
+    def _write(self, data: bytes) -> tuple[int, OSError | None]:
+        """Write ``data``, opening the file first if it could not be created before."""
+        if self._file is None:
+            try:
+                self._file = _create_log(self._path, self._create_dir)
+            except OSError as error:
+                return 0, error
+        return _write_all(self._file, data)
+
+    def _gap_marker(self) -> bytes:
+        start = b"" if self._line_start else b"\n"
+        return start + f"[elasticrun: {self._lost} bytes of output lost here ({self._lost_reason})]\n".encode()
 
     def _release(self, release: Release) -> None:
         """Show what the gate let go; keep what it withheld (shown if it cannot be kept)."""
@@ -419,3 +470,31 @@ def _fileno(stream: IO | None) -> int | None:
         return stream.fileno()  # type: ignore[union-attr]
     except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
         return None
+
+
+def _create_log(path: str, create_dir: bool) -> IO:
+    """The log file at ``path``, created (truncated), unbuffered; with ``create_dir`` its
+    directory too if missing (0700).
+
+    Raises:
+        OSError: it cannot be created (see :func:`open_private_file`).
+    """
+    if create_dir:
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    return open_private_file(path, "wb", buffering=0)
+
+
+def _write_all(file: IO, data: bytes) -> tuple[int, OSError | None]:
+    """Write ``data`` to an unbuffered ``file``: how many bytes were written and, when it
+    stopped short, why (never raises)."""
+    view, done = memoryview(data), 0
+    while done < len(data):
+        try:
+            written = file.write(view[done:])
+        except OSError as error:
+            return done, error
+        if not written:
+            return done, OSError(errno.EIO, "the write made no progress")
+        done += written
+    return done, None
+

@@ -28,6 +28,7 @@ from typing import IO, TYPE_CHECKING, Callable, Mapping
 from elastic.agent.errors import WorkerStartError
 from elastic.agent.processes.failures import WorkerFailure, read_log_tail, root_cause_summary
 from elastic.agent.processes.group_state import GroupState, GroupStatus, WorkerExtras
+from elastic.agent.processes.log_loss import DISK_FULL, REPORTER
 from elastic.agent.processes.output import (
     PUMP_DRAIN_S,
     WorkerLogs,
@@ -172,7 +173,13 @@ class WorkerGroup:
         else:
             shutil.rmtree(self.log_dir, ignore_errors=True)  # a re-used attempt number starts clean
             for worker in self._workers:
-                os.makedirs(os.path.dirname(worker.logs.error_file), mode=0o700, exist_ok=True)  # owner-only
+                rank_dir = os.path.dirname(worker.logs.error_file)
+                try:
+                    os.makedirs(rank_dir, mode=0o700, exist_ok=True)  # owner-only
+                except OSError as error:  # a full disk costs log lines, not the attempt: the pumps retry
+                    if error.errno not in DISK_FULL:
+                        raise
+                    REPORTER.lost(rank_dir, 0, error)
         for stream in (self._console_out, self._console_err):
             try:
                 stream.flush()

@@ -1,6 +1,6 @@
 """The chaos suite's training worker: gloo on CPU, N steps of S seconds, one all_reduce per step.
 
-    train.py OUT_DIR --steps N --step-seconds S
+    train.py OUT_DIR --steps N --step-seconds S [--chatter]
 
 Every rank appends one JSON line per event to ``OUT_DIR/attempt-r<restart>-p<master port>.jsonl``
 (the master port is fresh for every attempt, so one file is one attempt):
@@ -14,6 +14,9 @@ Each line carries ``attempt``, ``restart`` (TORCHELASTIC_RESTART_COUNT), ``rank`
 ``node`` (``$CHAOS_NODE``), ``pid`` and ``time`` (wall clock, comparable with the test's own
 fault times on the same machine). Lines are written with one ``write`` on an ``O_APPEND`` file,
 so ranks never interleave.
+
+``--chatter``: after each step, also print ``chatter step <step> rank <rank> ....`` (1 KiB) to
+stdout and the same line ending `` (stderr)`` to stderr: output for the launcher to log.
 
 Resume: after each step rank 0 replaces ``OUT_DIR/checkpoint.json`` with the number of steps
 finished; a new attempt starts after the largest count any rank read (all_reduce MAX), so a step
@@ -40,6 +43,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--step-seconds", type=float, default=0.25)
     parser.add_argument("--collective-timeout", type=float, default=60.0)
+    parser.add_argument("--chatter", action="store_true", help="print a line per step to stdout and stderr")
     return parser.parse_args()
 
 
@@ -95,6 +99,10 @@ def main() -> int:
         if rank == 0:
             write_checkpoint(checkpoint, step)
         recorder.write("step", step=step)
+        if args.chatter:
+            line = f"chatter step {step} rank {rank} ".ljust(1023, ".")
+            print(line, flush=True)
+            print(f"{line} (stderr)", file=sys.stderr, flush=True)
     recorder.write("done", step=args.steps)
     dist.destroy_process_group()
     return 0
