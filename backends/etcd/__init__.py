@@ -4,6 +4,7 @@ Modules, one job each: :mod:`~backends.etcd.config` (settings), :mod:`~backends.
 (gRPC errors to :mod:`backends.errors`), :mod:`~backends.etcd.convert` (protobuf to contract
 types), :mod:`~backends.etcd.channel_options` (grpcio's bounds and keepalives),
 :mod:`~backends.etcd.connection` (channels, auth, failover, retries),
+:mod:`~backends.etcd.tls_files` (the TLS files, read again before each new connection),
 :mod:`~backends.etcd.watch` (every watch on one resuming stream),
 :mod:`~backends.etcd.keepalive` (lease renewals on one stream per endpoint), :mod:`~backends.etcd.backend` (the contract).
 

@@ -41,6 +41,7 @@ from backends.etcd.convert import prefix_range_end
 from backends.etcd.translate import DialFailure, RequestNotSent, diagnose_dial_failure, translate_rpc_error
 from elastic.testing.freeze import freeze, thaw
 from elastic.testing.etcd_server import EtcdServerOptions, find_etcdctl_binary, start_etcd_server
+from elastic.testing.tls import make_tls_files, rotate_server_ca
 
 pytestmark = pytest.mark.etcd
 
@@ -609,6 +610,67 @@ def test_tls_with_ca_and_client_certificate_works_and_missing_pieces_give_clear_
         with pytest.raises(BackendConnectionError) as refused:
             plaintext.get("/k")
     assert "https://" in str(refused.value)
+
+
+def rotate_to_a_new_ca(server, tmp_path, agents_ca_file=None):
+    """Give etcd a certificate from a new CA (its own CA file rewritten to hold both, and
+    ``agents_ca_file`` too if given) and restart it gracefully."""
+    rotate_server_ca(server.tls_files, tmp_path / "new-ca", [agents_ca_file] if agents_ca_file else [])
+    server.stop(graceful=True)
+    server.start()
+
+
+@pytest.mark.slow
+def test_a_rewritten_ca_file_is_read_again_when_etcd_returns_with_a_new_cas_certificate(start_etcd, prefix, tmp_path,
+                                                                                       caplog):
+    server = start_etcd(client_cert_auth=True)
+    ca_file = tmp_path / "ca.pem"
+    ca_file.write_bytes(server.tls_files.ca_cert.read_bytes())
+    with server.connect(ca_cert=ca_file, watch_reconnect_timeout=20) as backend:
+        watch = backend.watch_prefix(prefix)
+        before = backend.put(prefix + "before", b"1")
+        assert [event.revision for event in collect(watch, 1, timeout=5)] == [before]
+        with caplog.at_level(logging.INFO, logger="backends.etcd.tls_files"):
+            rotate_to_a_new_ca(server, tmp_path, agents_ca_file=ca_file)
+            after = backend.put(prefix + "after", b"2")  # the same client, on a new channel
+            assert [event.revision for event in collect(watch, 1, timeout=10)] == [after]
+        assert watch.get(timeout=0.5) == []
+        watch.cancel()
+    assert f"re-read the CA file {ca_file} (changed at " in caplog.text
+
+
+@pytest.mark.slow
+def test_a_failed_handshake_after_a_connection_worked_is_an_outage_until_the_ca_file_holds_the_new_ca(
+        start_etcd, prefix, tmp_path):
+    server = start_etcd(client_cert_auth=True)
+    ca_file = tmp_path / "ca.pem"
+    ca_file.write_bytes(server.tls_files.ca_cert.read_bytes())
+    with server.connect(ca_cert=ca_file, request_timeout=2, watch_reconnect_timeout=20) as backend:
+        watch = backend.watch_prefix(prefix)
+        backend.put(prefix + "before", b"1")
+        assert len(collect(watch, 1, timeout=5)) == 1
+        rotate_to_a_new_ca(server, tmp_path)  # etcd trusts both CAs now; this client only the old one
+        with pytest.raises(BackendConnectionError) as outage:  # retried like an outage, not refused for good
+            backend.get(prefix + "before")
+        assert not isinstance(outage.value, BackendAuthError)
+        assert "not signed by the CA this client trusts" in str(outage.value)
+        assert f"the CA file {ca_file} (read at " in str(outage.value) and "taken for an outage" in str(outage.value)
+        ca_file.write_bytes(server.tls_files.ca_cert.read_bytes())  # the rotation's missing step
+        after = backend.put(prefix + "after", b"2")
+        assert [event.kv.key for event in collect(watch, 1, timeout=10)] == [prefix + "after"]
+        assert backend.get(prefix + "after").kv.mod_revision == after
+        watch.cancel()
+
+
+def test_a_ca_that_never_signed_the_servers_certificate_fails_at_once_naming_the_file(start_etcd, tmp_path):
+    server = start_etcd(client_cert_auth=True)
+    other = make_tls_files(tmp_path / "other")
+    started = time.monotonic()
+    with server.connect(ca_cert=other.ca_cert, request_timeout=10) as backend:
+        with pytest.raises(BackendAuthError) as refused:
+            backend.get("/k")
+    assert time.monotonic() - started < 5  # not retried for the request timeout
+    assert f"the CA file {other.ca_cert} (read at " in str(refused.value)
 
 
 def test_dropping_a_stale_token_does_not_wait_for_an_authenticate_call_in_flight():
