@@ -260,6 +260,8 @@ class ChaosJob:
     max_restarts: int = 3
     extra_args: tuple[str, ...] = ()
     """More agent flags (``--prewarm ...``), before the script."""
+    rdzv_conf: str = ""
+    """More ``--rdzv-conf`` keys (``cacert=...,cert=...``), after the suite's own."""
     run_id: str = field(default_factory=lambda: f"chaos-{uuid.uuid4().hex[:10]}")
 
     def __post_init__(self) -> None:
@@ -277,16 +279,17 @@ class ChaosJob:
         common = [f"--nnodes={self.nnodes}", "--nproc-per-node=1", f"--max-restarts={self.max_restarts}",
                   "--monitor-interval=0.2", f"--rdzv-id={self.run_id}", "--rdzv-backend=etcd-v3",
                   f"--local-addr={local_addr}", f"--log-dir={self.workdir / ('logs-' + node)}", *self.extra_args]
+        more = f",{self.rdzv_conf}" if self.rdzv_conf else ""
         worker = LIVE_TRAIN if self.launcher == ELASTICRUN_LIVE else TRAIN
         script = [str(worker), str(self.out_dir), f"--steps={self.steps}", f"--step-seconds={self.step_seconds}"]
         if self.launcher in (ELASTICRUN, ELASTICRUN_LIVE):
             live = ["--live-recovery"] if self.launcher == ELASTICRUN_LIVE else []
             return [*with_stacks.command("elastic.run"), *common, *live, f"--rdzv-endpoint={endpoints}",
-                    f"--rdzv-conf={RDZV_CONF}", f"--event-log={self.workdir / (node + '.events.jsonl')}", *script]
+                    f"--rdzv-conf={RDZV_CONF}{more}", f"--event-log={self.workdir / (node + '.events.jsonl')}", *script]
         if self.launcher == TORCHRUN:
             plain = ",".join(item.split("://", 1)[-1] for item in endpoints.split(","))
             return [*with_stacks.command("torch.distributed.run"), *common, f"--rdzv-endpoint={plain}",
-                    f"--rdzv-conf={TORCHRUN_CONF}", *script]
+                    f"--rdzv-conf={TORCHRUN_CONF}{more}", *script]
         raise ValueError(f"Unknown launcher {self.launcher!r}.")
 
     @property
