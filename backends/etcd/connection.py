@@ -123,8 +123,9 @@ class EndpointChannel:
             self._open(credentials)
         self.generation = generation
 
-    def _open(self, credentials: grpc.ChannelCredentials | None) -> None:
-        """Make a new grpcio channel and its stubs the current ones (under ``_state_changed``)."""
+    def _open(self, credentials: grpc.ChannelCredentials | None, connect: bool = False) -> None:
+        """Make a new grpcio channel and its stubs the current ones (under ``_state_changed``);
+        ``connect``: start connecting it now (a caller may be waiting in :meth:`dial` already)."""
         target = self.endpoint.netloc
         if credentials is None:
             channel = grpc.insecure_channel(target, options=self._options)
@@ -138,7 +139,7 @@ class EndpointChannel:
         self.maintenance = etcdrpc.MaintenanceStub(channel)
         self._state = grpc.ChannelConnectivity.IDLE
         self._subscription = (channel, functools.partial(self._on_state, channel))
-        channel.subscribe(self._subscription[1], try_to_connect=False)
+        channel.subscribe(self._subscription[1], try_to_connect=connect)
 
     def __str__(self) -> str:
         return str(self.endpoint)
@@ -158,7 +159,7 @@ class EndpointChannel:
             if generation <= self.generation or self._closed:
                 return  # another thread renewed it already, or the client was closed
             old = self._subscription
-            self._open(credentials)
+            self._open(credentials, connect=True)
             self.generation = generation
             self._state_changed.notify_all()
         _close_later(*old, name=f"etcd-channel-close {self.endpoint}")
