@@ -12,6 +12,12 @@ Auth: with a user and password, each endpoint gets its own token (etcd's simple 
 valid only on the member that issued them and are lost when it restarts); a request refused
 for auth reasons with a token that is not fresh re-authenticates once and is sent again.
 
+TLS: the CA, certificate and key files are read again before a channel that is not connected
+is used (a reconnect, a retry after a failed handshake), and the channel is opened anew when
+they changed (:mod:`backends.etcd.tls_files`), so a certificate rotation needs no restart. A
+failed handshake is the files' fault until a call has worked (fail fast, in one line), and an
+outage after: etcd came back with a certificate the files do not trust yet.
+
 Why not ``etcd3.MultiEndpointEtcd3Client``: it authenticates once against one random member,
 marks a failed endpoint unusable for 300 s (so a restarted single member is refused
 client-side), drops the header revision of transactions, and replaces gRPC errors by
@@ -22,12 +28,12 @@ stubs (the etcd v3 gRPC API) directly instead.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, Iterator, TypeVar
 
 import grpc
@@ -40,15 +46,14 @@ from backends.errors import (
     BackendConnectionError,
     BackendError,
     BackendTimeoutError,
-    EndpointError,
     ProtocolError,
 )
 from backends.etcd.channel_options import ChannelLimits, channel_options, request_limit
 from backends.etcd.config import EtcdConfig
 from backends.etcd.leader_watch import WriteWatch, member_status, raft_term
 from backends.etcd.translate import DialFailure, RequestNotSent, merge_not_sent, translate_rpc_error
+from backends.etcd.tls_files import TlsFiles
 from backends.retry import RetryPolicy
-from backends.untrusted import read_small_file
 
 log = logging.getLogger(__name__)
 
@@ -63,9 +68,6 @@ _SHUTDOWN = grpc.ChannelConnectivity.SHUTDOWN
 
 _POLLER_PERIOD = 0.2
 """How often gRPC's Python connectivity poller wakes (grpc/_channel.py)."""
-
-MAX_TLS_FILE_BYTES = 4 * 1024 * 1024
-"""Largest CA bundle, certificate or key file read (a system CA bundle is ~200 KiB)."""
 
 
 @dataclass(frozen=True)
@@ -99,32 +101,68 @@ class CallOptions:
 
 
 class EndpointChannel:
-    """One endpoint: its grpcio channel and stubs, its auth token, and its connectivity state."""
+    """One endpoint: its grpcio channel and stubs, its auth token, and its connectivity state.
+
+    ``generation``: that of the TLS files (:class:`~backends.etcd.tls_files.TlsFiles`) the
+    channel's credentials were built from; :meth:`renew_credentials` opens it anew with newer ones.
+    """
 
     def __init__(
-        self, endpoint: Endpoint, credentials: grpc.ChannelCredentials | None, options: tuple[tuple[str, int], ...]
+        self, endpoint: Endpoint, credentials: grpc.ChannelCredentials | None, options: tuple[tuple[str, int], ...],
+        generation: int = 0,
     ) -> None:
         self.endpoint = endpoint
-        target = endpoint.netloc
-        if credentials is None:
-            self.channel = grpc.insecure_channel(target, options=options)
-        else:
-            self.channel = grpc.secure_channel(target, credentials, options=options)
-        self.kv = etcdrpc.KVStub(self.channel)
-        self.lease = etcdrpc.LeaseStub(self.channel)
-        self.watch = etcdrpc.WatchStub(self.channel)
-        self.auth = etcdrpc.AuthStub(self.channel)
-        self.maintenance = etcdrpc.MaintenanceStub(self.channel)
+        self._options = options
         self.raft_term: int | None = None  # the term in the newest response seen from this member
         self.token: str | None = None
         self._token_lock = threading.Lock()  # held only to read or swap the token, never across a call
         self.authenticating = threading.Lock()  # one Authenticate call at a time per endpoint
-        self._state = grpc.ChannelConnectivity.IDLE
         self._state_changed = threading.Condition()
-        self.channel.subscribe(self._on_state, try_to_connect=False)
+        self._closed = False
+        with self._state_changed:
+            self._open(credentials)
+        self.generation = generation
+
+    def _open(self, credentials: grpc.ChannelCredentials | None, connect: bool = False) -> None:
+        """Make a new grpcio channel and its stubs the current ones (under ``_state_changed``);
+        ``connect``: start connecting it now (a caller may be waiting in :meth:`dial` already)."""
+        target = self.endpoint.netloc
+        if credentials is None:
+            channel = grpc.insecure_channel(target, options=self._options)
+        else:
+            channel = grpc.secure_channel(target, credentials, options=self._options)
+        self.channel = channel
+        self.kv = etcdrpc.KVStub(channel)
+        self.lease = etcdrpc.LeaseStub(channel)
+        self.watch = etcdrpc.WatchStub(channel)
+        self.auth = etcdrpc.AuthStub(channel)
+        self.maintenance = etcdrpc.MaintenanceStub(channel)
+        self._state = grpc.ChannelConnectivity.IDLE
+        self._subscription = (channel, functools.partial(self._on_state, channel))
+        channel.subscribe(self._subscription[1], try_to_connect=connect)
 
     def __str__(self) -> str:
         return str(self.endpoint)
+
+    @property
+    def connected(self) -> bool:
+        """Whether the channel has a working connection now (no I/O)."""
+        return self._state == _READY
+
+    def renew_credentials(self, credentials: grpc.ChannelCredentials, generation: int) -> None:
+        """Go on with a new grpcio channel built with ``credentials`` (of TLS files ``generation``).
+
+        Calls still on the old channel end with CANCELLED when it is closed (as in :meth:`close`);
+        they were waiting for a connection the old credentials could not make.
+        """
+        with self._state_changed:
+            if generation <= self.generation or self._closed:
+                return  # another thread renewed it already, or the client was closed
+            old = self._subscription
+            self._open(credentials, connect=True)
+            self.generation = generation
+            self._state_changed.notify_all()
+        _close_later(*old, name=f"etcd-channel-close {self.endpoint}")
 
     def dial(self, timeout: float) -> bool:
         """Connect unless connected; False when still connecting after ``timeout`` (nothing answered).
@@ -165,24 +203,34 @@ class EndpointChannel:
             return token
 
     def close(self) -> None:
-        """Stop watching the state and close the channel once gRPC's state poller has let go.
-
-        Calls in flight end with CANCELLED (then BackendClosedError). gRPC polls a subscribed
-        channel's state from a thread that wakes every 0.2 s; closing the channel under it makes
-        that thread die with "Channel closed!". So the close is deferred, to a thread that is not
-        a daemon: a process that exits right after closing waits for it (0.3 s at most) while
-        every gRPC thread still runs. A daemon closer would never run in such a process, and the
-        channel would go into interpreter finalization open, gRPC's threads and calls still in it.
-        """
-        self.channel.unsubscribe(self._on_state)
-        closer = threading.Timer(_POLLER_PERIOD * 1.5, self.channel.close)
-        closer.name = f"etcd-channel-close {self.endpoint}"
-        closer.start()
-
-    def _on_state(self, state: grpc.ChannelConnectivity) -> None:
+        """Stop watching the state and close the channel once gRPC's state poller has let go
+        (see :func:`_close_later`). Calls in flight end with CANCELLED (then BackendClosedError)."""
         with self._state_changed:
-            self._state = state
-            self._state_changed.notify_all()
+            self._closed = True
+            channel, callback = self._subscription
+        _close_later(channel, callback, name=f"etcd-channel-close {self.endpoint}")
+
+    def _on_state(self, channel: grpc.Channel, state: grpc.ChannelConnectivity) -> None:
+        with self._state_changed:
+            if channel is self.channel:  # not a late report from a replaced channel
+                self._state = state
+                self._state_changed.notify_all()
+
+
+def _close_later(channel: grpc.Channel, callback: Callable[[grpc.ChannelConnectivity], None], name: str) -> None:
+    """Stop watching ``channel``'s state and close it once gRPC's state poller has let go.
+
+    gRPC polls a subscribed channel's state from a thread that wakes every 0.2 s; closing the
+    channel under it makes that thread die with "Channel closed!". So the close is deferred, to
+    a thread that is not a daemon: a process that exits right after closing waits for it (0.3 s
+    at most) while every gRPC thread still runs. A daemon closer would never run in such a
+    process, and the channel would go into interpreter finalization open, gRPC's threads and
+    calls still in it.
+    """
+    channel.unsubscribe(callback)
+    closer = threading.Timer(_POLLER_PERIOD * 1.5, channel.close)
+    closer.name = name
+    closer.start()
 
 
 Invoke = Callable[[EndpointChannel, CallOptions], T]
@@ -197,9 +245,11 @@ class EtcdConnection:
 
     def __init__(self, config: EtcdConfig) -> None:
         self.config = config
-        self._channels: list[EndpointChannel] = _endpoint_channels(config)
+        self._tls = TlsFiles(config.ca_cert, config.client_cert, config.client_key) if config.tls else None
+        self._channels: list[EndpointChannel] = _endpoint_channels(config, self._tls)
         self._current = 0
         self._closed = False
+        self._served = False  # a call has worked: a failed TLS handshake is from now on an outage
         self._default_policy = _bounded(config.retry, config.request_timeout)
 
     @property
@@ -321,7 +371,8 @@ class EtcdConnection:
         if kinds == {DialFailure.PROTOCOL}:
             error = ProtocolError(summary if merged else f"etcd {operation}: no endpoint speaks the etcd v3 API. {summary}")
         elif kinds == {DialFailure.TLS}:
-            error = BackendAuthError(summary if merged else f"etcd {operation}: TLS failed with every endpoint. {summary}")
+            return self._tls_failure(summary if merged else f"etcd {operation}: TLS failed with every endpoint. {summary}",
+                                     failures[-1])
         elif merged is not None:
             return merged
         elif len(failures) == 1:
@@ -331,6 +382,22 @@ class EtcdConnection:
         else:
             error = type(failures[-1])(f"etcd {operation} failed on every endpoint. {summary}")
         error.__cause__ = failures[-1]
+        return error
+
+    def _tls_failure(self, text: str, cause: BackendError) -> BackendError:
+        """A TLS handshake that failed with every endpoint: for good before any call worked (the
+        files do not match the server: fail fast), an outage after (etcd came back with a
+        certificate the files do not trust yet, a rotation half done): retried like one, the
+        files read again before each attempt. Either names which file was read when."""
+        files = self._tls.describe() if self._tls is not None else "none"
+        error: BackendError
+        if not self._served:
+            error = BackendAuthError(f"{text} TLS files: {files}.")
+        else:
+            error = RequestNotSent(f"{text} It worked before, so this is taken for an outage and retried, the TLS "
+                                   f"files read again before each attempt (a certificate from a new CA needs that CA "
+                                   f"in the CA file): {files}.", DialFailure.TLS)
+        error.__cause__ = cause
         return error
 
     # -- one endpoint ------------------------------------------------------------------------
@@ -354,9 +421,17 @@ class EtcdConnection:
 
         A failed channel is left to the RPC itself, which then fails at once with gRPC's reason.
 
+        A channel that is not connected (a first connection, a reconnect, a retry after a
+        failed handshake) gets new credentials first if the TLS files changed on disk.
+
         Raises:
             RequestNotSent: still connecting when the dial timeout passed.
         """
+        if self._tls is not None and not channel.connected:
+            self._tls.refresh()
+            generation, credentials = self._tls.credentials
+            if channel.generation != generation:
+                channel.renew_credentials(credentials, generation)
         timeout = max(min(self.config.dial_timeout, deadline - time.monotonic()), 0.0)
         if not channel.dial(timeout):
             raise RequestNotSent(
@@ -378,6 +453,7 @@ class EtcdConnection:
             result = invoke(channel, CallOptions(timeout=timeout, metadata=metadata, watch=watch))
         except grpc.RpcError as error:
             raise self.translate(error, operation, channel, timeout, writes) from error
+        self._served = True
         term = raft_term(result)
         if term is not None:
             channel.raft_term = term
@@ -442,26 +518,10 @@ def persistent_policy(policy: RetryPolicy, budget: float) -> RetryPolicy:
     )
 
 
-def _endpoint_channels(config: EtcdConfig) -> list[EndpointChannel]:
-    """One channel per endpoint. Raises EndpointError for unreadable TLS files."""
+def _endpoint_channels(config: EtcdConfig, tls: TlsFiles | None) -> list[EndpointChannel]:
+    """One channel per endpoint, with the credentials of ``tls`` (None: plain text)."""
     endpoints: tuple[Endpoint, ...] = config.endpoints  # type: ignore[assignment]
-    credentials = _channel_credentials(config) if config.tls else None
+    generation, credentials = tls.credentials if tls is not None else (0, None)
     options = channel_options(ChannelLimits(request_limit(config.max_value_bytes), config.max_response_bytes,
                                             connect_timeout=config.dial_timeout))
-    return [EndpointChannel(endpoint, credentials, options) for endpoint in endpoints]
-
-
-def _channel_credentials(config: EtcdConfig) -> grpc.ChannelCredentials:
-    def read(path: str | Path | None) -> bytes | None:
-        if path is None:
-            return None
-        try:
-            return read_small_file(path, max_bytes=MAX_TLS_FILE_BYTES)
-        except ValueError as error:
-            raise EndpointError(f"Cannot read the etcd TLS file {str(path)[:200]!r}: {error}.") from None
-
-    return grpc.ssl_channel_credentials(
-        root_certificates=read(config.ca_cert),
-        private_key=read(config.client_key),
-        certificate_chain=read(config.client_cert),
-    )
+    return [EndpointChannel(endpoint, credentials, options, generation) for endpoint in endpoints]

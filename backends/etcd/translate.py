@@ -57,6 +57,12 @@ _METADATA_TOO_LARGE_TEXT = "metadata size exceeds"
 """grpcio's wording when a header block passes our max_metadata_size."""
 NOT_CONNECTED_PREFIX = "failed to connect to all addresses"
 """gRPC's wording when no connection existed: the request was never sent."""
+_STREAM_REMOVED_TEXT = "stream removed"
+"""gRPC core's wording (with INTERNAL or UNKNOWN) for a call its transport ended without a gRPC
+status: the server reset the stream or ended it without trailers ("Data frame with END_STREAM
+flag received"). etcd serving TLS does that to every open call when it stops gracefully: under
+TLS its gRPC runs inside Go's HTTP/2 server, which closes open streams so. The connection is
+lost, as with UNAVAILABLE (etcd's Go client, too, resumes after INTERNAL: ``isHaltErr``)."""
 _UNRESOLVED_TEXTS = ("errors resolving", "dns resolution failed", "domain name not found", "name or service not known",
                      "no address associated", "temporary failure in name resolution")
 """gRPC's wordings (c-ares and the native resolver) for a host name that does not resolve."""
@@ -246,7 +252,7 @@ def translate_rpc_error(
         text.startswith(NOT_CONNECTED_PREFIX) or any(marker in text for marker in _UNRESOLVED_TEXTS)
     ):
         return not_sent([endpoint], diagnose_dial_failure(details, tls), short_details(details))
-    if code == grpc.StatusCode.UNAVAILABLE:
+    if code == grpc.StatusCode.UNAVAILABLE or _is_stream_removed(code, text):
         unknown = "; whether it applied is unknown" if writes else ""
         return BackendConnectionError(
             f"{where} lost its connection ({details}){unknown}. "
@@ -284,6 +290,11 @@ def nospace_fix(endpoint: str) -> str:
     return (f"Free space and disarm the alarm: delete what filled it, then `{at} compact REV` (REV: the "
             f"\"revision\" in `{at} endpoint status -w json`), `{at} defrag`, `{at} alarm disarm`; or raise "
             f"etcd's --quota-backend-bytes.")
+
+
+def _is_stream_removed(code: grpc.StatusCode, text: str) -> bool:
+    """Whether the transport ended the call without a status (see :data:`_STREAM_REMOVED_TEXT`)."""
+    return code in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN) and text.startswith(_STREAM_REMOVED_TEXT)
 
 
 def _is_response_too_large(text: str) -> bool:

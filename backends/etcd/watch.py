@@ -280,7 +280,7 @@ class WatchHub:
         except grpc.RpcError as error:
             if self._stopped.is_set() or stream.renewing_token or self._connection.closed:
                 return
-            translated = self._connection.translate(error, "watch", stream.channel, None)
+            translated = self._connection.translate(error, "watch", stream.channel, None, writes=False)
             if isinstance(translated, BackendAuthError) and self._connection.config.user is not None:
                 # A token the member forgot (it restarted): the next stream authenticates again.
                 stream.channel.forget_token(stream.channel.token)

@@ -44,6 +44,7 @@ from elastic.testing.etcd_auth import JOB_PASSWORD, ROOT_PASSWORD, job_user_line
 from elastic.testing.etcd_cluster import EtcdCluster
 from elastic.testing.freeze import freeze, thaw
 from elastic.testing.etcd_server import ROOT_USER, EtcdServerOptions, find_etcdctl_binary, start_etcd_server
+from elastic.testing.tls import make_tls_files, rotate_server_ca
 
 pytestmark = pytest.mark.etcd
 
@@ -115,9 +116,13 @@ class FakeRpcError(grpc.RpcError):
 
 # -- restarts, watches and compaction ----------------------------------------------------------
 @pytest.mark.slow
+@pytest.mark.parametrize("options", [{"auth": True}, {"client_cert_auth": True}], ids=["auth", "tls"])
 @pytest.mark.parametrize("graceful", [True, False], ids=["sigterm", "sigkill"])
-def test_a_watch_resumes_after_an_etcd_restart_without_losing_or_repeating_events(start_etcd, prefix, graceful):
-    server = start_etcd(auth=True)
+def test_a_watch_resumes_after_an_etcd_restart_without_losing_or_repeating_events(start_etcd, prefix, graceful,
+                                                                                  options):
+    # Stopped gracefully, etcd serving TLS ends every open call with "INTERNAL: Stream removed"
+    # (its gRPC runs inside Go's HTTP/2 server then): a lost connection, like any other.
+    server = start_etcd(**options)
     with server.connect(watch_reconnect_timeout=20) as backend:
         watch = backend.watch_prefix(prefix)
         before = [backend.put(f"{prefix}{i}", b"before") for i in range(3)]
@@ -671,6 +676,67 @@ def test_tls_with_ca_and_client_certificate_works_and_missing_pieces_give_clear_
     assert "https://" in str(refused.value)
 
 
+def rotate_to_a_new_ca(server, tmp_path, agents_ca_file=None):
+    """Give etcd a certificate from a new CA (its own CA file rewritten to hold both, and
+    ``agents_ca_file`` too if given) and restart it gracefully."""
+    rotate_server_ca(server.tls_files, tmp_path / "new-ca", [agents_ca_file] if agents_ca_file else [])
+    server.stop(graceful=True)
+    server.start()
+
+
+@pytest.mark.slow
+def test_a_rewritten_ca_file_is_read_again_when_etcd_returns_with_a_new_cas_certificate(start_etcd, prefix, tmp_path,
+                                                                                       caplog):
+    server = start_etcd(client_cert_auth=True)
+    ca_file = tmp_path / "ca.pem"
+    ca_file.write_bytes(server.tls_files.ca_cert.read_bytes())
+    with server.connect(ca_cert=ca_file, watch_reconnect_timeout=20) as backend:
+        watch = backend.watch_prefix(prefix)
+        before = backend.put(prefix + "before", b"1")
+        assert [event.revision for event in collect(watch, 1, timeout=5)] == [before]
+        with caplog.at_level(logging.INFO, logger="backends.etcd.tls_files"):
+            rotate_to_a_new_ca(server, tmp_path, agents_ca_file=ca_file)
+            after = backend.put(prefix + "after", b"2")  # the same client, on a new channel
+            assert [event.revision for event in collect(watch, 1, timeout=10)] == [after]
+        assert watch.get(timeout=0.5) == []
+        watch.cancel()
+    assert f"re-read the CA file {ca_file} (changed at " in caplog.text
+
+
+@pytest.mark.slow
+def test_a_failed_handshake_after_a_connection_worked_is_an_outage_until_the_ca_file_holds_the_new_ca(
+        start_etcd, prefix, tmp_path):
+    server = start_etcd(client_cert_auth=True)
+    ca_file = tmp_path / "ca.pem"
+    ca_file.write_bytes(server.tls_files.ca_cert.read_bytes())
+    with server.connect(ca_cert=ca_file, request_timeout=2, watch_reconnect_timeout=20) as backend:
+        watch = backend.watch_prefix(prefix)
+        backend.put(prefix + "before", b"1")
+        assert len(collect(watch, 1, timeout=5)) == 1
+        rotate_to_a_new_ca(server, tmp_path)  # etcd trusts both CAs now; this client only the old one
+        with pytest.raises(BackendConnectionError) as outage:  # retried like an outage, not refused for good
+            backend.get(prefix + "before")
+        assert not isinstance(outage.value, BackendAuthError)
+        assert "not signed by the CA this client trusts" in str(outage.value)
+        assert f"the CA file {ca_file} (read at " in str(outage.value) and "taken for an outage" in str(outage.value)
+        ca_file.write_bytes(server.tls_files.ca_cert.read_bytes())  # the rotation's missing step
+        after = backend.put(prefix + "after", b"2")
+        assert [event.kv.key for event in collect(watch, 1, timeout=10)] == [prefix + "after"]
+        assert backend.get(prefix + "after").kv.mod_revision == after
+        watch.cancel()
+
+
+def test_a_ca_that_never_signed_the_servers_certificate_fails_at_once_naming_the_file(start_etcd, tmp_path):
+    server = start_etcd(client_cert_auth=True)
+    other = make_tls_files(tmp_path / "other")
+    started = time.monotonic()
+    with server.connect(ca_cert=other.ca_cert, request_timeout=10) as backend:
+        with pytest.raises(BackendAuthError) as refused:
+            backend.get("/k")
+    assert time.monotonic() - started < 5  # not retried for the request timeout
+    assert f"the CA file {other.ca_cert} (read at " in str(refused.value)
+
+
 def test_dropping_a_stale_token_does_not_wait_for_an_authenticate_call_in_flight():
     # The watch hub's reader drops stale tokens (a watch refused for auth): it must never wait
     # for a caller's Authenticate call in flight.
@@ -850,6 +916,11 @@ def test_requests_never_sent_are_retried_even_when_not_resend_safe(etcd_server):
         (grpc.StatusCode.OUT_OF_RANGE, "etcdserver: mvcc: required revision has been compacted", CompactedError),
         (grpc.StatusCode.UNIMPLEMENTED, "unknown service etcdserverpb.KV", ProtocolError),
         (grpc.StatusCode.CANCELLED, "Cancelled", BackendConnectionError),
+        # A TLS etcd stopping gracefully ends open calls without a status (see translate.py).
+        (grpc.StatusCode.INTERNAL, "Stream removed (Data frame with END_STREAM flag received) (RST_STREAM (Received "
+                                   "RST_STREAM with error code 0))", BackendConnectionError),
+        (grpc.StatusCode.UNKNOWN, "Stream removed", BackendConnectionError),
+        (grpc.StatusCode.INTERNAL, "grpc: error unmarshalling request: unexpected EOF", BackendError),
         (grpc.StatusCode.INVALID_ARGUMENT, "etcdserver: key is not provided", BackendError),
     ],
 )
