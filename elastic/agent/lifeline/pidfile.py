@@ -41,6 +41,7 @@ from typing import Callable, Iterable
 import psutil
 
 from elastic.agent.errors import PidFileError
+from elastic.agent.private_files import replace_file
 from elastic.agent.processes.proctree import ProcLister, find_tree
 
 __all__ = [
@@ -201,13 +202,7 @@ def _process_id(item: object) -> ProcessId:
 
 def write(path: str, live: LiveWorkers) -> None:
     """Replace ``path`` atomically with ``live`` (mode 0600)."""
-    tmp = f"{path}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    try:
-        os.write(fd, encode(live))
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+    replace_file(path, lambda out: out.write(encode(live)))
 
 
 def read(path: str) -> LiveWorkers:
