@@ -24,6 +24,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
         ({"round_wait_timeout": "5"}, "round wait timeout"),
         ({"drain_timeout": -1}, "drain timeout"),
         ({"max_header_bytes": 10}, "max_header_bytes"),
+        ({"max_state_bytes": 10}, "max_state_bytes"),
+        ({"max_state_bytes": 2.0**40}, "max_state_bytes"),
         ({"max_failed_rounds": 0}, "max_failed_rounds"),
         ({"max_failed_rounds": 2.5}, "max_failed_rounds"),
         ({"coalesce_bytes": 4096.0}, "coalesce_bytes"),
