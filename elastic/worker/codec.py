@@ -37,7 +37,7 @@ __all__ = ["EncodedState", "StateHeader", "assemble", "check_state", "decode_hea
 HEADER_VERSION = 1
 MAX_DEPTH = 64
 MAX_DIMS = 64
-"""The most dimensions a tensor may have to be sent (torch's own kernels stop at 25)."""
+"""The most dimensions a tensor may have to be sent (far more than any real state uses)."""
 _MAX_SIZE = 2**63 - 1
 """The largest chunk length, offset or dimension: what an ``int64`` holds."""
 

@@ -32,8 +32,8 @@ from elastic.worker.codec import EncodedState, StateHeader, assemble, decode_hea
 from elastic.worker.errors import StateTransferError
 from elastic.worker.guard import GuardedOp, OpRegistry
 
-__all__ = ["WINDOW_BYTES", "WINDOW_CHUNKS", "Received", "available_bytes", "receive_state", "send_state",
-           "receive_windows", "wire_device"]
+__all__ = ["WINDOW_BYTES", "WINDOW_CHUNKS", "Received", "available_bytes", "receive_state", "receive_windows",
+           "send_state", "wire_device"]
 
 MAGIC = 0x454C4153  # "ELAS"
 WIRE_VERSION = 1
@@ -148,7 +148,7 @@ def _allocate(dtype: torch.dtype, numel: int, device: torch.device, source: int)
         return torch.empty(numel, dtype=dtype, device=device)
     except (RuntimeError, MemoryError, OverflowError, TypeError) as error:  # torch.OutOfMemoryError is a RuntimeError
         raise StateTransferError(f"rank {source}'s state: cannot allocate a chunk of {numel} {dtype} on {device} "
-                                 f"({str(error).splitlines()[0][:200]})") from error
+                                 f"({(str(error).splitlines() or [type(error).__name__])[0][:200]})") from error
 
 
 def available_bytes(device: torch.device) -> int:
