@@ -123,9 +123,15 @@ def parameters_digest(model: torch.nn.Module) -> str:
 
 
 def save_checkpoint(path: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int) -> None:
-    temporary = f"{path}.tmp-{os.getpid()}"
-    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}, temporary)
-    os.replace(temporary, path)
+    # a new file beside it (mkstemp: exclusive, never through a planted link), then renamed over it
+    fd, temporary = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=".checkpoint-")
+    try:
+        with os.fdopen(fd, "wb") as out:
+            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}, out)
+        os.replace(temporary, path)
+    except BaseException:
+        os.unlink(temporary)
+        raise
 
 
 def main() -> None:

@@ -9,7 +9,8 @@
 :func:`save` asks each owner (over RPC) to write its own modules' state to
 ``<dir>/<role><role_rank>/step-<N>.pt``: the parameters never travel, and a restarted attempt
 finds them under the same names, since role and role rank survive a restart of the same
-layout. Each file is written atomically (temporary file, fsync, ``os.replace``), and each
+layout. Each file is written atomically (a new temporary file created exclusively beside it,
+fsync, ``os.replace``: :func:`elastic.agent.private_files.replace_file`), and each
 worker keeps its last ``keep`` (default 2) steps: a job killed between two owners' writes of
 step N still has step N-1 everywhere. :func:`restore` picks the newest step every owner has
 and loads it on the owners.
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
+from elastic.agent.private_files import replace_file
 from rpc.env import RpcWorkerEnv, worker_name
 from rpc.errors import CheckpointError
 
@@ -87,19 +89,12 @@ class ShardStore:
         if step < 1:
             raise CheckpointError(f"The step of a checkpoint ({step}) must be positive (0 means none).")
         target = self.path(step)
-        temporary = target.with_name(f".{target.name}.tmp-{os.getpid()}")
         record = {"v": FORMAT_VERSION, "role": self.role, "role_rank": self.role_rank, "step": step,
                   "state": dict(state)}
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
-            with open(temporary, "wb") as out:
-                torch.save(record, out)
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(temporary, target)
-            _fsync_directory(self.folder)
+            replace_file(target, lambda out: torch.save(record, out), mode=0o666, durable=True)
         except OSError as error:
-            temporary.unlink(missing_ok=True)
             raise CheckpointError(f"Could not write the checkpoint {target}: {error}") from error
         for old in self.steps()[:-self.keep]:
             self.path(old).unlink(missing_ok=True)
@@ -242,11 +237,3 @@ def _steps_on_owner(directory: str) -> list[int]:
 
 def _restore_on_owner(directory: str, step: int, rrefs: dict[str, RRef]) -> int:
     return restore_local(directory, {name: rref.local_value() for name, rref in rrefs.items()}, step)
-
-
-def _fsync_directory(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -5,15 +5,22 @@ file there is opened without following a symbolic link in its last component (so
 user's ``/tmp/events.jsonl -> ~victim/.bashrc`` cannot redirect our writes) and, when
 created, gets owner-only permissions (0600; a stricter umask still applies), since logs and
 error reports can carry tracebacks, paths and environment details.
+
+A file replaced whole (:func:`replace_file`: an error file, the PID file, a timeline page, an
+RPC checkpoint) is written to a new temporary file beside it, created exclusively under a
+random name (``O_EXCL``: never an existing file, never through a link another user planted at
+a predictable ``<path>.tmp<pid>``), then renamed over it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
-from typing import IO
+import secrets
+from typing import IO, Callable
 
-__all__ = ["PRIVATE_MODE", "open_private", "open_private_file"]
+__all__ = ["PRIVATE_MODE", "open_private", "open_private_file", "replace_file"]
 
 PRIVATE_MODE = 0o600
 """Permissions of a file the agent creates, before the umask."""
@@ -49,3 +56,46 @@ def open_private_file(path: str | os.PathLike[str], mode: str = "wb", **options:
     except BaseException:
         os.close(fd)
         raise
+
+
+def replace_file(path: str | os.PathLike[str], write: Callable[[IO[bytes]], object], *, mode: int = PRIVATE_MODE,
+                 durable: bool = False) -> None:
+    """Replace ``path`` whole, or leave it as it was: ``write`` fills a new file created
+    exclusively beside it (permissions ``mode`` before the umask), which is then renamed over it.
+    With ``durable``, the file is fsync'ed before the rename and its directory after.
+
+    Raises:
+        OSError: the file could not be created, written or renamed (the temporary file is
+            removed); whatever ``write`` raises, likewise.
+    """
+    directory, name = os.path.split(os.path.abspath(path))
+    for _ in range(16):  # a name another process took (96 random bits): try another
+        temporary = os.path.join(directory, f".{name}.{secrets.token_hex(12)}.tmp")
+        try:
+            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+            break
+        except FileExistsError:
+            continue
+    else:
+        raise OSError(errno.EEXIST, "no free temporary name beside it", os.fspath(path))
+    try:
+        with open(fd, "wb") as out:
+            write(out)
+            if durable:
+                out.flush()
+                os.fsync(out.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+    if durable:
+        _fsync_directory(directory)
+
+
+def _fsync_directory(directory: str) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

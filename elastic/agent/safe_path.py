@@ -2,11 +2,11 @@
 
 ``python -m mod`` puts the working directory first on ``sys.path``, ``python -c`` puts ``''``
 (the working directory, looked up at every import). A ``datetime.py`` another user planted in a
-shared working directory then ran, with the agent's rights, in all three of our helpers: the
-lifeline watchdog, the store helper and the ``--prewarm`` templates (stock torchrun starts no
-such helper). Each now runs as ``python -c`` with :func:`isolated_program`, whose first lines
-drop that entry before any import, so stdlib and installed modules come from where they
-belong; a template then puts the workers' own ``sys.path[0]`` first (the script's directory),
+shared working directory then ran, with the agent's rights, in our helpers: the lifeline
+watchdog, the store helper, the ``--prewarm`` templates and the ``--logs-specs`` helper (stock
+torchrun starts no such helper). Each now runs as ``python -c`` with :func:`isolated_program`,
+whose first lines drop that entry before any import, so stdlib and installed modules come from
+where they belong; a template then puts the workers' own ``sys.path[0]`` first (the script's directory),
 exactly as ``python -u script.py`` would.
 
 Why not ``-I``: it also ignores ``PYTHONPATH`` and the user site, where torch or the user's

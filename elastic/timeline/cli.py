@@ -12,11 +12,11 @@ there was nothing to draw or the page cannot be written, 2 for a bad command lin
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
+from elastic.agent.private_files import replace_file
 from elastic.timeline.layout import layout
 from elastic.timeline.page import render_page
 from elastic.timeline.records import Record, read_log
@@ -80,11 +80,5 @@ def _write(path: str, page: str) -> None:
     if path == "-":
         sys.stdout.write(page)
         return
-    temporary = f"{path}.tmp{os.getpid()}"
-    try:
-        with open(temporary, "w", encoding="utf-8") as out:
-            out.write(page)
-        os.replace(temporary, path)  # a reader never sees half a page
-    finally:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
+    # a reader never sees half a page; permissions as open() gives them (0666 less the umask)
+    replace_file(path, lambda out: out.write(page.encode("utf-8")), mode=0o666)

@@ -12,8 +12,12 @@ Header (``{"v": 1, ...}``)::
     chunks     [[dtype, numel], ...] in sending order
     tensors    [[chunk, offset, shape], ...] indexed by i
 
-A received header is validated before anything is allocated: version, dtypes from a fixed
-list, shapes, offsets inside their chunk, every tensor index in range.
+A received header is validated before anything is allocated, in time linear in its size:
+version, dtypes from a fixed list, chunk sizes (at most one empty chunk per dtype, as the
+encoder makes), shapes (at most :data:`MAX_DIMS` dimensions, each below 2**63), tensors inside
+their chunk and not overlapping one another (so the tensors cloned out of a packed chunk never
+take more than the chunk), every tensor index in range. What the whole state may take is the
+receiver's policy (:mod:`elastic.worker.transfer`), from :attr:`StateHeader.nbytes`.
 """
 
 from __future__ import annotations
@@ -32,6 +36,10 @@ __all__ = ["EncodedState", "StateHeader", "assemble", "check_state", "decode_hea
 
 HEADER_VERSION = 1
 MAX_DEPTH = 64
+MAX_DIMS = 64
+"""The most dimensions a tensor may have to be sent (far more than any real state uses)."""
+_MAX_SIZE = 2**63 - 1
+"""The largest chunk length, offset or dimension: what an ``int64`` holds."""
 
 _DTYPES = {
     name: getattr(torch, name)
@@ -62,6 +70,11 @@ class StateHeader:
     skeleton: Any
     chunks: tuple[tuple[torch.dtype, int], ...]
     tensors: tuple[tuple[int, int, tuple[int, ...]], ...]
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes of all chunks: what receiving them allocates."""
+        return sum(numel * dtype.itemsize for dtype, numel in self.chunks)
 
 
 class _Encoder:
@@ -102,6 +115,8 @@ class _Encoder:
             raise StateTransferError(f"state_dict() holds a {type(tensor).__name__} ({tensor.layout}) at {path}; only dense tensors can be sent.")
         if tensor.dtype not in _NAMES:
             raise StateTransferError(f"state_dict() holds a {tensor.dtype} tensor at {path}; the supported dtypes are {', '.join(_DTYPES)}.")
+        if tensor.dim() > MAX_DIMS:
+            raise StateTransferError(f"state_dict() holds a tensor of {tensor.dim()} dimensions at {path}; at most {MAX_DIMS} can be sent.")
         tensor = tensor.detach()
         if self.device is not None and tensor.device != self.device:
             tensor = tensor.to(self.device)
@@ -164,7 +179,7 @@ def encode_state(state: Any, coalesce_bytes: int, device: torch.device | None = 
 
 
 def decode_header(data: bytes) -> StateHeader:
-    """Parse and validate a received header.
+    """Parse and validate a received header (see the module docstring for what is checked).
 
     Raises:
         StateTransferError: the header is not JSON, of another version, or inconsistent.
@@ -175,20 +190,43 @@ def decode_header(data: bytes) -> StateHeader:
         raise StateTransferError(f"the state header is not UTF-8 JSON: {error}") from error
     if not isinstance(header, dict) or header.get("v") != HEADER_VERSION:
         raise StateTransferError(f"the state header is not version {HEADER_VERSION}")
-    chunks = []
-    for spec in _list(header.get("chunks"), "chunks"):
+    chunks = _chunks(_list(header.get("chunks"), "chunks"))
+    tensors = [_tensor_spec(spec, chunks) for spec in _list(header.get("tensors"), "tensors")]
+    _check_disjoint(tensors)
+    return StateHeader(header.get("skeleton"), tuple(chunks), tuple(tensors))
+
+
+def _chunks(specs: list) -> list[tuple[torch.dtype, int]]:
+    chunks, empty = [], 0
+    for spec in specs:
         if not (isinstance(spec, list) and len(spec) == 2 and spec[0] in _DTYPES and _count(spec[1])):
             raise StateTransferError(f"the state header has a bad chunk {spec!r:.100}")
+        if spec[1] == 0:
+            empty += 1
+            if empty > len(_DTYPES):
+                raise StateTransferError(f"the state header has more than {len(_DTYPES)} empty chunks (one per dtype at most)")
         chunks.append((_DTYPES[spec[0]], spec[1]))
-    tensors = []
-    for spec in _list(header.get("tensors"), "tensors"):
-        if not (isinstance(spec, list) and len(spec) == 3 and _count(spec[0]) and spec[0] < len(chunks) and _count(spec[1])
-                and isinstance(spec[2], list) and all(_count(size) for size in spec[2])):
-            raise StateTransferError(f"the state header has a bad tensor {spec!r:.100}")
-        if spec[1] + math.prod(spec[2]) > chunks[spec[0]][1]:
-            raise StateTransferError(f"the state header has a tensor past the end of chunk {spec[0]}")
-        tensors.append((spec[0], spec[1], tuple(spec[2])))
-    return StateHeader(header.get("skeleton"), tuple(chunks), tuple(tensors))
+    return chunks
+
+
+def _tensor_spec(spec: Any, chunks: list[tuple[torch.dtype, int]]) -> tuple[int, int, tuple[int, ...]]:
+    if not (isinstance(spec, list) and len(spec) == 3 and _count(spec[0]) and spec[0] < len(chunks)
+            and _count(spec[1]) and isinstance(spec[2], list)):
+        raise StateTransferError(f"the state header has a bad tensor {spec!r:.100}")
+    chunk, offset, shape = spec
+    if len(shape) > MAX_DIMS or not all(_count(size) for size in shape):
+        raise StateTransferError(f"the state header has a bad shape (at most {MAX_DIMS} sizes below 2**63) {shape!r:.100}")
+    if offset + math.prod(shape) > chunks[chunk][1]:
+        raise StateTransferError(f"the state header has a tensor past the end of chunk {chunk}")
+    return chunk, offset, tuple(shape)
+
+
+def _check_disjoint(tensors: list[tuple[int, int, tuple[int, ...]]]) -> None:
+    """Refuse tensors whose ranges overlap in a chunk (each would be cloned apart)."""
+    ranges = sorted((chunk, offset, offset + math.prod(shape)) for chunk, offset, shape in tensors if math.prod(shape))
+    for (chunk, _, end), (next_chunk, start, _) in zip(ranges, ranges[1:]):
+        if chunk == next_chunk and start < end:
+            raise StateTransferError(f"the state header has tensors that overlap in chunk {chunk} at element {start}")
 
 
 def _list(value: Any, name: str) -> list:
@@ -198,7 +236,8 @@ def _list(value: Any, name: str) -> list:
 
 
 def _count(value: Any) -> bool:
-    return type(value) is int and value >= 0
+    """A length, offset or size: an ``int`` (not a bool) from 0 to 2**63 - 1."""
+    return type(value) is int and 0 <= value <= _MAX_SIZE
 
 
 def assemble(header: StateHeader, chunks: list[torch.Tensor]) -> Any:

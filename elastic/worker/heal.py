@@ -58,7 +58,8 @@ def heal(formed: FormedGroup, mark: Mark, options: LiveOptions, state_dict: Call
 
     Raises:
         GroupLost: a peer failed, or a newer round abandoned the group, during the heal.
-        StateTransferError: the state cannot be encoded, or a received header is malformed.
+        StateTransferError: the state cannot be encoded, or a received header is malformed or
+            over its bounds (``LiveOptions.max_header_bytes``, ``max_state_bytes``).
     """
     group = formed.group
     mine = torch.tensor([mark.step, mark.round], dtype=torch.int64, device=wire_device(group))
@@ -76,7 +77,7 @@ def heal(formed: FormedGroup, mark: Mark, options: LiveOptions, state_dict: Call
         role = HealRole.SOURCE
     elif rank in plan.receivers:
         assert plan.source is not None  # plan_heal names a source whenever it names receivers
-        received = receive_state(formed.registry, group, plan.source, options.max_header_bytes)
+        received = receive_state(formed.registry, group, plan.source, options.max_header_bytes, options.max_state_bytes)
         load_state_dict(received.state)
         nbytes = received.nbytes
         role = HealRole.RECEIVER

@@ -55,6 +55,8 @@ log = logging.getLogger(__name__)
 __all__ = ["LiveTraining"]
 
 _KEPT_RECOVERIES = 1000
+_MAX_FD = 2**31 - 1
+"""The largest descriptor number an ``int`` of C holds (``os.fstat`` overflows past it)."""
 
 
 @dataclass(frozen=True)
@@ -438,7 +440,9 @@ def _fd_var(environ: Mapping[str, str], name: str) -> int | None:
     try:
         fd = int(text)
     except ValueError:
-        raise WorkerEnvError(f"{name}={text!r} is not a file descriptor number.") from None
+        raise WorkerEnvError(f"{name}={text[:40]!r} is not a file descriptor number.") from None
+    if not 0 <= fd <= _MAX_FD:
+        raise WorkerEnvError(f"{name}={text[:40]!r} is out of range for a file descriptor.")
     try:
         os.fstat(fd)
     except OSError as error:

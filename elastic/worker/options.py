@@ -29,6 +29,9 @@ class LiveOptions:
             agent's lease TTL.
         init_sync: at step 0, send rank 0's state to every rank.
         max_header_bytes: the largest state header a worker accepts from a peer.
+        max_state_bytes: the most bytes of tensors a worker accepts in a state from a peer;
+            ``None`` (the default): the memory available on the wire device (the system's, or
+            the CUDA device's) when the header arrives.
         coalesce_bytes: tensors smaller than this travel packed into chunks of this size.
         drain_timeout: at :meth:`close`, the longest to wait for abandoned collectives to end
             (a process that exits while one is hung is aborted by gloo).
@@ -47,6 +50,7 @@ class LiveOptions:
     interrupt_grace: float = 1.0
     init_sync: bool = True
     max_header_bytes: int = 16 * 1024 * 1024
+    max_state_bytes: int | None = None
     coalesce_bytes: int = 4 * 1024 * 1024
     drain_timeout: float = 60.0
     max_failed_rounds: int = 8
@@ -66,5 +70,7 @@ class LiveOptions:
             value = getattr(self, name)
             if type(value) is not int or value < 1024:
                 raise LiveOptionsError(f"{name} ({value!r}) must be an integer of at least 1024.")
+        if self.max_state_bytes is not None and (type(self.max_state_bytes) is not int or self.max_state_bytes < 1024):
+            raise LiveOptionsError(f"max_state_bytes ({self.max_state_bytes!r}) must be None or an integer of at least 1024.")
         if not isinstance(self.init_sync, bool):
             raise LiveOptionsError(f"init_sync ({self.init_sync!r}) must be True or False.")

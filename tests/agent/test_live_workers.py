@@ -5,18 +5,21 @@ reads, no torch)."""
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import functools
 import json
 import os
 import signal
 import sys
+import termios
 import time
 
 import pytest
 
 from elastic.agent.decisions import AgentAction, AgentView, decide
 from elastic.agent.live.decisions import AnswerView, RoundAnswer, decide_answer, group_broken, keeps_workers, refills
-from elastic.agent.live.pipes import RoundPipes
+from elastic.agent.live import pipes as pipes_module
+from elastic.agent.live.pipes import MAX_ANSWER_BYTES, LineCutter, RoundPipes
 from elastic.agent.live.workers import LiveWorkers, round_for
 from elastic.agent.prewarm.pool import ForkedWorker, TemplatePool
 from elastic.agent.processes.group_state import GroupStatus
@@ -144,6 +147,67 @@ def test_the_pipes_carry_each_lease_renewal_once_and_never_an_older_one():
         assert [parse_pipe_line(line) for line in lines] == [Held(10.0), Held(12.5)]
     finally:
         os.close(reader)
+        pipes.close()
+
+
+@pytest.mark.parametrize(
+    ("feeds", "lines"),
+    [
+        ([b"ab\ncd", b"ef\n"], [b"ab", b"cdef"]),
+        ([b"x" * 11, b"yy\nok\n"], [None, b"ok"]),  # reported once, as it passes the limit
+        ([b"x" * 6, b"x" * 6, b"\nok\n"], [None, b"ok"]),  # passes it across feeds
+        ([b"12345678901\nz", b"\n"], [None, b"z"]),
+        ([b"1234567890\n"], [b"1234567890"]),  # exactly the limit
+        ([b"", b"\n\n"], [b"", b""]),
+    ],
+)
+def test_the_line_cutter_holds_at_most_its_limit_and_drops_longer_lines(feeds, lines):
+    cutter = LineCutter(10)
+    assert [line for data in feeds for line in cutter.feed(data)] == lines
+
+
+def test_a_worker_writing_a_deeply_nested_line_or_a_flood_gets_its_next_answer_read(caplog):
+    pipes = RoundPipes("test")
+    extras = pipes.extras(round_for(_config(), _info(4, 1, 2), 1, restart_count=0))
+    writer = os.dup(extras.fds[READY_FD_VAR])
+    os.set_blocking(writer, False)
+    pipes.started()
+    answer = b'{"v":1,"event":"formed","round":4,"rank":3,"step":7}\n'
+    try:
+        os.write(writer, b"[" * 50_000 + b"\n" + b"[" * 2000 + b"\n" + answer)  # over the limit; under it but too deep
+        assert [(a.event, a.round, a.step) for a in pipes.answers()] == [("formed", 4, 7)]
+        flooded = 0
+        for _ in range(64):  # a worker writing without a newline: each look reads a bounded amount
+            try:
+                flooded += os.write(writer, b"x" * 65536)
+            except BlockingIOError:
+                pass
+            assert pipes.answers() == []
+            assert len(pipes._lines._pending) <= MAX_ANSWER_BYTES
+        os.set_blocking(writer, True)
+        os.write(writer, b"\n" + answer)
+        assert [(a.event, a.round) for a in pipes.answers()] == [("formed", 4)]
+        assert flooded > MAX_ANSWER_BYTES
+    finally:
+        os.close(writer)
+        pipes.close()
+    warnings = [r.getMessage() for r in caplog.records if "not an answer" in r.getMessage()]
+    assert len(warnings) == 1 and "over 4096 bytes" in warnings[0], warnings
+
+
+def test_one_look_at_the_ready_pipe_reads_a_bounded_amount(monkeypatch):
+    monkeypatch.setattr(pipes_module, "MAX_READ_BYTES", 16384)  # a default pipe holds 64 KiB
+    pipes = RoundPipes("test")
+    extras = pipes.extras(round_for(_config(), _info(4, 1, 2), 1, restart_count=0))
+    writer = os.dup(extras.fds[READY_FD_VAR])
+    pipes.started()
+    try:
+        os.write(writer, b"x" * 49152)
+        assert pipes.answers() == []
+        unread = fcntl.ioctl(pipes._ready_r, termios.FIONREAD, b"\0\0\0\0")
+        assert int.from_bytes(unread, sys.byteorder) == 49152 - 16384  # the rest waits in the pipe
+    finally:
+        os.close(writer)
         pipes.close()
 
 

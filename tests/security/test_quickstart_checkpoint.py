@@ -75,3 +75,21 @@ def test_a_checkpoint_directory_made_by_someone_else_is_refused_in_one_line(tmp_
     (line,) = proc.stderr.strip().splitlines()
     assert "not a private directory" in line and "--checkpoint" in line
     assert "step 1000000" not in proc.stdout
+
+
+def test_a_link_planted_at_the_old_temporary_name_of_a_checkpoint_is_not_written_through(tmp_path, run_id):
+    """Issue 34, item 7: ``<checkpoint>.tmp-<pid>`` was opened as it was; a link planted there (the
+    worker's pid is known in advance, as here, where the test plants it just before the exec)
+    had the checkpoint written into its target, and the checkpoint became that link."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    checkpoint, victim = shared / "ckpt.pt", tmp_path / "victim"
+    victim.write_text("precious\n")
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(free_port()), "TORCHELASTIC_RUN_ID": run_id, "CHECKPOINT_PATH": str(checkpoint)}
+    proc = subprocess.run([sys.executable, str(REPO / "examples" / "train_ddp.py"), "--steps", "2",
+                           "--checkpoint-every", "1"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=180, preexec_fn=lambda: os.symlink(victim, f"{checkpoint}.tmp-{os.getpid()}"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert victim.read_text() == "precious\n"
+    assert not checkpoint.is_symlink() and torch.load(checkpoint, weights_only=True)["step"] == 2

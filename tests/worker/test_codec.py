@@ -120,13 +120,50 @@ def _header(**changes) -> bytes:
         (_header(chunks="x"), "chunks is not a list"),
         (_header(tensors=[[1, 0, [2]]]), "bad tensor"),
         (_header(tensors=[[0, 2, [2, 2]]]), "past the end of chunk 0"),
-        (_header(tensors=[[0, 0, [2, -2]]]), "bad tensor"),
-        (_header(tensors=[[0, 0, [True]]]), "bad tensor"),
+        (_header(tensors=[[0, 0, [2, -2]]]), "bad shape"),
+        (_header(tensors=[[0, 0, [True]]]), "bad shape"),
+        (_header(tensors=[[0, 0, [1] * 65]]), "bad shape"),  # more than MAX_DIMS
+        (_header(tensors=[[0, 0, [2**63]]]), "bad shape"),
+        (_header(tensors=[[0, 2**63, [0]]]), "bad tensor"),
+        (_header(chunks=[["float32", 10**30]]), "bad chunk"),
+        (_header(chunks=[["float32", 4]] + [["bool", 0]] * 13), "more than 12 empty chunks"),
+        (_header(tensors=[[0, 0, [3]], [0, 2, [2]]]), "overlap in chunk 0 at element 2"),
+        (_header(tensors=[[0, 1, [3]]] * 2), "overlap in chunk 0 at element 1"),
     ],
 )
 def test_a_malformed_header_is_refused_before_anything_is_allocated(data, message):
     with pytest.raises(StateTransferError, match=message):
         decode_header(data)
+
+
+def test_a_header_of_the_review_is_refused_by_its_bounds():
+    """Issue 34, item 4: 250 tensors over one 4 MiB chunk (each would be cloned: 999 MiB from an
+    8 KB header), and one shape of 600,000 dimensions (a quadratic product, 2.6 s holding the GIL)."""
+    overlapping = _header(skeleton=[{"$tensor": i} for i in range(250)], chunks=[["float32", 1 << 20]],
+                          tensors=[[0, 1, [(1 << 20) - 1]]] * 250)
+    with pytest.raises(StateTransferError, match="overlap in chunk 0"):
+        decode_header(overlapping)
+    with pytest.raises(StateTransferError, match="bad shape"):
+        decode_header(_header(tensors=[[0, 0, [2] * 600_000]]))
+
+
+def test_empty_tensors_and_adjacent_ranges_are_not_overlaps():
+    header = decode_header(_header(chunks=[["float32", 4], ["int64", 0]],
+                                   tensors=[[0, 0, [2]], [0, 2, [0]], [0, 2, [1, 2]], [0, 2, [0, 5]], [1, 0, [0]]]))
+    assert header.nbytes == 16 and len(header.tensors) == 5
+
+
+def test_a_state_the_encoder_makes_always_passes_the_decoder():
+    state = {"empty": torch.zeros(0, 3), "e2": torch.zeros(0, dtype=torch.int64), "s": torch.tensor(1.0),
+             "packed": [torch.ones(3) for _ in range(50)], "big": torch.ones(600), "wide": torch.zeros([1] * 64)}
+    encoded, got = _round_trip(state, coalesce_bytes=1024)
+    assert _same(state, got)
+    assert decode_header(encoded.header).nbytes == sum(c.numel() * c.element_size() for c in encoded.chunks)
+
+
+def test_a_tensor_of_more_dimensions_than_can_be_sent_is_named():
+    with pytest.raises(StateTransferError, match=r"65 dimensions at state_dict\(\)\['deep'\]"):
+        check_state({"deep": torch.zeros([1] * 65)})
 
 
 @pytest.mark.parametrize(

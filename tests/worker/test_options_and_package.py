@@ -24,6 +24,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
         ({"round_wait_timeout": "5"}, "round wait timeout"),
         ({"drain_timeout": -1}, "drain timeout"),
         ({"max_header_bytes": 10}, "max_header_bytes"),
+        ({"max_state_bytes": 10}, "max_state_bytes"),
+        ({"max_state_bytes": 2.0**40}, "max_state_bytes"),
         ({"max_failed_rounds": 0}, "max_failed_rounds"),
         ({"max_failed_rounds": 2.5}, "max_failed_rounds"),
         ({"coalesce_bytes": 4096.0}, "coalesce_bytes"),
@@ -55,3 +57,14 @@ def test_live_training_refuses_a_round_fd_that_is_not_open():
         LiveTraining(dict, lambda state: None, environ=env)
     with pytest.raises(WorkerEnvError, match="not a file descriptor number"):
         LiveTraining(dict, lambda state: None, environ={**env, "ELASTIC_ROUND_FD": "x"})
+
+
+@pytest.mark.parametrize("value", ["99999999999999999999", "-3", str(2**31)])
+def test_live_training_refuses_a_descriptor_number_out_of_range_in_one_line(value):
+    from elastic.worker import LiveTraining
+
+    env = {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500",
+           "ELASTIC_ROUND": "0", "ELASTIC_STORE_PREFIX": "p"}
+    for name in ("ELASTIC_ROUND_FD", "ELASTIC_READY_FD"):
+        with pytest.raises(WorkerEnvError, match=f"{name}='{value}' is out of range for a file descriptor"):
+            LiveTraining(dict, lambda state: None, environ={**env, "ELASTIC_ROUND_FD": "0", name: value})

@@ -25,9 +25,7 @@ session's members remain; only a restart long after the death leaves time for th
 
 from __future__ import annotations
 
-import contextlib
 import enum
-import errno
 import functools
 import hashlib
 import json
@@ -43,6 +41,7 @@ from typing import Callable, Iterable
 import psutil
 
 from elastic.agent.errors import PidFileError
+from elastic.agent.private_files import replace_file
 from elastic.agent.processes.proctree import ProcLister, find_tree
 
 __all__ = [
@@ -208,23 +207,7 @@ def write(path: str, live: LiveWorkers) -> None:
     Raises:
         OSError: it could not be written.
     """
-    tmp = f"{path}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    try:
-        try:
-            view = memoryview(encode(live))
-            while view:
-                written = os.write(fd, view)
-                if not written:
-                    raise OSError(errno.EIO, "the write made no progress", tmp)
-                view = view[written:]
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    replace_file(path, lambda out: out.write(encode(live)))
 
 
 def read(path: str) -> LiveWorkers:

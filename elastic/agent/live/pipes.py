@@ -5,7 +5,9 @@ Torch-free. The agent writes one line per round (:func:`elastic.worker.rounds.en
 and one after each renewal of its lease (:func:`elastic.worker.rounds.encode_held_line`),
 and never blocks on it: a worker that stopped reading for a pipe's worth of rounds is one the
 answer deadline restarts anyway. The answers (``joining``/``formed``/``lost``, see
-:mod:`elastic.worker.reporting`) are read without blocking whenever the agent looks.
+:mod:`elastic.worker.reporting`) are read without blocking whenever the agent looks, a bounded
+amount at a time; a line that is not an answer (too long, too deep, not JSON) is skipped with
+one warning, as the template wire (:mod:`elastic.agent.prewarm.wire`) bounds its frames.
 """
 
 from __future__ import annotations
@@ -30,10 +32,13 @@ from elastic.worker.rounds import (
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Answer", "RoundPipes"]
+__all__ = ["MAX_ANSWER_BYTES", "MAX_READ_BYTES", "Answer", "LineCutter", "RoundPipes"]
 
-_MAX_PENDING = 64 * 1024
-"""Bytes of an unfinished answer line kept; a worker that writes more without a newline is garbage."""
+MAX_ANSWER_BYTES = 4096
+"""The longest answer line read (a real one is under 200 bytes); a longer line is skipped unparsed."""
+MAX_READ_BYTES = 1 << 20
+"""Bytes read from one worker's answer pipe per look; what a flooding worker writes beyond waits
+in the pipe (and blocks it), so the agent's memory and loop stay its own."""
 
 
 @dataclass(frozen=True)
@@ -59,7 +64,8 @@ class RoundPipes:
         os.set_blocking(self._round_w, False)
         os.set_blocking(self._ready_r, False)
         self._child_ends: list[int] | None = [self._round_r, self._ready_w]
-        self._pending = b""
+        self._lines = LineCutter(MAX_ANSWER_BYTES)
+        self._warned = False
         self._closed = False
         self._held = 0.0  # the newest held line written
 
@@ -105,19 +111,35 @@ class RoundPipes:
         return True
 
     def answers(self) -> list[Answer]:
-        """The answers written since the last call (garbage lines are skipped)."""
-        data = b""
-        while not self._closed:
+        """The answers written since the last call, reading at most :data:`MAX_READ_BYTES`.
+
+        A line that is not an answer (not JSON, nested too deeply, longer than
+        :data:`MAX_ANSWER_BYTES`) is skipped, with one warning per worker: a worker can make the
+        agent hold no more than one answer's bytes between calls, and cannot make it raise.
+        """
+        chunks: list[bytes] = []
+        size = 0
+        while not self._closed and size < MAX_READ_BYTES:
             try:
-                chunk = os.read(self._ready_r, 65536)
+                chunk = os.read(self._ready_r, min(65536, MAX_READ_BYTES - size))
             except BlockingIOError:
                 break
             if not chunk:
                 break
-            data += chunk
-        lines = (self._pending + data).split(b"\n")
-        self._pending = lines.pop()[-_MAX_PENDING:]
-        return [answer for answer in map(_answer, lines) if answer is not None]
+            chunks.append(chunk)
+            size += len(chunk)
+        answers, skipped = [], []
+        for line in self._lines.feed(b"".join(chunks)):
+            answer = _answer(line) if line is not None else None
+            if answer is not None:
+                answers.append(answer)
+            else:
+                skipped.append(f"over {MAX_ANSWER_BYTES} bytes" if line is None else repr(line[:100]))
+        if skipped and not self._warned:
+            self._warned = True
+            log.warning("%s: skipped a line on the ready pipe that is not an answer (%s); further ones are "
+                        "skipped silently", self._label, skipped[0])
+        return answers
 
     def close(self) -> None:
         """Close every end still open (idempotent)."""
@@ -128,10 +150,39 @@ class RoundPipes:
             os.close(self._ready_r)
 
 
+class LineCutter:
+    """Cuts a byte stream into lines of at most ``limit`` bytes, holding at most ``limit`` bytes
+    between feeds: a longer line is dropped as it arrives, up to its newline, and reported once
+    as ``None``. Pure (no I/O)."""
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._pending = b""
+        self._skipping = False
+
+    def feed(self, data: bytes) -> list[bytes | None]:
+        """The lines completed by ``data`` (without their newline); ``None`` for each over-long one."""
+        *lines, tail = data.split(b"\n")
+        out: list[bytes | None] = []
+        for index, line in enumerate(lines):
+            if index == 0:
+                line, self._pending = self._pending + line, b""
+                if self._skipping:  # the end of a line already reported
+                    self._skipping = False
+                    continue
+            out.append(line if len(line) <= self._limit else None)
+        if not self._skipping:
+            self._pending += tail
+            if len(self._pending) > self._limit:
+                self._pending, self._skipping = b"", True
+                out.append(None)
+        return out
+
+
 def _answer(line: bytes) -> Answer | None:
     try:
         value = json.loads(line)
         answer = Answer(str(value["event"]), value["round"], value["step"])
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):
         return None
     return answer if type(answer.round) is int and type(answer.step) is int else None

@@ -23,7 +23,7 @@ from datetime import datetime, timezone
 from typing import Any, Iterable, Mapping
 
 from backends.untrusted import parse_json
-from elastic.agent.private_files import open_private_file
+from elastic.agent.private_files import replace_file
 
 log = logging.getLogger(__name__)
 
@@ -192,10 +192,7 @@ def dump_error_file(failure: WorkerFailure, dest: str) -> bool:
         return False
     if isinstance(data.get("message"), dict) and failure.exitcode:
         data["message"]["errorCode"] = failure.exitcode
-    tmp = f"{dest}.tmp.{os.getpid()}"
-    with open_private_file(tmp, "w", encoding="utf-8") as fp:
-        json.dump(data, fp)
-    os.replace(tmp, dest)
+    replace_file(dest, lambda out: out.write(json.dumps(data).encode("utf-8")))
     return True
 
 

@@ -29,6 +29,7 @@ from typing import IO, Mapping
 from elastic.agent.errors import AgentError
 from elastic.agent.lifeline.keeper import parent_death_preexec
 from elastic.agent.processes.output import RankDest
+from elastic.agent.safe_path import isolated_program
 from elastic.config import LaunchConfig, StdMask
 
 log = logging.getLogger(__name__)
@@ -44,7 +45,8 @@ _STOP_TIMEOUT_S = 2.0
 """How long a ready helper gets to exit once its stdin closes, before it is killed."""
 
 # The helper, run as ``python -c`` by the workers' interpreter (which has torch; it may not have
-# our package). argv[1]: the settings as JSON. Replies on its stdout, one JSON object per line;
+# our package), behind :func:`isolated_program` (nothing is imported from the agent's working
+# directory; the plugin comes from its installed entry point). argv[1]: the settings as JSON. Replies on its stdout, one JSON object per line;
 # anything the plugin prints goes to stderr instead. Requests on stdin: one {rank: env} per line.
 _HELPER = r"""
 import json, os, sys
@@ -143,7 +145,7 @@ class LogsSpecsHost:
                 return
             try:
                 self._proc = subprocess.Popen(
-                    [self._python, "-c", _HELPER, json.dumps(self._settings)], env=self._environ,
+                    [self._python, "-c", isolated_program(_HELPER), json.dumps(self._settings)], env=self._environ,
                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True,
                     preexec_fn=parent_death_preexec(),  # dies with the agent
                 )
