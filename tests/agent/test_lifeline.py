@@ -8,6 +8,7 @@ every process a test starts is killed by its PID at the end. End-to-end SIGKILLs
 from __future__ import annotations
 
 import importlib
+import errno
 import logging
 import os
 import signal
@@ -326,20 +327,29 @@ def test_track_and_untrack_keep_the_file_equal_to_the_live_workers(spawned, tmp_
     assert not os.path.exists(life.path)
 
 
-def test_a_pid_file_update_that_cannot_be_written_is_said_once_and_its_recovery_once(spawned, tmp_path, caplog):
+def test_a_pid_file_update_that_cannot_be_written_is_said_once_and_its_recovery_once(spawned, tmp_path, caplog,
+                                                                                     monkeypatch):
     worker, _ = spawned.worker()
     life = Lifeline.open(str(tmp_path / "run-1"), "run-1", "node-a", watchdog=False)
-    blocker = f"{life.path}.tmp"
+    blocked = {"on": False}
+    real_replace = pidfile.replace_file
+
+    def replace_file(path, write, **kwargs):  # the temporary file cannot be created while blocked
+        if blocked["on"]:
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), f"{path}.tmp")
+        return real_replace(path, write, **kwargs)
+
+    monkeypatch.setattr(pidfile, "replace_file", replace_file)
     try:
         life.track([worker.pid])
-        os.mkdir(blocker)  # the temporary file cannot be created (EISDIR): every update fails
+        blocked["on"] = True  # every update fails
         with caplog.at_level(logging.INFO, logger="elastic.agent.lifeline.keeper"):
             life.untrack([worker.pid])  # the file still names a stopped worker: harmless, not said
             assert not caplog.records
             life.track([worker.pid])
             life.untrack([worker.pid])
             life.track([worker.pid])
-            os.rmdir(blocker)
+            blocked["on"] = False
             life.untrack([worker.pid])
             life.track([worker.pid])
         assert pidfile.read(life.path).workers == (worker,)
