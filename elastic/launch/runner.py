@@ -57,7 +57,7 @@ def run(config: LaunchConfig) -> int:
     hide_inline_secrets(os.environ)  # read into config.backend: no helper or worker inherits it
     notice = omp_threads_notice(os.environ, config.nproc_per_node)
     if notice:
-        print(notice, file=sys.stderr)
+        log.info("%s", notice, extra=console.CONSOLE)
     with ExitStack() as cleanup:
         try:
             logs_specs = _start_logs_specs(config, cleanup)  # imports torch while the rest is set up
