@@ -41,6 +41,7 @@ from elastic.agent.waking import Interrupted, Waker
 from elastic.config import LaunchConfig
 from elastic.rendezvous.api import MembershipChange, MembershipStatus, Rendezvous, RendezvousInfo
 from elastic.rendezvous.errors import JobFinishedError, RendezvousClosedError, RendezvousError
+from elastic.rendezvous.job import arrival_outcome
 
 if TYPE_CHECKING:
     from elastic.agent.observe.metrics import AgentMetrics
@@ -394,12 +395,16 @@ class ElasticAgent:
         return self._end_finished(f"{verdict.membership.reason}; {after}")
 
     def _finished_before_joining(self, finished: JobFinishedError, pending: PendingRestart | None) -> AgentResult:
-        """The job finished while this node was (re)joining: exit 0 without training again."""
+        """The job finished while this node was (re)joining: a member exits 0 without training
+        again; a node in no round yet ends as :func:`arrival_outcome` says (exit 3 when it
+        arrived after the end)."""
         ended = f"the job finished on node {finished.node_id} in round {finished.round}"
         if self._attempts.last is None:
-            reason = f"{ended}; nothing to do (use a new --rdzv-id to run the job again)"
-            log.warning("Run %s node %s: %s", self.rendezvous.run_id, self.host, reason)
-            return self._end(0, "already_finished", reason)
+            outcome = arrival_outcome(finished.node_id, finished.round, finished.joined,
+                                      self.config.rendezvous.already_finished_ok)
+            if outcome.exit_code == 0:  # a non-zero exit's reason is printed by the launcher
+                log.warning("Run %s node %s: %s", self.rendezvous.run_id, self.host, outcome.line)
+            return self._end(outcome.exit_code, outcome.status, outcome.line)
         if pending is not None and pending.cause is PendingCause.FAILURE:
             after = "this node's workers failed after that, most likely because their peers left"
         else:
@@ -433,6 +438,8 @@ class ElasticAgent:
 
     def _rendezvous_failed(self, error: RendezvousError) -> AgentResult:
         self._attempts.stop()
+        if isinstance(error, JobFinishedError):
+            return self._finished_before_joining(error, None)
         if isinstance(error, RendezvousClosedError) and error.job_finished and self._attempts.last is None:
             # A late (or restarted) agent of a job that already succeeded: nothing to do.
             reason = f"{error}; nothing to do (use a new --rdzv-id to run the job again)"

@@ -91,6 +91,8 @@ class JoinLoop:
         self.failure: FailureReport | None = None
         self.attempt: JoinAttempt | None = None
         self.progress: WaitSnapshot | None = None
+        self.joined_any = False
+        """Whether a join of this node ever applied (its key was written in some round)."""
         self._gate = JoinGate(settings, backend, keys, node.node_id)
 
     # -- public ---------------------------------------------------------------------------
@@ -234,7 +236,7 @@ class JoinLoop:
                 self._gate.check_job(None)
             state, attempt = self._join_expected_round()
         while True:
-            self._gate.check_open(state)
+            self._gate.check_open(state, self.joined_any)
             forming = state.forming
             if attempt is None:
                 attempt, refused = self._join(forming)
@@ -359,6 +361,7 @@ class JoinLoop:
             outcome = send()
         if not outcome.joined or outcome.closer is None:
             return outcome, None
+        self.joined_any = True
         claim = Claim.HELD if self._is_mine(outcome.closer) else Claim.OTHER
         self.attempt = JoinAttempt(forming, self._keys.node(forming, node.node_id), value, outcome.count,
                                    outcome.closer, claim)
