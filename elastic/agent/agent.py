@@ -32,7 +32,7 @@ from elastic.agent.lifeline.keeper import Lifeline
 from elastic.agent.observe.events import Event, EventLog
 from elastic.agent.observe.report import AgentReport
 from elastic.agent.prewarm.pool import TemplatePool
-from elastic.agent.processes.failures import first_failure
+from elastic.agent.processes.failures import WorkerFailure, first_failure
 from elastic.agent.processes.logs_specs import LogsSpecsHost
 from elastic.agent.processes.store_host import StoreHost
 from elastic.agent.processes.group_state import GroupState, GroupStatus
@@ -234,12 +234,14 @@ class ElasticAgent:
         grace_deadline: float | None = None
         rejoin_deadline: float | None = None
         reported_exits = 0
+        refilled = False  # a failed worker was replaced in this round (live recovery)
         live = self.config.live_recovery  # live workers wait for a round, they neither end nor are stopped
         while True:
             self._waker.check()
             state = group.poll()
             # Asked only after a failure: its checks read the workers' pipes.
             if live and state.status is GroupStatus.FAILED and self._refill(group, state):
+                refilled = True
                 state = group.poll()
             reported_exits = self._report.worker_exits(state, reported_exits)
             membership = self.rendezvous.membership()
@@ -270,7 +272,10 @@ class ElasticAgent:
                 self._waker.wait(min((deadline or 0.0) - self._clock(), self.config.monitor_interval))
             else:
                 if membership.change is not None and action is not AgentAction.STOP_FINISHED:
-                    self._report.change(membership, restarting=action in _RESTARTS)
+                    kept = keeps_workers(live, action, self._attempts.unanswered(), self._attempts.silent())
+                    self._report.change(membership, restarting=action in _RESTARTS, kept=kept,
+                                        own_failure=own_failure_rejoined(action, membership, state),
+                                        replaced=refilled)
                 return Verdict(action, group.poll(), membership)
 
     def _refill(self, group: Workers, state: GroupState) -> bool:
@@ -455,3 +460,13 @@ class ElasticAgent:
         first = first_failure([failure for failure in state.failures if not failure.during_stop])
         if first is not None:
             self.rendezvous.report_failure(first.exit_time)
+
+
+def own_failure_rejoined(action: AgentAction, membership: MembershipStatus, state: GroupState) -> WorkerFailure | None:
+    """This node's first own worker failure when it is what a membership restart is about: only
+    members rejoin (their collectives broke on it), so no node waits to join; else None. Pure."""
+    if action is not AgentAction.RESTART_FOR_MEMBERSHIP or membership.change is not MembershipChange.NODES_WAITING:
+        return None
+    if membership.waiting > membership.rejoining:
+        return None  # a newcomer waits too: the line about it is true
+    return first_failure([failure for failure in state.failures if not failure.during_stop])

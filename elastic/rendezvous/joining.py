@@ -145,15 +145,18 @@ class JoinLoop:
 
     # -- the Waiter protocol of closing.Closer -------------------------------------------------
     def note_wait(self, forming: int, joined: int | dict[str, Joiner] | None, deadline: float,
-                  alive: set[str] | None = None) -> None:
+                  alive: set[str] | None = None, closes_at: float | None = None) -> None:
         """Hand what this node knows of round ``forming`` (a count, or the joiners) to the reporter;
-        ``alive``: the previous round's members whose key of it exists (None: not known)."""
+        ``alive``: the previous round's members whose key of it exists (None: not known);
+        ``closes_at``: when this node, the closer, closes the round (None: not known here)."""
         count = joined if joined is None or isinstance(joined, int) else len(joined)
         expected, lost = None, ()
         if self.last is not None and isinstance(joined, dict):
             expected, lost = self._lost.split(self.last.record, forming, joined, alive)
+        now = self._clock()
         snapshot = WaitSnapshot(self._settings.run_id, self._node.node_id, forming, count, self._settings.min_nodes,
-                                self._settings.max_nodes, expected, deadline - self._clock(), lost)
+                                self._settings.max_nodes, expected, deadline - now, lost,
+                                None if closes_at is None else closes_at - now, self._settings.last_call_timeout)
         self._set_progress(snapshot)
         self._reporter.update(snapshot)
 

@@ -94,9 +94,9 @@ def test_a_restarted_node_cannot_join_once_the_job_finished_and_writes_nothing(m
 
 
 def test_a_spare_that_waited_when_the_job_finished_had_joined_a_round(make_node):
-    a = make_node(1, 1, "a")
+    a = make_node(1, 1, "a", lease_ttl=10.0)  # a lapse of a's lease under load would give the spare its place
     a.next_rendezvous()
-    spare = make_node(1, 1, "spare")
+    spare = make_node(1, 1, "spare", lease_ttl=10.0)
     raised: list[BaseException] = []
 
     def wait() -> None:
