@@ -461,7 +461,7 @@ class EtcdConnection:
 
     def translate(
         self, error: grpc.RpcError, operation: str, channel: EndpointChannel, timeout: float | None,
-        writes: bool = True,
+        writes: bool = True, stream: bool = False,
     ) -> BackendError:
         """Translate an RPC error seen on ``channel`` (see :func:`translate_rpc_error`)."""
         return translate_rpc_error(
@@ -472,6 +472,7 @@ class EtcdConnection:
             timeout=timeout,
             closed=self._closed,
             writes=writes,
+            stream=stream,
         )
 
     # -- auth --------------------------------------------------------------------------------

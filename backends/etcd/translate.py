@@ -231,6 +231,7 @@ def translate_rpc_error(
     closed: bool = False,
     requested_revision: int = 0,
     writes: bool = True,
+    stream: bool = False,
 ) -> BackendError:
     """Map one failed RPC to the backend error tree.
 
@@ -243,6 +244,8 @@ def translate_rpc_error(
         requested_revision: for compaction errors, the revision that was asked for.
         writes: the request may have changed something (a read's lost answer changes nothing,
             so its message does not say "whether it applied is unknown").
+        stream: the RPC is the watch stream, a read the client resumes by itself: a lost
+            connection's message says so, not that it applied or is resent.
     """
     code = error.code() if callable(getattr(error, "code", None)) else grpc.StatusCode.UNKNOWN
     details = (error.details() if callable(getattr(error, "details", None)) else None) or str(code)
@@ -252,7 +255,13 @@ def translate_rpc_error(
         text.startswith(NOT_CONNECTED_PREFIX) or any(marker in text for marker in _UNRESOLVED_TEXTS)
     ):
         return not_sent([endpoint], diagnose_dial_failure(details, tls), short_details(details))
-    if code == grpc.StatusCode.UNAVAILABLE or _is_stream_removed(code, text):
+    stream_lost = code == grpc.StatusCode.UNAVAILABLE or _is_stream_removed(code, text)
+    if stream_lost and stream:
+        return BackendConnectionError(
+            f"{where} lost its connection ({details}); watches resume once etcd answers, each from the revision "
+            "after the last event it delivered: no change is missed or repeated"
+        )
+    if stream_lost:
         unknown = "; whether it applied is unknown" if writes else ""
         return BackendConnectionError(
             f"{where} lost its connection ({details}){unknown}. "

@@ -280,14 +280,16 @@ class WatchHub:
         except grpc.RpcError as error:
             if self._stopped.is_set() or stream.renewing_token or self._connection.closed:
                 return
-            translated = self._connection.translate(error, "watch", stream.channel, None, writes=False)
+            translated = self._connection.translate(error, "watch", stream.channel, None, writes=False, stream=True)
             if isinstance(translated, BackendAuthError) and self._connection.config.user is not None:
                 # A token the member forgot (it restarted): the next stream authenticates again.
                 stream.channel.forget_token(stream.channel.token)
-            elif not isinstance(translated, _TRANSIENT):
+                log.warning("%s; resuming %d watches with a new token", translated, self.live_count)
+                return
+            if not isinstance(translated, _TRANSIENT):
                 raise translated from error
-            log.warning("etcd watch stream on %s lost (%s); resuming %d watches", stream.channel, translated,
-                        self.live_count)
+            count = self.live_count
+            log.warning("%s (%d watch%s)", translated, count, "" if count == 1 else "es")
             return
         if not self._stopped.is_set():
             log.warning("etcd watch stream on %s ended; resuming %d watches", stream.channel, self.live_count)

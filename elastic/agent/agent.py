@@ -32,7 +32,7 @@ from elastic.agent.lifeline.keeper import Lifeline
 from elastic.agent.observe.events import Event, EventLog
 from elastic.agent.observe.report import AgentReport
 from elastic.agent.prewarm.pool import TemplatePool
-from elastic.agent.processes.failures import first_failure
+from elastic.agent.processes.failures import WorkerFailure, first_failure
 from elastic.agent.processes.logs_specs import LogsSpecsHost
 from elastic.agent.processes.store_host import StoreHost
 from elastic.agent.processes.group_state import GroupState, GroupStatus
@@ -41,6 +41,7 @@ from elastic.agent.waking import Interrupted, Waker
 from elastic.config import LaunchConfig
 from elastic.rendezvous.api import MembershipChange, MembershipStatus, Rendezvous, RendezvousInfo
 from elastic.rendezvous.errors import JobFinishedError, RendezvousClosedError, RendezvousError
+from elastic.rendezvous.job import arrival_outcome
 
 if TYPE_CHECKING:
     from elastic.agent.observe.metrics import AgentMetrics
@@ -233,12 +234,14 @@ class ElasticAgent:
         grace_deadline: float | None = None
         rejoin_deadline: float | None = None
         reported_exits = 0
+        refilled = False  # a failed worker was replaced in this round (live recovery)
         live = self.config.live_recovery  # live workers wait for a round, they neither end nor are stopped
         while True:
             self._waker.check()
             state = group.poll()
             # Asked only after a failure: its checks read the workers' pipes.
             if live and state.status is GroupStatus.FAILED and self._refill(group, state):
+                refilled = True
                 state = group.poll()
             reported_exits = self._report.worker_exits(state, reported_exits)
             membership = self.rendezvous.membership()
@@ -269,7 +272,10 @@ class ElasticAgent:
                 self._waker.wait(min((deadline or 0.0) - self._clock(), self.config.monitor_interval))
             else:
                 if membership.change is not None and action is not AgentAction.STOP_FINISHED:
-                    self._report.change(membership, restarting=action in _RESTARTS)
+                    kept = keeps_workers(live, action, self._attempts.unanswered(), self._attempts.silent())
+                    self._report.change(membership, restarting=action in _RESTARTS, kept=kept,
+                                        own_failure=own_failure_rejoined(action, membership, state),
+                                        replaced=refilled)
                 return Verdict(action, group.poll(), membership)
 
     def _refill(self, group: Workers, state: GroupState) -> bool:
@@ -394,12 +400,16 @@ class ElasticAgent:
         return self._end_finished(f"{verdict.membership.reason}; {after}")
 
     def _finished_before_joining(self, finished: JobFinishedError, pending: PendingRestart | None) -> AgentResult:
-        """The job finished while this node was (re)joining: exit 0 without training again."""
+        """The job finished while this node was (re)joining: a member exits 0 without training
+        again; a node in no round yet ends as :func:`arrival_outcome` says (exit 3 when it
+        arrived after the end)."""
         ended = f"the job finished on node {finished.node_id} in round {finished.round}"
         if self._attempts.last is None:
-            reason = f"{ended}; nothing to do (use a new --rdzv-id to run the job again)"
-            log.warning("Run %s node %s: %s", self.rendezvous.run_id, self.host, reason)
-            return self._end(0, "already_finished", reason)
+            outcome = arrival_outcome(finished.node_id, finished.round, finished.joined,
+                                      self.config.rendezvous.already_finished_ok)
+            if outcome.exit_code == 0:  # a non-zero exit's reason is printed by the launcher
+                log.warning("Run %s node %s: %s", self.rendezvous.run_id, self.host, outcome.line)
+            return self._end(outcome.exit_code, outcome.status, outcome.line)
         if pending is not None and pending.cause is PendingCause.FAILURE:
             after = "this node's workers failed after that, most likely because their peers left"
         else:
@@ -433,6 +443,8 @@ class ElasticAgent:
 
     def _rendezvous_failed(self, error: RendezvousError) -> AgentResult:
         self._attempts.stop()
+        if isinstance(error, JobFinishedError):
+            return self._finished_before_joining(error, None)
         if isinstance(error, RendezvousClosedError) and error.job_finished and self._attempts.last is None:
             # A late (or restarted) agent of a job that already succeeded: nothing to do.
             reason = f"{error}; nothing to do (use a new --rdzv-id to run the job again)"
@@ -448,3 +460,13 @@ class ElasticAgent:
         first = first_failure([failure for failure in state.failures if not failure.during_stop])
         if first is not None:
             self.rendezvous.report_failure(first.exit_time)
+
+
+def own_failure_rejoined(action: AgentAction, membership: MembershipStatus, state: GroupState) -> WorkerFailure | None:
+    """This node's first own worker failure when it is what a membership restart is about: only
+    members rejoin (their collectives broke on it), so no node waits to join; else None. Pure."""
+    if action is not AgentAction.RESTART_FOR_MEMBERSHIP or membership.change is not MembershipChange.NODES_WAITING:
+        return None
+    if membership.waiting > membership.rejoining:
+        return None  # a newcomer waits too: the line about it is true
+    return first_failure([failure for failure in state.failures if not failure.during_stop])

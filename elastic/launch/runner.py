@@ -99,7 +99,7 @@ def run(config: LaunchConfig) -> int:
             print("elasticrun: interrupted before the workers started", file=sys.stderr)
             return 128 + signal.SIGINT
         if notice:  # about the workers: not before a set-up error, which is then the only line
-            print(notice, file=sys.stderr)
+            log.info("%s", notice, extra=console.CONSOLE)
         with waker.catching(config.signals_to_handle):
             result = agent.run()
     if result.exit_code != 0:

@@ -50,8 +50,9 @@ class Waiter(Protocol):
     """What the closer needs from the join it closes for (:class:`~elastic.rendezvous.joining.JoinLoop`)."""
 
     def note_wait(self, forming: int, joined: int | dict[str, Joiner] | None, deadline: float,
-                  alive: set[str] | None = None) -> None:
-        """Report the joiners seen and the previous round's members still alive (progress)."""
+                  alive: set[str] | None = None, closes_at: float | None = None) -> None:
+        """Report the joiners seen, the previous round's members still alive and (the closer)
+        when it will close the round (progress)."""
 
     def next_line_due(self) -> float:
         """The clock time by which a progress line may be due."""
@@ -98,7 +99,7 @@ class Closer:
             while True:
                 now = self._clock()
                 if holds_for_members(previous, joined, alive, settings.max_nodes):
-                    last_call = full_since = None
+                    last_call = full_since = window = None
                     decision = CloseDecision(CloseAction.WAIT, reason="every member of the full round is alive")
                 else:
                     last_call = last_call_deadline(last_call, len(joined), settings.min_nodes, now,
@@ -121,7 +122,7 @@ class Closer:
                     continue
                 if now >= deadline:
                     raise waiter.timeout(forming)
-                waiter.note_wait(forming, joined, deadline, alive)
+                waiter.note_wait(forming, joined, deadline, alive, closes_at=window)
                 wait_until = min(deadline, decision.wait_until or deadline, now + settings.lease_ttl,
                                  waiter.next_line_due())
                 for event in watch.get(timeout=max(wait_until - now, 0.0)):

@@ -40,6 +40,7 @@ ENGINE_KEYS = {
     "etcd_prefix": "alias of namespace (torch's etcd rendezvous)",
     "job_fingerprint": "name of the job on every node; replaces the fingerprint of the command that keeps another "
                        "job with the same --rdzv-id out (default: the script or module and its option names)",
+    "already_finished_ok": "1: a node that arrives after its --rdzv-id's job finished exits 0, not 3 (default 0)",
 }
 
 #: rdzv-conf keys that configure the backend connection, with their meaning.

@@ -2,11 +2,13 @@
 
 A member's join key of a round vanishes when its lease expires, or when its agent deletes it.
 etcd does not say which (a DELETE event is a DELETE), so an agent that deletes its key on
-purpose first leaves a short-lived note, ``departed/<node>`` (a :class:`DepartureRecord` bound
-to a lease of :data:`DEPARTURE_TTL`), with why: its agent shut down, its workers finished, it
-was excluded, or it gave up at its join timeout. An excluded node also has ``excluded/<node>``
-for its cooldown. A member whose key is gone without either was not heard from: its lease
-expired (its agent was killed, hung, or cut off from the store).
+purpose first leaves a short-lived note beside it, ``rounds/<r>/departed/<node>`` (a
+:class:`DepartureRecord` bound to a lease of :data:`DEPARTURE_TTL`), with why: its agent shut
+down, its workers finished, it was excluded, or it gave up at its join timeout. A member's
+monitor watches ``rounds/``, so it sees the note before the DELETE it explains, in one ordered
+stream, and names why at once (:func:`~elastic.rendezvous.round_events.classify`). An excluded
+node also has ``excluded/<node>`` for its cooldown. A member whose key is gone without either
+was not heard from: its lease expired (its agent was killed, hung, or cut off from the store).
 
 :func:`absent_members` (pure) splits the previous round's members that have not joined the
 forming round into those still *expected* (their key of the previous round exists: alive,
@@ -68,8 +70,8 @@ class DepartureRecord:
     detail: str = ""
 
 
-def departed_key(keys: RendezvousKeys, node_id: str) -> str:
-    return f"{keys.root}departed/{node_id}"
+def departed_key(keys: RendezvousKeys, round_number: int, node_id: str) -> str:
+    return keys.departed(round_number, node_id)
 
 
 def encode_departure(record: DepartureRecord) -> bytes:
@@ -129,7 +131,7 @@ def say_departure(backend: KVBackend, keys: RendezvousKeys, node_id: str, record
     that does not answer only makes the others say the lease expired."""
     try:
         lease = backend.grant(DEPARTURE_TTL).id
-        backend.put(departed_key(keys, node_id), encode_departure(record), lease=lease)
+        backend.put(departed_key(keys, record.round, node_id), encode_departure(record), lease=lease)
     except BackendError as error:
         log.info("Rendezvous %s: node %s could not leave its departure note (%s): %s", keys.run_id, node_id,
                  record.why.value, error)
@@ -171,7 +173,9 @@ class LostNodes:
         try:
             if self._backend.get(self._keys.node(forming, node)).kv is not None:
                 return None
-            departed = self._backend.get(departed_key(self._keys, node)).kv
+            # It left the previous round, or joined the forming one and left that.
+            departed = (self._backend.get(departed_key(self._keys, forming, node)).kv
+                        or self._backend.get(departed_key(self._keys, previous_round, node)).kv)
             excluded = self._backend.get(self._keys.excluded(node)).kv
             departure = decode_departure(departed.key, departed.value) if departed is not None else None
             return why_lost(departure, _exclusion_reason(excluded.value) if excluded is not None else None,

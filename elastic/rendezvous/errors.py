@@ -55,12 +55,16 @@ class JobFinishedError(RendezvousClosedError):
     Attributes:
         node_id: the node whose workers finished first.
         round: the round they finished in.
+        joined: whether this node had joined a round of the job (written its join key, as a
+            member or a waiting node) before it met the end; False: it arrived after the job
+            had finished and took no part in it (:func:`~elastic.rendezvous.job.arrival_outcome`).
     """
 
-    def __init__(self, message: str, node_id: str, round_number: int) -> None:
+    def __init__(self, message: str, node_id: str, round_number: int, *, joined: bool = True) -> None:
         super().__init__(message, RendezvousClosedError.JOB_FINISHED)
         self.node_id = node_id
         self.round = round_number
+        self.joined = joined
 
 
 class JobMismatchError(RendezvousError):

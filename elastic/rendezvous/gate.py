@@ -36,8 +36,9 @@ class JoinGate:
         """The create revision of the job record this node checked (None: no identity check)."""
         return self._job.created if self._job is not None else None
 
-    def check_open(self, state: StateView) -> None:
-        """Raise when ``state`` says no round may form for this node.
+    def check_open(self, state: StateView, joined: bool = True) -> None:
+        """Raise when ``state`` says no round may form for this node; ``joined``: this node has
+        joined a round of the job before (the job's end then is not news to it).
 
         Raises:
             JobFinishedError: the job finished.
@@ -46,7 +47,7 @@ class JoinGate:
             RendezvousStateError: a record is corrupt.
         """
         if state.finished is not None:
-            raise finished_error(self._settings.run_id, self._node_id, state.finished)
+            raise finished_error(self._settings.run_id, self._node_id, state.finished, joined)
         if state.closed:
             raise RendezvousClosedError(
                 f"The rendezvous {self._settings.run_id} is closed; no new round will form", state.closed_reason

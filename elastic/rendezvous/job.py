@@ -17,6 +17,13 @@ checkpoint path or data directory differs per machine legitimately, and so does
 ``--nproc-per-node``. ``--rdzv-conf job_fingerprint=NAME`` replaces the computed fingerprint
 (every node of one job gives the same NAME). The command shown in a refusal is truncated and
 has the values of secret-looking options masked.
+
+:func:`arrival_outcome` (pure) says how a node that was never in a round ends when it meets
+the job's end: one that joined a round and waited (a spare, a late joiner) exits 0; one that
+arrived after the end ran nothing under a reused ``--rdzv-id`` and exits
+:data:`ALREADY_FINISHED_EXIT_CODE`, so that a pipeline notices (``--rdzv-conf
+already_finished_ok=1``: 0). A node whose workers ran in a round of the job exits 0 (its agent
+says why it stops).
 """
 
 from __future__ import annotations
@@ -33,8 +40,11 @@ from typing import Sequence
 from elastic.rendezvous.records import corrupt_record, dump_record, is_count, load_record
 
 __all__ = [
+    "ALREADY_FINISHED_EXIT_CODE",
+    "ArrivalOutcome",
     "FinishedRecord",
     "JobIdentity",
+    "arrival_outcome",
     "decode_finished",
     "decode_job",
     "encode_finished",
@@ -48,6 +58,10 @@ COMMAND_CHARS = 160
 
 MASK = "REDACTED"
 """What a secret-looking value is shown as."""
+
+ALREADY_FINISHED_EXIT_CODE = 3
+"""The exit code of a node that arrives after its run id's job finished: nothing ran (1 is a
+failure, 2 a bad command line)."""
 
 _SECRET = re.compile(r"pass(word|wd)?|secret|token|key|credential|auth", re.IGNORECASE)
 _URL_USER = re.compile(r"(://)[^/@\s]+@")
@@ -71,6 +85,37 @@ class FinishedRecord:
     node_id: str
     round: int
     at: float
+
+
+@dataclass(frozen=True)
+class ArrivalOutcome:
+    """How a node that was in no round of the job ends at its end: the line, the exit code and
+    the status of its ``job_finished`` event."""
+
+    line: str
+    exit_code: int
+    status: str
+
+
+def arrival_outcome(finished_on: str, finished_round: int, joined: bool, already_finished_ok: bool) -> ArrivalOutcome:
+    """The outcome of a node that met the end of the job (finished on node ``finished_on`` in
+    round ``finished_round``) without ever being in a round of it. Pure.
+
+    ``joined``: it had joined a round (written its join key) and waited to be included: it
+    took part in the job as a spare or a late joiner, and exits 0. Otherwise it arrived after
+    the end: nothing ran under this ``--rdzv-id`` (most likely reused for a new run), so it
+    exits :data:`ALREADY_FINISHED_EXIT_CODE`, or 0 with ``already_finished_ok``.
+    """
+    ended = f"the job finished on node {finished_on} in round {finished_round}"
+    if joined:
+        return ArrivalOutcome(f"{ended} while this node waited to join; it trained nothing and stops", 0,
+                              "finished_while_waiting")
+    how = "use a new --rdzv-id to run the job again"
+    if already_finished_ok:
+        return ArrivalOutcome(f"{ended} before this node arrived; nothing to do ({how})", 0, "already_finished")
+    return ArrivalOutcome(f"{ended} before this node arrived; nothing to do, exit code {ALREADY_FINISHED_EXIT_CODE} "
+                          f"({how}, or add --rdzv-conf already_finished_ok=1 to exit 0 here)",
+                          ALREADY_FINISHED_EXIT_CODE, "already_finished")
 
 
 def job_identity(kind: str, entrypoint: str, args: Sequence[str], explicit: str | None = None) -> JobIdentity:

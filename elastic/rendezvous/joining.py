@@ -91,6 +91,8 @@ class JoinLoop:
         self.failure: FailureReport | None = None
         self.attempt: JoinAttempt | None = None
         self.progress: WaitSnapshot | None = None
+        self.joined_any = False
+        """Whether a join of this node ever applied (its key was written in some round)."""
         self._gate = JoinGate(settings, backend, keys, node.node_id)
 
     # -- public ---------------------------------------------------------------------------
@@ -143,15 +145,18 @@ class JoinLoop:
 
     # -- the Waiter protocol of closing.Closer -------------------------------------------------
     def note_wait(self, forming: int, joined: int | dict[str, Joiner] | None, deadline: float,
-                  alive: set[str] | None = None) -> None:
+                  alive: set[str] | None = None, closes_at: float | None = None) -> None:
         """Hand what this node knows of round ``forming`` (a count, or the joiners) to the reporter;
-        ``alive``: the previous round's members whose key of it exists (None: not known)."""
+        ``alive``: the previous round's members whose key of it exists (None: not known);
+        ``closes_at``: when this node, the closer, closes the round (None: not known here)."""
         count = joined if joined is None or isinstance(joined, int) else len(joined)
         expected, lost = None, ()
         if self.last is not None and isinstance(joined, dict):
             expected, lost = self._lost.split(self.last.record, forming, joined, alive)
+        now = self._clock()
         snapshot = WaitSnapshot(self._settings.run_id, self._node.node_id, forming, count, self._settings.min_nodes,
-                                self._settings.max_nodes, expected, deadline - self._clock(), lost)
+                                self._settings.max_nodes, expected, deadline - now, lost,
+                                None if closes_at is None else closes_at - now, self._settings.last_call_timeout)
         self._set_progress(snapshot)
         self._reporter.update(snapshot)
 
@@ -234,7 +239,7 @@ class JoinLoop:
                 self._gate.check_job(None)
             state, attempt = self._join_expected_round()
         while True:
-            self._gate.check_open(state)
+            self._gate.check_open(state, self.joined_any)
             forming = state.forming
             if attempt is None:
                 attempt, refused = self._join(forming)
@@ -359,6 +364,7 @@ class JoinLoop:
             outcome = send()
         if not outcome.joined or outcome.closer is None:
             return outcome, None
+        self.joined_any = True
         claim = Claim.HELD if self._is_mine(outcome.closer) else Claim.OTHER
         self.attempt = JoinAttempt(forming, self._keys.node(forming, node.node_id), value, outcome.count,
                                    outcome.closer, claim)

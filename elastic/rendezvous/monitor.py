@@ -44,6 +44,7 @@ from elastic.rendezvous.round_events import (
     spare_count,
     waiting_counts,
 )
+from elastic.rendezvous.departures import LEASE_EXPIRED
 from elastic.rendezvous.reconcile import reconcile
 from elastic.rendezvous.errors import RendezvousStateError
 from elastic.rendezvous.membership import StateWatch
@@ -186,8 +187,9 @@ class MembershipMonitor:
                 self._report_problem(error)
                 continue
             if change is not None:
-                changes.append((change, _describe(change, event.kv.key, self._state,
-                                                    self._view.keys.parse_node_key(event.kv.key))))
+                node = self._view.keys.parse_node_key(event.kv.key)
+                member = node is not None and self._view.record.rank_of(node[1]) is not None
+                changes.append((change, _describe(change, event.kv.key, self._state, node, member)))
         if self._state.waiting != waiting:
             self._publish_counts()
         for change, reason in changes:
@@ -270,15 +272,18 @@ class MembershipMonitor:
 
 
 def _describe(change: MembershipChange, key: str, state: MonitorState,
-              node: tuple[int, str] | None = None) -> str:
-    """The reason for ``change`` seen at ``key`` (``node``: the round and node id of a node key)."""
+              node: tuple[int, str] | None = None, member: bool = False) -> str:
+    """The reason for ``change`` seen at ``key`` (``node``: the round and node id of a node key;
+    ``member``: that node is a member of this round, so a join of the next round is its rejoin)."""
     finished = state.finished
     if change in (MembershipChange.JOB_FINISHED, MembershipChange.JOB_FINISHED_ELSEWHERE) and finished is not None:
         return f"the job finished on node {finished.node_id} in round {finished.round}"
     return {
-        MembershipChange.MEMBER_LOST: (f"member lost: {node[1]} (its key in round {node[0]} vanished: its lease "
-                                       "expired, or it left)") if node else f"member lost ({key} vanished)",
-        MembershipChange.NODES_WAITING: (f"a node is waiting to join: {node[1]} (round {node[0]})" if node
+        MembershipChange.MEMBER_LOST: (f"member lost: {node[1]} in round {node[0]} "
+                                       f"({state.why_departed(node[1]) or LEASE_EXPIRED})")
+                                      if node else f"member lost ({key} vanished)",
+        MembershipChange.NODES_WAITING: (f"a member rejoins: {node[1]} (round {node[0]})" if node and member
+                                         else f"a node is waiting to join: {node[1]} (round {node[0]})" if node
                                          else f"a node is waiting to join ({key})"),
         MembershipChange.ROUND_SUPERSEDED: "a newer round was closed",
         MembershipChange.CLOSED: "the rendezvous was closed",

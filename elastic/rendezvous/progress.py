@@ -50,6 +50,9 @@ class WaitSnapshot:
             not see the joiners).
         seconds_left: until the join timeout (``math.inf``: none, e.g. a spare).
         lost: members of the previous round whose key is gone (not expected any more).
+        closes_in: once ``min_nodes`` joined, seconds until the closer closes the round (the end
+            of the last call, or of the rejoin window): known to the closer only (None).
+        last_call: the last call's length: the most a non-closer waits once ``min_nodes`` joined.
     """
 
     run_id: str
@@ -61,6 +64,8 @@ class WaitSnapshot:
     expected: tuple[str, ...] | None
     seconds_left: float
     lost: tuple[LostNode, ...] = ()
+    closes_in: float | None = None
+    last_call: float | None = None
 
     @property
     def counts(self) -> tuple[int, int | None, tuple[str, ...] | None, frozenset[str]]:
@@ -77,7 +82,9 @@ def format_progress(snapshot: WaitSnapshot, named: AbstractSet[str] = frozenset(
     least 2 nodes joined (at most 4); still expected: b; 587 s left before the join timeout``.
 
     Lost members not in ``named`` (said by an earlier line) are named with why:
-    ``...; lost: c (its agent shut down); 587 s left ...``.
+    ``...; lost: c (its agent shut down); 587 s left ...``. Once ``min_nodes`` joined, the round
+    closes at the end of the last call, not at the join timeout: the line ends with that
+    (``the round closes in 27 s, at the end of the last call``).
     """
     s = snapshot
     size = f"{s.min_nodes}" if s.min_nodes == s.max_nodes else f"at least {s.min_nodes}"
@@ -85,7 +92,7 @@ def format_progress(snapshot: WaitSnapshot, named: AbstractSet[str] = frozenset(
     if s.joined is None:
         counts = f"waiting for {size} nodes{most} to join"
     elif s.joined >= s.min_nodes:
-        counts = f"{s.joined} of {size} nodes joined{most}; the round closes after the last call"
+        counts = f"{s.joined} of {size} nodes joined{most}"
     else:
         counts = f"waiting for nodes: {s.joined} of {size} nodes joined{most}"
     parts = [f"Rendezvous {s.run_id} round {s.round} (node {s.node_id}): {counts}"]
@@ -98,11 +105,20 @@ def format_progress(snapshot: WaitSnapshot, named: AbstractSet[str] = frozenset(
         shown = ", ".join(f"{node.node_id} ({node.why})" for node in news[:MAX_LISTED])
         more = f" and {len(news) - MAX_LISTED} more" if len(news) > MAX_LISTED else ""
         parts.append(f"lost: {shown}{more}")
-    if math.isinf(s.seconds_left):
-        parts.append("no join timeout (a spare waits for room)")
-    else:
-        parts.append(f"{max(s.seconds_left, 0.0):.0f} s left before the join timeout")
+    parts.append(_when(s))
     return "; ".join(parts)
+
+
+def _when(s: WaitSnapshot) -> str:
+    """What ends the wait, and when: the last call once enough joined, else the join timeout."""
+    if s.joined is not None and s.joined >= s.min_nodes and not math.isinf(s.seconds_left):
+        if s.closes_in is not None:
+            return f"the round closes in {max(s.closes_in, 0.0):.0f} s, at the end of the last call"
+        within = f" (within {s.last_call:g} s)" if s.last_call is not None else ""
+        return f"the round closes at the end of the last call{within}"
+    if math.isinf(s.seconds_left):
+        return "no join timeout (a spare waits for room)"
+    return f"{max(s.seconds_left, 0.0):.0f} s left before the join timeout"
 
 
 def line_due(now: float, started: float, last_line_at: float | None, changed: bool, *,

@@ -36,10 +36,12 @@ def state_from(keys: RendezvousKeys, read: RangeResult) -> StateView:
     return StateView(read.revision, last, reason, finished, job)
 
 
-def finished_error(run_id: str, node_id: str, finished: FinishedRecord) -> JobFinishedError:
-    """The error for a node that meets the job's end (``finished``) while joining."""
+def finished_error(run_id: str, node_id: str, finished: FinishedRecord, joined: bool = True) -> JobFinishedError:
+    """The error for a node that meets the job's end (``finished``) while joining; ``joined``:
+    it had joined a round of the job before (False: it arrived after the end)."""
+    after = f"node {node_id} joins no new round" if joined else f"node {node_id} arrived after it and joined no round"
     return JobFinishedError(f"Rendezvous {run_id}: the job finished on node {finished.node_id} in round "
-                            f"{finished.round}; node {node_id} joins no new round", finished.node_id, finished.round)
+                            f"{finished.round}; {after}", finished.node_id, finished.round, joined=joined)
 
 
 def joiner_of(kv: KeyValue) -> Joiner:

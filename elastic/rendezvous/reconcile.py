@@ -65,7 +65,7 @@ def reconcile(view: RoundView, state: MonitorState, snapshot: RoundSnapshot) -> 
     """
     done = state.done | snapshot.done
     finished = snapshot.finished or state.finished
-    after = MonitorState(snapshot.waiting, done, finished)
+    after = MonitorState(snapshot.waiting, done, finished, state.departed)
     if finished is not None:
         return Reconciled(job_end(view, finished), f"the job finished on node {finished.node_id} in round "
                                                    f"{finished.round}", after)

@@ -12,6 +12,8 @@ Key layout under ``<namespace>/<run_id>/``::
                              joiner in the same transaction as its join key (lease-bound)
     rounds/<r>/nodes/<node>  JoinRecord of a node that wants to be in round r (lease-bound)
     rounds/<r>/done/<node>   a member whose workers finished (the exit barrier; lease-bound)
+    rounds/<r>/departed/<node>  why a node deleted its own join key of round r (a departure
+                             note, bound to a short lease of its own: elastic.rendezvous.departures)
 
 Every value is ``{"v": 2, ...}``; anything else read from the store raises
 :class:`RendezvousStateError` naming the key and how to clear it. Version 2 added each node's
@@ -102,6 +104,15 @@ class RendezvousKeys:
 
     def done_prefix(self, round_number: int) -> str:
         return f"{self.root}rounds/{round_number}/done/"
+
+    def departed(self, round_number: int, node_id: str) -> str:
+        """The departure note of a node that deleted its join key of ``round_number`` on purpose:
+        beside that key, so the watch that sees the key go saw the note first."""
+        return f"{self.root}rounds/{round_number}/departed/{node_id}"
+
+    def parse_departed_key(self, key: str) -> tuple[int, str] | None:
+        """``(round, node_id)`` for a departure note of this run, else None."""
+        return self._parse_round_key(key, "departed")
 
     def excluded(self, node_id: str) -> str:
         """A node excluded for a cooldown (a key bound to a lease of that TTL)."""

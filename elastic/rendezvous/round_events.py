@@ -9,12 +9,14 @@ tested with case tables in ``tests/rendezvous/test_decisions.py``.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 from backends.api import EventType, WatchEvent
 from elastic.rendezvous.api import MembershipChange
+from elastic.rendezvous.departures import decode_departure
 from elastic.rendezvous.job import FinishedRecord, decode_finished
 from elastic.rendezvous.records import RendezvousKeys, RoundRecord, decode_round
 
@@ -80,11 +82,16 @@ def barrier_outcome(members: frozenset[str], present: frozenset[str], done: froz
 @dataclass(frozen=True)
 class MonitorState:
     """What a member has learned since its round closed: who waits for the next round, who is
-    done, and the job's end once a node recorded it."""
+    done, the job's end once a node recorded it, and why members that left on purpose left
+    (``departed``: node id and the reason of its departure note in this round)."""
 
     waiting: frozenset[str] = frozenset()
     done: frozenset[str] = frozenset()
     finished: FinishedRecord | None = None
+    departed: frozenset[tuple[str, str]] = frozenset()
+
+    def why_departed(self, node_id: str) -> str | None:
+        return next((why for node, why in self.departed if node == node_id), None)
 
 
 def job_end(view: RoundView, finished: FinishedRecord) -> MembershipChange:
@@ -102,12 +109,12 @@ def classify(view: RoundView, event: WatchEvent, state: MonitorState) -> tuple[M
     without being *lost*.
 
     Raises:
-        RendezvousStateError: the event carries a corrupt round or finished record.
+        RendezvousStateError: the event carries a corrupt round, finished or departure record.
     """
     key = event.kv.key
     if key == view.keys.finished and event.type is EventType.PUT:
         finished = decode_finished(key, event.kv.value)
-        return job_end(view, finished), MonitorState(state.waiting, state.done, finished)
+        return job_end(view, finished), dataclasses.replace(state, finished=finished)
     if key == view.keys.closed and event.type is EventType.PUT:
         return MembershipChange.CLOSED, state
     if key == view.keys.round and event.type is EventType.PUT:
@@ -118,7 +125,14 @@ def classify(view: RoundView, event: WatchEvent, state: MonitorState) -> tuple[M
     done = view.keys.parse_done_key(key)
     if done is not None:
         if done[0] == view.record.round and event.type is EventType.PUT:
-            state = MonitorState(state.waiting, state.done | {done[1]}, state.finished)
+            state = dataclasses.replace(state, done=state.done | {done[1]})
+        return None, state
+    departed = view.keys.parse_departed_key(key)
+    if departed is not None:
+        if departed[0] == view.record.round and event.type is EventType.PUT:
+            note = decode_departure(key, event.kv.value)
+            why = note.why.describe() + (f": {note.detail}" if note.detail else "")
+            state = dataclasses.replace(state, departed=state.departed | {(departed[1], why)})
         return None, state
     parsed = view.keys.parse_node_key(key)
     if parsed is None:
@@ -130,7 +144,7 @@ def classify(view: RoundView, event: WatchEvent, state: MonitorState) -> tuple[M
         return (MembershipChange.MEMBER_LOST if lost else None), state
     if round_number == view.record.round + 1:
         waiting = state.waiting | {node_id} if event.type is EventType.PUT else state.waiting - {node_id}
-        state = MonitorState(waiting, state.done, state.finished)
+        state = dataclasses.replace(state, waiting=waiting)
         change = MembershipChange.NODES_WAITING if waiting_counts(view, waiting) > 0 else None
         return change, state
     return None, state

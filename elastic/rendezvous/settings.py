@@ -59,6 +59,9 @@ class RendezvousSettings:
     server says otherwise, DESIGN §3.10) before it stops its workers with an error."""
     job_fingerprint: str = ""
     """``--rdzv-conf job_fingerprint``: replaces the fingerprint computed from the command ("": computed)."""
+    already_finished_ok: bool = False
+    """``--rdzv-conf already_finished_ok``: a node that arrives after the job finished (it joined no
+    round of it) exits 0 instead of :data:`~elastic.rendezvous.job.ALREADY_FINISHED_EXIT_CODE`."""
     job: JobIdentity | None = field(default=None, compare=False)
     """This node's job (:mod:`elastic.rendezvous.job`), set by the launcher from its command line;
     None: no identity check (a node without one neither writes nor compares ``state/job``). Not
@@ -133,6 +136,7 @@ def settings_from_conf(run_id: str, min_nodes: int, max_nodes: int, conf: Mappin
         exclusion_cooldown=_given(values.seconds("exclusion_cooldown"), default.exclusion_cooldown),
         store_outage_timeout=_given(values.seconds("store_outage_timeout"), default.store_outage_timeout),
         job_fingerprint=values.text("job_fingerprint") or "",
+        already_finished_ok=_given(values.switch("already_finished_ok"), default.already_finished_ok),
     )
 
 

@@ -37,7 +37,7 @@ from typing import Callable, Sequence
 import torch.distributed as dist
 
 from elastic.rendezvous.errors import JobFinishedError, JobMismatchError
-from elastic.rendezvous.job import JobIdentity, job_identity
+from elastic.rendezvous.job import JobIdentity, arrival_outcome, job_identity
 
 __all__ = ["EXIT_BARRIER_PREFIX", "AgentStore", "leaving_after_success", "leaving_line", "torchrun_job"]
 
@@ -110,12 +110,15 @@ def leaving_after_success() -> bool:
     return sys.exc_info()[0] is None
 
 
-def leaving_line(cause: BaseException | None, joined: bool) -> tuple[str, int] | None:
+def leaving_line(cause: BaseException | None, included: bool, already_finished_ok: bool = False) -> tuple[str, int] | None:
     """The one line and exit code with which torchrun ends when a join meets ``cause`` (our
     error behind torch's), or None when torch's agent should handle it.
 
     The job finished (another node's workers all succeeded): exit 0 without training again
-    (``joined``: this node's workers ran before). Another job owns the run id: exit 1, bad
+    when this node's workers ran before (``included``) or it waited to join; a node that
+    arrived after the end exits :data:`~elastic.rendezvous.job.ALREADY_FINISHED_EXIT_CODE`
+    (0 with ``already_finished_ok``), as under elasticrun
+    (:func:`~elastic.rendezvous.job.arrival_outcome`). Another job owns the run id: exit 1, bad
     input, one line. By ``SystemExit``, because torch 2.13's agent turns its own
     ``RendezvousGracefulExitError`` into an ``AttributeError`` (``run()`` returns None to
     ``launch_agent``) and any other rendezvous error into exit 1 with a traceback.
@@ -124,11 +127,11 @@ def leaving_line(cause: BaseException | None, joined: bool) -> tuple[str, int] |
         return str(cause), 1
     if not isinstance(cause, JobFinishedError):
         return None
-    ended = f"the job finished on node {cause.node_id} in round {cause.round}"
-    if joined:
-        return (f"{ended}; this node's workers failed or stopped after that, most likely because their peers left: "
-                "not training again"), 0
-    return f"{ended}; nothing to do (use a new --rdzv-id to run the job again)", 0
+    if included:
+        return (f"the job finished on node {cause.node_id} in round {cause.round}; this node's workers failed or "
+                "stopped after that, most likely because their peers left: not training again"), 0
+    outcome = arrival_outcome(cause.node_id, cause.round, cause.joined, already_finished_ok)
+    return outcome.line, outcome.exit_code
 
 
 def torchrun_job(argv: Sequence[str], explicit: str = "") -> JobIdentity | None:

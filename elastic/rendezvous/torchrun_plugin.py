@@ -176,6 +176,7 @@ class TorchrunRendezvousHandler(torch_api.RendezvousHandler):
         node_addr: this node's address (rank 0's is where the agent store is hosted).
         store_timeout: seconds the agent store waits to connect or for a key.
         store_factory: opens the agent store (a real ``TCPStore`` unless a test injects one).
+        already_finished_ok: a node that arrives after the job finished exits 0, not 3.
 
     Every method raises torch's rendezvous exceptions, never ours.
     """
@@ -187,8 +188,10 @@ class TorchrunRendezvousHandler(torch_api.RendezvousHandler):
         *,
         store_timeout: float = DEFAULT_STORE_TIMEOUT,
         store_factory: StoreFactory = open_tcp_store,
+        already_finished_ok: bool = False,
     ) -> None:
         self._handler = handler
+        self._already_finished_ok = already_finished_ok
         self._node_addr = node_addr
         self._store_timeout = timedelta(seconds=store_timeout)
         self._store_factory = store_factory
@@ -328,10 +331,10 @@ class TorchrunRendezvousHandler(torch_api.RendezvousHandler):
                         self._handler.run_id, self._handler.node_id, error)
 
     def _leave_if_over(self, cause: BaseException | None) -> None:
-        """End torchrun in one line when the job finished (exit 0) or another job owns the run
-        id (exit 1); see :func:`~elastic.rendezvous.torchrun_outcome.leaving_line` for why by
+        """End torchrun in one line when the job finished (exit 0, or 3 for a node that arrived
+        after the end) or another job owns the run id (exit 1); see :func:`~elastic.rendezvous.torchrun_outcome.leaving_line` for why by
         ``SystemExit``. Returns for any other error (torch's agent handles it)."""
-        leaving = leaving_line(cause, self._joined)
+        leaving = leaving_line(cause, self._joined, self._already_finished_ok)
         if leaving is not None:
             line, code = leaving
             if code == 0:
@@ -391,7 +394,8 @@ def create_rdzv_handler(params: torch_api.RendezvousParameters) -> TorchrunRende
         handler = create_handler(spec, settings, node_addr)
     log.info("Rendezvous %s: node %s (%s) uses etcd at %s through torchrun",
              settings.run_id, handler.node_id, node_addr, spec.endpoint_text)
-    return TorchrunRendezvousHandler(handler, node_addr, store_timeout=_store_timeout(params, spec))
+    return TorchrunRendezvousHandler(handler, node_addr, store_timeout=_store_timeout(params, spec),
+                                     already_finished_ok=settings.already_finished_ok)
 
 
 def _hide_secrets(conf: dict[str, str]) -> None:

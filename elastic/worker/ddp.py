@@ -12,7 +12,9 @@ Consequences, by design:
 
 * ``find_unused_parameters=True`` is forced: it is what stops DDP from rebuilding its buckets
   after the first iteration, which would give a survivor and a joiner different bucket
-  layouts (torch prints a one-time warning about it when no parameter is unused).
+  layouts. torch's one-time advice to turn it off when no parameter is unused (a C++ warning
+  on stderr at the first forward) is spent on a throwaway module first, so it is not printed:
+  the flag is ours, not the user's.
 * Buffers (BatchNorm statistics) are not broadcast each forward; they travel in the state when
   a rank heals. Put them in ``state_dict()``.
 * ``init_sync`` is off: the first heal sends rank 0's state to everyone (``LiveOptions.init_sync``).
@@ -23,6 +25,9 @@ own collectives then wait for the collective timeout on a frozen peer.
 
 from __future__ import annotations
 
+import os
+import sys
+import threading
 from datetime import timedelta
 from typing import Any, Protocol
 
@@ -33,7 +38,7 @@ from torch.nn.parallel import DistributedDataParallel
 from elastic.worker.errors import LiveRecoveryError
 
 
-__all__ = ["live_ddp", "local_group"]
+__all__ = ["live_ddp", "local_group", "spend_unused_parameters_warning"]
 
 class BucketReducer(Protocol):
     """What a live DDP needs of :class:`~elastic.worker.live.LiveTraining`: the all-reduce of
@@ -64,6 +69,40 @@ def local_group() -> dist.ProcessGroup:
     return group
 
 
+_warning_spent = threading.Event()
+_spending = threading.Lock()
+
+
+def spend_unused_parameters_warning() -> None:
+    """Spend torch's once-per-process "find_unused_parameters=True was specified in DDP
+    constructor, but did not find any unused parameters" warning on a throwaway one-parameter
+    DDP, with stderr (fd 2) sent to /dev/null for that one forward.
+
+    The warning is a C++ ``TORCH_WARN_ONCE`` that torch's logger writes straight to fd 2 at the
+    first forward that finds every parameter used, so Python's warning filters never see it.
+    Best effort: if the throwaway DDP cannot be built, the warning may appear later.
+    """
+    with _spending:
+        if _warning_spent.is_set():
+            return
+        _warning_spent.set()
+        sys.stderr.flush()
+        saved = os.dup(2)
+        try:
+            with open(os.devnull, "wb") as null:
+                os.dup2(null.fileno(), 2)
+                try:
+                    probe = DistributedDataParallel(torch.nn.Linear(1, 1), process_group=local_group(),
+                                                    init_sync=False, find_unused_parameters=True)
+                    probe(torch.zeros(1, 1))
+                except (RuntimeError, LiveRecoveryError):
+                    pass
+                finally:
+                    os.dup2(saved, 2)
+        finally:
+            os.close(saved)
+
+
 def _hook(live, bucket):  # unannotated: DDP checks the annotations' values, which postponed evaluation makes strings
     return live.bucket_allreduce(bucket.buffer())
 
@@ -77,6 +116,7 @@ def live_ddp(live: BucketReducer, module: torch.nn.Module, **kwargs: Any) -> Dis
     fixed = sorted(set(kwargs) & set(_FORCED))
     if fixed:
         raise ValueError(f"live_ddp() sets {', '.join(fixed)} itself; leave them out.")
+    spend_unused_parameters_warning()
     ddp = DistributedDataParallel(module, process_group=local_group(), init_sync=False, find_unused_parameters=True, **kwargs)
     ddp.register_comm_hook(live, _hook)
     return ddp

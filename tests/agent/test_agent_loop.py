@@ -26,6 +26,7 @@ from elastic.agent.waking import Waker
 from elastic.config import Entrypoint, LaunchConfig
 from elastic.rendezvous.api import MembershipChange
 from elastic.rendezvous.errors import RendezvousClosedError, RendezvousConnectionError
+from elastic.rendezvous.settings import RendezvousSettings
 from elastic.rendezvous.static import StaticRendezvousHandler
 from elastic.testing.fake_rendezvous import BLOCK, FakeRendezvous, Round
 from elastic.testing.fake_workers import Fate, FakeGroup, FakeGroups
@@ -95,10 +96,11 @@ class Loop:
         self.started_at = 0.0
 
     def run(self, rendezvous, groups: FakeGroups, *, max_restarts: int = 3, exclusion: ExclusionPolicy | None = None,
-            monitor_interval: float = 1.0, waker: Waker | None = None) -> AgentResult:
+            monitor_interval: float = 1.0, waker: Waker | None = None, already_finished_ok: bool = False) -> AgentResult:
         config = LaunchConfig(min_nodes=1, max_nodes=3, nproc_per_node=1, entrypoint=Entrypoint("command", "true"),
                               max_restarts=max_restarts, monitor_interval=monitor_interval, shutdown_timeout=1.0,
-                              exit_barrier_timeout=5.0)
+                              exit_barrier_timeout=5.0,
+                              rendezvous=RendezvousSettings("none", 1, 3, already_finished_ok=already_finished_ok))
         waker = waker or self.waker
         with EventLog(self.path, run_id="job", node="a", host="host-a") as events:
             agent = ElasticAgent(config, rendezvous, host="host-a", events=events, metrics=self.metrics,

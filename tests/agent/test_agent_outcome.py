@@ -88,13 +88,20 @@ def test_a_failure_whose_rejoin_meets_the_jobs_end_exits_0_without_training_agai
     assert rendezvous.calls == ["next_rendezvous", "report_failure", "next_rendezvous", "shutdown"]
 
 
-def test_a_node_that_joins_a_finished_job_has_nothing_to_do(loop):
-    rendezvous = FakeRendezvous([finished_error()])
+@pytest.mark.parametrize("joined, ok, code, says, status", [
+    (False, False, 3, f"{ENDED} before this node arrived; nothing to do, exit code 3 (use a new --rdzv-id",
+     "already_finished"),
+    (False, True, 0, f"{ENDED} before this node arrived; nothing to do (use a new --rdzv-id", "already_finished"),
+    (True, False, 0, f"{ENDED} while this node waited to join; it trained nothing", "finished_while_waiting"),
+])
+def test_a_node_in_no_round_exits_3_only_when_it_arrived_after_the_jobs_end(loop, joined, ok, code, says, status):
+    finished = JobFinishedError("Rendezvous job: the job finished on node b in round 0", "b", 0, joined=joined)
+    rendezvous = FakeRendezvous([finished])
 
-    result = loop.run(rendezvous, FakeGroups([Fate.SUCCEED]))
+    result = loop.run(rendezvous, FakeGroups([Fate.SUCCEED]), already_finished_ok=ok)
 
-    assert result.exit_code == 0 and result.reason.startswith(f"{ENDED}; nothing to do")
-    assert loop.finished() == "already_finished" and rendezvous.calls == ["next_rendezvous", "shutdown"]
+    assert result.exit_code == code and result.reason.startswith(says), result
+    assert loop.finished() == status and rendezvous.calls == ["next_rendezvous", "shutdown"]
 
 
 def test_out_of_restarts_a_failure_beside_the_jobs_end_is_not_a_give_up(loop):

@@ -94,12 +94,12 @@ def test_two_agents_form_a_world_of_four_with_unique_ranks(procs, reports, rdzv_
 
 
 @pytest.mark.needs_torch
-def test_an_agent_arriving_after_the_job_finished_exits_0_with_nothing_to_do(procs, reports, etcd_server):
+def test_an_agent_arriving_after_the_job_finished_exits_3_with_nothing_to_do(procs, reports, etcd_server):
     flags = etcd_flags(etcd_server)
     first = procs.elasticrun("--nnodes=1", "--nproc-per-node=1", *flags, script("allreduce.py"), str(reports.path))
     assert first.wait() == 0, first.stderr
     late = procs.elasticrun("--nnodes=1", "--nproc-per-node=1", *flags, script("allreduce.py"), str(reports.path))
-    assert late.wait() == 0, late.stderr
+    assert late.wait() == 3, late.stderr  # a reused run id must not pass for a run
     assert "the job finished" in late.stderr and "nothing to do" in late.stderr
     assert len(reports.events("allreduce")) == 1  # the late agent started no worker
 

@@ -140,6 +140,26 @@ def test_a_watch_resumes_after_an_etcd_restart_without_losing_or_repeating_event
     ]
 
 
+@pytest.mark.slow
+def test_a_watch_that_loses_its_connection_says_it_resumes_not_that_a_write_may_have_applied(start_etcd, prefix,
+                                                                                             caplog):
+    server = start_etcd()
+    with server.connect(watch_reconnect_timeout=20) as backend, caplog.at_level(logging.WARNING):
+        watch = backend.watch_prefix(prefix)
+        backend.put(f"{prefix}a", b"before")
+        assert len(collect(watch, 1, timeout=5)) == 1
+        server.stop(graceful=False)
+        server.start()
+        after = backend.put(f"{prefix}b", b"after")
+        assert [event.revision for event in collect(watch, 1, timeout=15)] == [after]
+        watch.cancel()
+    [line] = [record.getMessage() for record in caplog.records if "lost its connection" in record.getMessage()]
+    assert line.startswith(f"etcd watch on {server.endpoints.removeprefix('http://')} lost its connection ("), line
+    assert line.endswith("; watches resume once etcd answers, each from the revision after the last event it "
+                         "delivered: no change is missed or repeated (1 watch)"), line
+    assert "applied" not in line and "resend" not in line, line
+
+
 def test_a_paused_etcd_times_calls_out_and_the_client_and_its_watch_carry_on_once_it_resumes(start_etcd, prefix):
     server = start_etcd()
     with server.connect(request_timeout=1.0, dial_timeout=1.0) as backend:

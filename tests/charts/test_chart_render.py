@@ -31,6 +31,7 @@ from chartlib import (
     render,
     run_helm,
     selector_matches,
+    template_args,
     values_for,
 )
 
@@ -41,7 +42,8 @@ VALIDATE_VERSIONS = ("1.27", "1.34")
 CLIENT_SERVICE = f"{FULLNAME}-etcd"
 HEADLESS_SERVICE = f"{FULLNAME}-etcd-headless"
 CLIENT_HOST = f"{CLIENT_SERVICE}.{NAMESPACE}.svc.cluster.local"
-DEFAULT_RUN_ID = f"{NAMESPACE}-job"
+DEFAULT_RUN_ID = re.compile(rf"{NAMESPACE}-job-[a-z0-9]{{6}}")
+"""``<namespace>-<release>-<nonce>``: the nonce is drawn at install (helm template draws one each time)."""
 
 
 def profile_id(profile: str | None) -> str:
@@ -117,7 +119,10 @@ def test_worker_arguments_equal_the_values(rendered, profile):
     assert line.one("--nproc-per-node") == str(workers["nprocPerNode"])
     assert line.one("--rdzv-backend") == "etcd"
     assert line.one("--rdzv-endpoint") == expected_endpoints(values)
-    assert line.one("--rdzv-id") == (values["job"]["runId"] or DEFAULT_RUN_ID)
+    if values["job"]["runId"]:
+        assert line.one("--rdzv-id") == values["job"]["runId"]
+    else:
+        assert DEFAULT_RUN_ID.fullmatch(line.one("--rdzv-id")), line.one("--rdzv-id")
     assert line.one("--max-restarts") == str(workers["maxRestarts"])
     assert line.one("--shutdown-timeout") == str(workers["shutdownTimeout"])
     assert line.one("--exit-barrier-timeout") == str(workers["exitBarrierTimeout"])
@@ -128,6 +133,51 @@ def test_worker_arguments_equal_the_values(rendered, profile):
     assert line.extra == workers["extraArgs"]
     assert line.switches == (["--module"] if values["job"]["module"] else [])
     assert line.command == values["job"]["command"]
+
+
+# -- the run id: one per install, kept by upgrades ---------------------------------------------
+def test_every_install_draws_its_own_run_id_and_the_statefulset_carries_its_nonce(rendered, helm):
+    ids = []
+    for manifests in (rendered[None], render(helm)):
+        run_id = agent(manifests).one("--rdzv-id")
+        annotations = manifests.workers["metadata"]["annotations"]
+        assert DEFAULT_RUN_ID.fullmatch(run_id), run_id
+        assert run_id == f"{NAMESPACE}-job-{annotations['etcd-elastic/run-nonce']}"
+        assert annotations["etcd-elastic/run-id"] == run_id
+        ids.append(run_id)
+    assert ids[0] != ids[1], "two installs under one release name would run under one run id"
+
+
+def test_an_upgrade_keeps_the_run_id_it_reads_back_from_the_worker_statefulset(helm, tmp_path):
+    """``helm template --dry-run=server --is-upgrade`` against a stand-in API server that holds the
+    worker StatefulSet of an earlier install: its nonce is looked up and kept."""
+    from fake_kube_api import FakeKubeApi
+
+    workers = {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {
+        "name": f"{FULLNAME}-workers", "namespace": NAMESPACE, "annotations": {"etcd-elastic/run-nonce": "k3e9q2"}}}
+    for held, expected in (({(NAMESPACE, f"{FULLNAME}-workers"): workers}, f"{NAMESPACE}-job-k3e9q2"),
+                           ({}, None)):
+        api = FakeKubeApi(held)
+        try:
+            result = run_helm(helm, *template_args(None, None, None), "--dry-run=server", "--is-upgrade",
+                              "--kubeconfig", api.kubeconfig(tmp_path / "kubeconfig"))
+        finally:
+            api.close()
+        assert result.returncode == 0, result.stderr
+        assert f"/apis/apps/v1/namespaces/{NAMESPACE}/statefulsets/{FULLNAME}-workers" in api.requests
+        run_id = agent(Manifests([d for d in yaml.safe_load_all(result.stdout) if d])).one("--rdzv-id")
+        if expected is not None:
+            assert run_id == expected
+        else:  # nothing to read back (the StatefulSet was deleted): a new one
+            assert DEFAULT_RUN_ID.fullmatch(run_id) and run_id != f"{NAMESPACE}-job-k3e9q2", run_id
+
+
+@pytest.mark.parametrize("run_id, idles", [("", True), ("resnet-run-7", False)])
+def test_only_the_installs_own_run_id_lets_a_pod_arriving_after_the_end_idle(helm, run_id, idles):
+    """The chart's own id can only have finished in this install (a pod recreated after the end
+    idles); a given job.runId may be a finished job's, and its agents exit 3."""
+    conf = agent(render(helm, None, {"job": {"runId": run_id}})).rdzv_conf()
+    assert (conf.get("already_finished_ok") == "1") is idles
 
 
 def test_default_endpoint_is_the_client_service_of_the_bundled_etcd(rendered):
@@ -183,8 +233,9 @@ def test_grace_period_exceeds_the_agent_shutdown_timeout(rendered, profile):
 
 
 def test_idle_wrapper_runs_elasticrun_with_the_same_arguments(rendered, helm):
-    wrapped = container(rendered[None].workers, "elasticrun")
-    direct = container(render(helm, None, {"workers": {"idleAfterSuccess": False}}).workers, "elasticrun")
+    fixed = {"job": {"runId": "run-1"}}  # else each render draws its own nonce
+    wrapped = container(render(helm, None, fixed).workers, "elasticrun")
+    direct = container(render(helm, None, {**fixed, "workers": {"idleAfterSuccess": False}}).workers, "elasticrun")
     assert wrapped["command"] == ["/bin/sh", "/opt/etcd-elastic-chart/run-elasticrun.sh"]
     assert direct["command"] == ["elasticrun"]
     assert wrapped["args"] == direct["args"]
@@ -509,5 +560,7 @@ def test_notes_tell_how_to_watch_scale_and_test_the_job(helm, tmp_path):
     assert "kubectl -n train logs -f -l app.kubernetes.io/instance=job,app.kubernetes.io/component=worker" in notes
     assert f"port-forward pod/{FULLNAME}-workers-0 9400" in notes
     assert "helm test job -n train" in notes
-    assert f'"{DEFAULT_RUN_ID}"' in notes and "between 2 and 4 pods" in notes
+    run_id = agent(Manifests([d for d in yaml.safe_load_all(result.stdout) if d])).one("--rdzv-id")
+    assert f'job "{run_id}"' in notes and "between 2 and 4 pods" in notes  # the same nonce in one render
+    assert "an upgrade keeps it" in notes
 

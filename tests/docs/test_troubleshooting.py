@@ -172,7 +172,7 @@ def test_a_finished_jobs_id_prints_the_line_the_readme_quotes(etcd_server, tmp_p
     _, argv = etcd_argv(etcd_server, tmp_path, "train.py")
     assert elasticrun(argv, tmp_path).returncode == 0
     again = elasticrun(argv, tmp_path)
-    assert again.returncode == 0
+    assert again.returncode == 3
     check_row("running a finished job's `--rdzv-id` again", again.stderr)
 
 

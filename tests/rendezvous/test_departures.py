@@ -6,12 +6,14 @@ store; real handlers for the notes a shutdown, an exclusion and a finished node 
 
 from __future__ import annotations
 
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from elastic.rendezvous import records
+from elastic.rendezvous.api import MembershipChange
 from elastic.rendezvous.departures import (
     LEASE_EXPIRED, Departure, DepartureRecord, LostNodes, absent_members, decode_departure, departed_key,
     encode_departure, say_departure, why_lost,
@@ -83,16 +85,18 @@ def test_lost_nodes_reads_why_once_and_never_names_a_node_that_rejoined(store):
     assert lost.lost(["b", "c", "d", "e"], 1, 2) == (
         LostNode("b", "its agent shut down"), LostNode("c", "it was excluded: 2 failures in a row"),
         LostNode("d", LEASE_EXPIRED))
-    store.delete(departed_key(keys, "b"))
+    store.delete(departed_key(keys, 1, "b"))
     assert lost.lost(["b"], 1, 2) == (LostNode("b", "its agent shut down"),)  # read once per join
     lost.reset()
     assert lost.lost(["b"], 1, 2) == (LostNode("b", LEASE_EXPIRED),)
+    say_departure(store, keys, "f", DepartureRecord(2, Departure.TIMED_OUT))  # it rejoined round 2, then left it
+    assert lost.lost(["f"], 1, 2) == (LostNode("f", "it gave up at its join timeout"),)
 
 
 def test_a_departure_note_expires_with_its_lease(store):
     keys = RendezvousKeys(f"/dep-{uuid.uuid4().hex[:6]}", "job")
     say_departure(store, keys, "b", DepartureRecord(1, Departure.LEFT))
-    kv = store.get(departed_key(keys, "b")).kv
+    kv = store.get(departed_key(keys, 1, "b")).kv
     assert kv is not None and kv.lease != 0  # bound to a lease of its own
 
 
@@ -112,7 +116,7 @@ def test_handlers_leave_notes_saying_whether_they_left_finished_or_were_excluded
         handlers[2].shutdown()
 
         def note(node: str) -> DepartureRecord:
-            kv = reader.get(departed_key(keys, node)).kv
+            kv = reader.get(departed_key(keys, 0, node)).kv
             return decode_departure(kv.key, kv.value)
 
         assert note("a") == DepartureRecord(0, Departure.LEFT)
@@ -134,7 +138,34 @@ def test_a_node_that_closed_the_rendezvous_leaves_no_note():
         handler.next_rendezvous()
         handler.set_closed()
         handler.shutdown()
-        assert reader.get(departed_key(handler.keys, "a")).kv is None  # nobody waits for it
+        assert reader.get(departed_key(handler.keys, 0, "a")).kv is None  # nobody waits for it
     finally:
         reader.close()
+        harness.close()
+
+
+@pytest.mark.parametrize("leave, why", [
+    (lambda handler: handler.shutdown(), "its agent shut down"),
+    (lambda handler: handler.exclude(30.0, "2 failures in a row"), "it was excluded: 2 failures in a row"),
+])
+def test_a_member_names_why_a_peer_left_as_soon_as_its_key_goes(leave, why):
+    """The note lies beside the join key, under the ``rounds/`` watch: the survivor's monitor sees
+    it before the DELETE and names why in its first line, not "its lease expired, or it left"."""
+    harness = FakeHarness()
+    settings = RendezvousSettings("job", 1, 2, namespace=f"/dep-{uuid.uuid4().hex[:8]}", lease_ttl=2.0,
+                                  join_timeout=10.0, last_call_timeout=0.5)
+    a, b = (RendezvousHandler(settings, harness.connect(), "127.0.0.1", node_id=name, owns_backend=True)
+            for name in ("a", "b"))
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            assert {info.group_world_size for info in pool.map(lambda h: h.next_rendezvous(), (a, b))} == {2}
+        leave(b)
+        deadline = time.monotonic() + 10
+        while a.membership().change is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert a.membership().change is MembershipChange.MEMBER_LOST
+        assert a.membership().reason == f"member lost: b in round 0 ({why})"
+    finally:
+        a.shutdown()
+        b.shutdown()
         harness.close()

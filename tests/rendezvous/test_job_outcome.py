@@ -89,7 +89,31 @@ def test_a_restarted_node_cannot_join_once_the_job_finished_and_writes_nothing(m
     with pytest.raises(JobFinishedError, match="finished on node a in round 0") as raised:
         late.next_rendezvous()
     assert (raised.value.node_id, raised.value.round, raised.value.job_finished) == ("a", 0, True)
+    assert raised.value.joined is False and "b-restarted arrived after it and joined no round" in str(raised.value)
     assert not harness.connect().get_prefix(make_node.keys.nodes_prefix(1)).kvs
+
+
+def test_a_spare_that_waited_when_the_job_finished_had_joined_a_round(make_node):
+    a = make_node(1, 1, "a", lease_ttl=10.0)  # a lapse of a's lease under load would give the spare its place
+    a.next_rendezvous()
+    spare = make_node(1, 1, "spare", lease_ttl=10.0)
+    raised: list[BaseException] = []
+
+    def wait() -> None:
+        try:
+            spare.next_rendezvous()
+        except BaseException as error:  # noqa: BLE001 - handed to the test thread
+            raised.append(error)
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    deadline = time.monotonic() + 10
+    while spare.progress() is None and time.monotonic() < deadline:  # it joined round 1 and waits
+        time.sleep(0.02)
+    a.declare_finished()
+    waiter.join(timeout=10)
+    assert not waiter.is_alive() and len(raised) == 1 and isinstance(raised[0], JobFinishedError), raised
+    assert raised[0].joined is True
 
 
 def test_a_node_waiting_for_the_next_round_gives_up_when_the_job_finishes(make_node):
@@ -109,6 +133,7 @@ def test_a_node_waiting_for_the_next_round_gives_up_when_the_job_finishes(make_n
     a.declare_finished()
     waiter.join(timeout=10)
     assert not waiter.is_alive() and len(raised) == 1 and isinstance(raised[0], JobFinishedError)
+    assert raised[0].joined is True
 
 
 def test_a_round_that_formed_without_the_finisher_sees_job_finished_elsewhere(make_node):

@@ -210,16 +210,18 @@ def test_a_re_read_that_finds_corrupt_state_reports_it_once_and_watching_goes_on
     monitor.stop()
 
 
-@pytest.mark.parametrize(("change", "key", "reason"), [
-    (MembershipChange.MEMBER_LOST, "/elastic/job/rounds/3/nodes/host-a-12-ab",
-     "member lost: host-a-12-ab (its key in round 3 vanished: its lease expired, or it left)"),
-    (MembershipChange.NODES_WAITING, "/elastic/job/rounds/4/nodes/host-b-34-cd",
+@pytest.mark.parametrize(("change", "key", "member", "reason"), [
+    (MembershipChange.MEMBER_LOST, "/elastic/job/rounds/3/nodes/host-a-12-ab", True,
+     "member lost: host-a-12-ab in round 3 (its lease expired: its agent was killed, hung or cut off from the store)"),
+    (MembershipChange.NODES_WAITING, "/elastic/job/rounds/4/nodes/host-b-34-cd", False,
      "a node is waiting to join: host-b-34-cd (round 4)"),
-    (MembershipChange.MEMBER_LOST, "/elastic/job/other", "member lost (/elastic/job/other vanished)"),
+    (MembershipChange.NODES_WAITING, "/elastic/job/rounds/4/nodes/host-b-34-cd", True,  # a member of round 3
+     "a member rejoins: host-b-34-cd (round 4)"),
+    (MembershipChange.MEMBER_LOST, "/elastic/job/other", False, "member lost (/elastic/job/other vanished)"),
 ])
-def test_a_change_seen_on_a_node_key_names_the_node_and_the_round(change, key, reason):
+def test_a_change_seen_on_a_node_key_names_the_node_and_the_round(change, key, member, reason):
     from elastic.rendezvous.round_events import MonitorState
     from elastic.rendezvous.monitor import _describe
 
     node = records.RendezvousKeys("/elastic", "job").parse_node_key(key)
-    assert _describe(change, key, MonitorState(), node) == reason
+    assert _describe(change, key, MonitorState(), node, member) == reason

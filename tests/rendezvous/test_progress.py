@@ -18,8 +18,8 @@ from elastic.testing.agents import wait_until
 from elastic.testing.fake_store import FakeHarness
 
 
-def snap(joined=1, min_nodes=2, max_nodes=4, expected=None, left=587.4, round_=0):
-    return WaitSnapshot("job-1", "a", round_, joined, min_nodes, max_nodes, expected, left)
+def snap(joined=1, min_nodes=2, max_nodes=4, expected=None, left=587.4, round_=0, closes_in=None, last_call=30.0):
+    return WaitSnapshot("job-1", "a", round_, joined, min_nodes, max_nodes, expected, left, (), closes_in, last_call)
 
 
 @pytest.mark.parametrize("snapshot, line", [
@@ -29,9 +29,15 @@ def snap(joined=1, min_nodes=2, max_nodes=4, expected=None, left=587.4, round_=0
                                      "587 s left before the join timeout"),
     (snap(joined=None), "Rendezvous job-1 round 0 (node a): waiting for at least 2 nodes (at most 4) to join; "
                         "587 s left before the join timeout"),
-    (snap(joined=3, expected=("b",), round_=2),
-     "Rendezvous job-1 round 2 (node a): 3 of at least 2 nodes joined (at most 4); the round closes after the last call; "
-     "still expected: b; 587 s left before the join timeout"),
+    (snap(joined=3, expected=("b",), round_=2),  # not the closer: the last call began at most 30 s ago
+     "Rendezvous job-1 round 2 (node a): 3 of at least 2 nodes joined (at most 4); still expected: b; "
+     "the round closes at the end of the last call (within 30 s)"),
+    (snap(joined=1, min_nodes=1, max_nodes=2, closes_in=27.6),  # the closer, alone at --nnodes=1:2
+     "Rendezvous job-1 round 0 (node a): 1 of at least 1 nodes joined (at most 2); "
+     "the round closes in 28 s, at the end of the last call"),
+    (snap(joined=2, min_nodes=1, max_nodes=4, closes_in=-0.2),
+     "Rendezvous job-1 round 0 (node a): 2 of at least 1 nodes joined (at most 4); "
+     "the round closes in 0 s, at the end of the last call"),
     (snap(expected=tuple("abcdefghij")),
      "Rendezvous job-1 round 0 (node a): waiting for nodes: 1 of at least 2 nodes joined (at most 4); "
      "still expected: a, b, c, d, e, f, g, h and 2 more; 587 s left before the join timeout"),

@@ -62,15 +62,19 @@ def test_the_jobs_end_restarts_nothing_that_may_still_finish(change, expected):
     assert TorchrunRendezvousHandler(StubHandler(0, change), "127.0.0.1").num_nodes_waiting() == expected
 
 
-@pytest.mark.parametrize("cause, joined, says, code", [
-    (JobFinishedError("m", "a", 3), True, "the job finished on node a in round 3; this node's workers failed", 0),
-    (JobFinishedError("m", "a", 3), False, "the job finished on node a in round 3; nothing to do", 0),
-    (JobMismatchError("Rendezvous job: node b is refused: ..."), False, "Rendezvous job: node b is refused", 1),
-    (RendezvousClosedError("closed", "node x gave up"), True, None, None),  # torch's agent handles it
-    (None, True, None, None),
+@pytest.mark.parametrize("cause, included, ok, says, code", [
+    (JobFinishedError("m", "a", 3), True, False, "the job finished on node a in round 3; this node's workers failed", 0),
+    (JobFinishedError("m", "a", 3), False, False, "the job finished on node a in round 3 while this node waited", 0),
+    (JobFinishedError("m", "a", 3, joined=False), False, False,
+     "the job finished on node a in round 3 before this node arrived; nothing to do, exit code 3", 3),
+    (JobFinishedError("m", "a", 3, joined=False), False, True,
+     "the job finished on node a in round 3 before this node arrived; nothing to do (", 0),
+    (JobMismatchError("Rendezvous job: node b is refused: ..."), False, False, "Rendezvous job: node b is refused", 1),
+    (RendezvousClosedError("closed", "node x gave up"), True, False, None, None),  # torch's agent handles it
+    (None, True, False, None, None),
 ])
-def test_torchrun_ends_in_one_line_only_for_the_jobs_end_or_another_job(cause, joined, says, code):
-    leaving = leaving_line(cause, joined)
+def test_torchrun_ends_in_one_line_only_for_the_jobs_end_or_another_job(cause, included, ok, says, code):
+    leaving = leaving_line(cause, included, ok)
     if says is None:
         assert leaving is None
     else:
@@ -146,10 +150,11 @@ def test_torchs_agent_declares_the_end_only_after_its_workers_succeeded(tmp_path
 
 
 # -- real torchrun agents ------------------------------------------------------------------------
-def torchrun(tmp_path, etcd_server, run_id: str, name: str, script: str, *args: str) -> Launched:
+def torchrun(tmp_path, etcd_server, run_id: str, name: str, script: str, *args: str, conf: str = "") -> Launched:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo", "PYTHONUNBUFFERED": "1"}
     command = [*torchrun_command(), "--rdzv-backend=etcd-v3", f"--rdzv-endpoint={etcd_endpoint(etcd_server)}",
-               f"--rdzv-id={run_id}", f"--rdzv-conf={etcd_credentials(etcd_server)},lease_ttl=2,last_call_timeout=1",
+               f"--rdzv-id={run_id}",
+               f"--rdzv-conf={etcd_credentials(etcd_server)},lease_ttl=2,last_call_timeout=1{conf}",
                "--nnodes=1:2", "--nproc-per-node=1", "--max-restarts=1", "--monitor-interval=0.2", script, *args]
     return Launched(command, name=name, logdir=tmp_path, env=env, cwd=tmp_path, merge_output=True,
                     new_session=True, timeout=90)
@@ -157,20 +162,25 @@ def torchrun(tmp_path, etcd_server, run_id: str, name: str, script: str, *args: 
 
 @pytest.mark.slow
 @pytest.mark.etcd
-def test_a_torchrun_that_joins_a_finished_job_exits_0_with_nothing_to_do(tmp_path, etcd_server):
+def test_a_torchrun_that_arrives_after_the_job_finished_exits_3_unless_told_it_is_fine(tmp_path, etcd_server):
     script = tmp_path / "work.py"
     script.write_text("import torch.distributed as dist\ndist.init_process_group('gloo')\ndist.barrier()\n")
     run_id = unique_run_id("finished")
-    first = torchrun(tmp_path, etcd_server, run_id, "first", str(script))
+    launched = []
     try:
+        launched.append(first := torchrun(tmp_path, etcd_server, run_id, "first", str(script)))
         assert first.wait() == 0, logs(tmp_path)
-        late = torchrun(tmp_path, etcd_server, run_id, "late", str(script))
-        assert late.wait() == 0, logs(tmp_path)
-        assert "nothing to do" in late.stdout and "Traceback" not in late.stdout, late.stdout[-3000:]
+        launched.append(late := torchrun(tmp_path, etcd_server, run_id, "late", str(script)))
+        assert late.wait() == 3, logs(tmp_path)
+        assert "before this node arrived; nothing to do, exit code 3" in late.stdout, late.stdout[-3000:]
+        assert "Traceback" not in late.stdout, late.stdout[-3000:]
+        launched.append(fine := torchrun(tmp_path, etcd_server, run_id, "fine", str(script),
+                                         conf=",already_finished_ok=1"))
+        assert fine.wait() == 0, logs(tmp_path)
+        assert "before this node arrived; nothing to do (" in fine.stdout, fine.stdout[-3000:]
     finally:
-        first.kill_tree()
-        if "late" in locals():
-            late.kill_tree()
+        for agent in launched:
+            agent.kill_tree()
 
 
 @pytest.mark.slow

@@ -82,8 +82,31 @@ app.kubernetes.io/component: {{ .component }}
 {{- list "worker" "etcd-test" "etcd-auth-setup" | toJson }}
 {{- end }}
 
+{{/*
+The install's nonce: drawn once per install (six lowercase letters and digits), kept by every
+upgrade, read back from the worker StatefulSet's annotation (lookup; helm template and a
+client-side --dry-run cannot look, so they draw a new one). Memoised in .Values so that every
+template of one render uses the same one.
+*/}}
+{{- define "etcd-elastic.runNonce" -}}
+{{- if not (hasKey .Values "etcdElasticRunNonce") }}
+{{- $nonce := "" }}
+{{- $workers := lookup "apps/v1" "StatefulSet" .Release.Namespace (include "etcd-elastic.workersName" .) }}
+{{- if $workers }}
+{{- $nonce = index ($workers.metadata.annotations | default dict) "etcd-elastic/run-nonce" | default "" }}
+{{- end }}
+{{- $_ := set .Values "etcdElasticRunNonce" ($nonce | default (randAlphaNum 6 | lower)) }}
+{{- end }}
+{{- index .Values "etcdElasticRunNonce" }}
+{{- end }}
+
+{{/*
+The run id: job.runId, else "<namespace>-<release>-<nonce>", new with every install (a
+reinstall under the same release name runs a new job, not the finished one's id) and kept by
+upgrades.
+*/}}
 {{- define "etcd-elastic.runId" -}}
-{{- default (printf "%s-%s" .Release.Namespace .Release.Name) .Values.job.runId }}
+{{- default (printf "%s-%s-%s" .Release.Namespace .Release.Name (include "etcd-elastic.runNonce" .)) .Values.job.runId }}
 {{- end }}
 
 {{/*
@@ -180,13 +203,20 @@ elasticrun and the wait-for-etcd init container use the same string.
 {{- join "," $conf }}
 {{- end }}
 
-{{/* The engine part of --rdzv-conf from workers.rdzvConf (null keys left out), or empty. */}}
+{{/*
+The engine part of --rdzv-conf from workers.rdzvConf (null keys left out), or empty. With the
+install's own run id, also already_finished_ok=1: that id can only have finished in this
+install, so a pod recreated after the end (a drain) idles like the others instead of exiting 3.
+*/}}
 {{- define "etcd-elastic.engineConf" -}}
 {{- $conf := list }}
 {{- range $key, $value := .Values.workers.rdzvConf }}
 {{- if not (kindIs "invalid" $value) }}
 {{- $conf = append $conf (printf "%s=%v" $key $value) }}
 {{- end }}
+{{- end }}
+{{- if not .Values.job.runId }}
+{{- $conf = append $conf "already_finished_ok=1" }}
 {{- end }}
 {{- join "," $conf }}
 {{- end }}

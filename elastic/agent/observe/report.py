@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, IO
 
 from elastic.console import CONSOLE
 from elastic.agent.observe.events import Event, EventLog, RestartCause
-from elastic.agent.processes.failures import first_failure, signal_name
+from elastic.agent.processes.failures import WorkerFailure, first_failure, signal_name
 from elastic.agent.processes.group_state import GroupState
 from elastic.rendezvous.api import MembershipChange, MembershipStatus, RendezvousInfo
 
@@ -82,16 +82,27 @@ class AgentReport:
                 self.metrics.worker_exit(exitcode=failure.exitcode)
         return len(state.failures)
 
-    def change(self, membership: MembershipStatus, *, restarting: bool = True) -> None:
+    def change(self, membership: MembershipStatus, *, restarting: bool = True, kept: bool = False,
+               own_failure: WorkerFailure | None = None, replaced: bool = False) -> None:
         """A membership change the agent restarts for, or (``restarting`` False) ends or stops on:
-        the console line says a restart only when one follows."""
+        the console line says a restart only when one follows, and ``kept``: live recovery keeps
+        the workers through it (they are not restarted).
+
+        ``own_failure``: this node's worker failed first and the change is its peers rejoining
+        because of it (their collectives broke): the line is about that failure, which the next
+        round counts, not about the rejoin (see :func:`failure_rejoin_line`).
+        """
         if membership.change is MembershipChange.NODES_WAITING:
             self.events.emit(Event.NODES_WAITING, count=membership.waiting, reason=membership.reason)
         elif membership.change is MembershipChange.MEMBER_LOST:
             self.events.emit(Event.MEMBER_LOST, reason=membership.reason)
-        if restarting:
-            log.info("run %s node %s: %s; restarting the workers (does not count as a failure)",
-                     self._run_id, self.events.node, membership.reason, extra=CONSOLE)
+        if restarting and own_failure is not None:
+            log.info("run %s node %s: %s", self._run_id, self.events.node,
+                     failure_rejoin_line(own_failure, kept=kept, replaced=replaced), extra=CONSOLE)
+        elif restarting:
+            then = "joining the next round with the workers kept" if kept else "restarting the workers"
+            log.info("run %s node %s: %s; %s (does not count as a failure)", self._run_id, self.events.node,
+                     membership.reason, then, extra=CONSOLE)
         else:
             log.info("run %s node %s: %s", self._run_id, self.events.node, membership.reason, extra=CONSOLE)
 
@@ -102,8 +113,10 @@ class AgentReport:
 
     def restart(self, cause: RestartCause, restarts_used: int, max_restarts: int, reason: str = "") -> None:
         extra = {"reason": reason} if reason else {}
+        # The agreed count may pass --max-restarts when a failure restarts for its peers' rejoin
+        # (the rejoin decides, not the budget): none remain then, not a negative number.
         self.events.emit(Event.RESTART, cause=cause, restart_count=restarts_used,
-                         remaining=max_restarts - restarts_used, **extra)
+                         remaining=max(max_restarts - restarts_used, 0), **extra)
         if self.metrics:
             self.metrics.restart(cause)
 
@@ -137,6 +150,18 @@ class AgentReport:
 
     def print(self, line: str) -> None:
         print(line, file=self._console)
+
+
+def failure_rejoin_line(failure: WorkerFailure, *, kept: bool, replaced: bool) -> str:
+    """The console line for a restart that this node's own worker failure caused: its peers'
+    collectives broke, they rejoined, and this node joins them. ``kept``: ``--live-recovery``
+    keeps the other workers; ``replaced``: the failed worker was already replaced in its round."""
+    failed = f"worker rank {failure.global_rank} failed ({exit_text(failure.exitcode)})"
+    if replaced:
+        return f"{failed} and was replaced in its round; its peers rejoined: joining the next round with every worker"
+    if kept:
+        return f"{failed}; its peers rejoined: replacing it in the next round, the other workers kept"
+    return f"{failed}; its peers rejoined: restarting the workers in the next round"
 
 
 def ranks_text(ranks: list[int]) -> str:

@@ -28,6 +28,7 @@ _OUTCOMES = {
     "failed": "failed",
     "finished_elsewhere": "finished (the job ended on another node)",
     "already_finished": "did nothing (the job had already finished)",
+    "finished_while_waiting": "did nothing (the job finished while this node waited to join)",
     "closed_by_peer": "stopped (another node closed the rendezvous)",
     "store_unreachable": "stopped (the store did not answer)",
     "closed_while_excluded": "ended while this node was excluded",

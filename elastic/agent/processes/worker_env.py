@@ -62,15 +62,10 @@ __all__ = [
     "worker_env",
 ]
 
-# torchrun's warning, word for word, printed once by the agent when it sets OMP_NUM_THREADS.
-OMP_NOTICE = (
-    "\n*****************************************\n"
-    "Setting OMP_NUM_THREADS environment variable for each process to be "
-    "1 in default, to avoid your system being overloaded, "
-    "please further tune the variable for optimal performance in "
-    "your application as needed. \n"
-    "*****************************************"
-)
+# Said once by the agent when it sets OMP_NUM_THREADS (torchrun prints a four-line banner of its
+# own for the same reason; one line here, like the agent's others).
+OMP_NOTICE = ("OMP_NUM_THREADS is not set: each of this node's {nproc} workers gets OMP_NUM_THREADS=1 "
+              "(torchrun's default, so they do not overload the machine); set it yourself to tune")
 
 # ``--run-path``: torchrun calls ``runpy.run_path(script, run_name="__main__")`` with
 # ``sys.argv = [script, *args]`` in a spawned interpreter; this does the same in a fresh one.
@@ -184,9 +179,9 @@ def fixed_worker_env(base: Mapping[str, str], config: LaunchConfig, local_rank: 
 
 
 def omp_threads_notice(base: Mapping[str, str], nproc_per_node: int) -> str | None:
-    """torchrun's OMP_NUM_THREADS warning when :func:`worker_env` will set it, else ``None``."""
+    """The one line saying that :func:`worker_env` sets OMP_NUM_THREADS=1, else ``None``."""
     if "OMP_NUM_THREADS" not in base and nproc_per_node > 1:
-        return OMP_NOTICE
+        return OMP_NOTICE.format(nproc=nproc_per_node)
     return None
 
 
