@@ -161,11 +161,14 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 from elastic.launch.cli import PROG, parse_or_exit
 from elastic.launch.values import ConfigError, truth
 from elastic.launch.describe import describe
+
+if TYPE_CHECKING:
+    from elastic.agent.lifeline.watchdog_process import Watchdog
 
 
 def main(argv: Sequence[str] | None = None) -> int | None:
@@ -187,14 +190,34 @@ def main(argv: Sequence[str] | None = None) -> int | None:
     if config.dry_run:
         sys.stdout.write(describe(config))
         return 0
+    watchdog = _early_watchdog()
     try:
         from elastic.launch.runner import run
     except ModuleNotFoundError as error:
+        if watchdog is not None:
+            watchdog.close()
         if not (error.name or "").startswith("elastic.agent"):
             raise
         print(f"{PROG}: error: the agent (elastic.launch.runner) is not installed in this build", file=sys.stderr)
         return 1
-    return run(config)
+    return run(config, watchdog=watchdog)
+
+
+def _early_watchdog() -> Watchdog | None:
+    """The agent's lifeline watchdog, started before the agent's modules are imported so that
+    its own start runs beside that import (:mod:`elastic.agent.lifeline.watchdog_process`);
+    None when the agent is not installed, or when it cannot start (the runner then tries
+    again, and says why if it fails)."""
+    try:
+        from elastic.agent.lifeline.watchdog_process import Watchdog
+    except ModuleNotFoundError:
+        return None
+    from elastic.rendezvous.secret_sources import without_inline_secrets
+
+    try:
+        return Watchdog.start(without_inline_secrets(os.environ))  # no helper inherits an inline secret
+    except OSError:
+        return None
 
 
 def timeline_is_the_subcommand(environ: Mapping[str, str]) -> bool:
