@@ -159,9 +159,11 @@ Differences from torchrun
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
-from typing import TYPE_CHECKING, Mapping, Sequence
+import threading
+from typing import TYPE_CHECKING, Mapping, NoReturn, Sequence
 
 from elastic.launch.cli import PROG, parse_or_exit
 from elastic.launch.values import ConfigError, truth
@@ -233,5 +235,32 @@ def timeline_is_the_subcommand(environ: Mapping[str, str]) -> bool:
     return not (os.path.isfile("timeline") or os.path.isfile(os.path.join("timeline", "__main__.py")))
 
 
+def program() -> NoReturn:
+    """The ``elasticrun`` command (and ``python -m elastic.run``): :func:`main`, then exit.
+
+    By the time :func:`main` returns, the agent has stopped everything it started and closed
+    every file it opened; what the interpreter would still do on its way out is free every
+    module and object one by one, a cost every run would pay after its workers are done. So
+    the process leaves with ``os._exit`` once ``atexit`` handlers (logging's, a coverage
+    tool's) have run and the standard streams are flushed, as the interpreter would do; a
+    flush that fails makes the status 120, as the interpreter's does. While a non-daemon
+    thread still runs (the agent starts none), the interpreter exits the usual way and waits
+    for it. ``SystemExit`` (``--help``, a bad command line) and exceptions leave the usual way.
+    """
+    status = main()
+    if any(thread.is_alive() and not thread.daemon for thread in threading.enumerate()
+           if thread is not threading.main_thread()):
+        sys.exit(status)
+    code = 0 if status is None else status
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if stream is not None:
+                stream.flush()
+        except (OSError, ValueError):
+            code = code or 120
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    program()
