@@ -22,7 +22,7 @@ import pytest
 from elastic.agent.lifeline import keeper as lifeline, pidfile
 from elastic.agent.lifeline.keeper import Lifeline, parent_death_preexec
 from elastic.agent.lifeline.pidfile import LiveWorkers, Liveness, PidFileError, ProcessId
-from elastic.agent.lifeline.watchdog_process import Watchdog
+from elastic.agent.lifeline.watchdog_process import Watchdog, watchdog_program
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux-only")
 
@@ -431,6 +431,25 @@ def test_a_watchdog_is_armed_once(spawned, tmp_path):
             life._watchdog.arm(str(tmp_path / "other.json"))
     finally:
         life.close()
+
+
+def test_a_watchdog_starts_without_site_and_imports_psutil_before_it_blocks(tmp_path):
+    read_end, write_end = os.pipe()
+    watchdog = subprocess.Popen([sys.executable, "-S", "-c", watchdog_program()], stdin=read_end,
+                                stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPROFILEIMPORTTIME": "1"})
+    os.close(read_end)
+    os.write(write_end, f"{tmp_path / 'removed.json'}\n".encode())  # armed; the file is gone at EOF
+    os.close(write_end)
+    try:
+        assert watchdog.wait(timeout=30) == 0
+    finally:
+        if watchdog.poll() is None:
+            watchdog.kill()
+            watchdog.wait()
+    imported = {line.rsplit("|", 1)[-1].strip() for line in watchdog.stderr.read().splitlines()}
+    watchdog.stderr.close()
+    assert {"elastic.agent.lifeline.watchdog", "psutil"} <= imported  # from the directories it was given
+    assert "site" not in imported
 
 
 def test_state_dir_is_under_the_log_dir_or_a_private_temporary_root(tmp_path):

@@ -1,4 +1,4 @@
-"""The lifeline watchdog: ``python -c <WATCHDOG_PROGRAM>``, one per agent (it calls :func:`main`).
+"""The lifeline watchdog: ``python -S -c <program>``, one per agent (it calls :func:`main`).
 
 The agent (:class:`elastic.agent.lifeline.watchdog_process.Watchdog`) starts it in its own session
 with stdin the read end of a pipe whose only write end the agent holds, and later writes the
@@ -8,8 +8,10 @@ their descendants and sessions (:func:`elastic.agent.lifeline.pidfile.kill_worke
 the file, prints one line to the agent's stderr and exits. An agent that exits normally removes
 its file first, and one that never wrote a path had no workers: the watchdog then exits at once.
 
-It imports what it needs (psutil) before it blocks, so the kill does not wait for an import,
-and leaves with ``os._exit``, so an agent closing its lifeline does not wait for a teardown.
+It starts without ``site`` (``-S``: the two directories it needs beyond the standard library
+are given, see :mod:`elastic.agent.lifeline.watchdog_process`), imports what it needs (psutil)
+before it blocks, so the kill does not wait for an import, and leaves with ``os._exit``, so an
+agent closing its lifeline does not wait for a teardown.
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ import signal
 import sys
 
 from elastic.agent.lifeline import pidfile
-
 
 _PATH_MAX = 65536
 """The most of stdin kept: the PID file's path is one line (bounded: the pipe is read to EOF)."""
@@ -41,7 +42,7 @@ def watch() -> int:
         signal.signal(sig, signal.SIG_IGN)
     path = read_path()
     if not path:
-        return 0  # never armed: the agent ended before it had a PID file, or workers
+        return 0  # never armed: the agent ended before it had workers
     try:
         live = pidfile.read(path)
     except FileNotFoundError:

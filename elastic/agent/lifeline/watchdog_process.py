@@ -2,14 +2,16 @@
 
 The watchdog is started before the agent knows its PID file (the run's state directory comes
 with the configuration the runner completes), as early as the command line is read: its
-interpreter start and imports then run beside the agent's own imports, on a core the agent
-leaves idle, instead of beside the workers' start. The PID file's path follows on the pipe
+interpreter start then runs beside the agent's own imports, on a core the agent leaves idle,
+instead of beside the workers' start. The PID file's path follows on the pipe
 (:meth:`Watchdog.arm`). This module imports nothing heavy, so starting the watchdog is the
-first thing the launcher can do.
+first thing the launcher can do; the watchdog itself starts without ``site``
+(:func:`watchdog_program`).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import subprocess
@@ -17,17 +19,31 @@ import sys
 from typing import Mapping
 
 from elastic.agent.processes.reaping import wait_exited
-from elastic.agent.safe_path import isolated_program
+from elastic.agent.safe_path import PACKAGE_ROOT, isolated_program
 
 log = logging.getLogger(__name__)
 
-__all__ = ["WATCHDOG_PROGRAM", "Watchdog"]
-
-WATCHDOG_PROGRAM = isolated_program("from elastic.agent.lifeline.watchdog import main\nmain()", package_root=True)
-"""The watchdog's ``python -c`` program: nothing imported from the agent's working directory."""
+__all__ = ["Watchdog", "watchdog_program"]
 
 _EXIT_TIMEOUT_S = 5.0
 """How long a released watchdog gets to exit before it is killed."""
+
+
+def watchdog_program() -> str:
+    """The watchdog's program for ``python -S -c``: nothing imported from the agent's working
+    directory (:func:`isolated_program`), and, since ``-S`` skips ``site`` (its ``.pth`` files
+    and their imports, a large part of an interpreter's start), the two directories it needs
+    beyond the standard library appended to its path: this package's and psutil's, as the
+    agent finds them."""
+    directories = [PACKAGE_ROOT]
+    try:
+        spec = importlib.util.find_spec("psutil")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is not None and spec.origin:
+        directories.append(os.path.dirname(os.path.dirname(spec.origin)))  # .../site-packages/psutil/__init__.py
+    appended = "".join(f"if {d!r} not in sys.path:\n    sys.path.append({d!r})\n" for d in directories)
+    return isolated_program(appended + "from elastic.agent.lifeline.watchdog import main\nmain()")
 
 
 class Watchdog:
@@ -54,7 +70,7 @@ class Watchdog:
         read_end, write_end = os.pipe()  # both close-on-exec; only the watchdog gets read_end
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-c", WATCHDOG_PROGRAM], env=environ,
+                [sys.executable, "-S", "-c", watchdog_program()], env=environ,
                 stdin=read_end, stdout=subprocess.DEVNULL, start_new_session=True, close_fds=True,
             )  # fmt: skip
         except OSError:
