@@ -243,13 +243,15 @@ def program() -> NoReturn:
     module and object one by one, a cost every run would pay after its workers are done. So
     the process leaves with ``os._exit`` once ``atexit`` handlers (logging's, a coverage
     tool's) have run and the standard streams are flushed, as the interpreter would do; a
-    flush that fails makes the status 120, as the interpreter's does. While a non-daemon
-    thread still runs (the agent starts none), the interpreter exits the usual way and waits
-    for it. ``SystemExit`` (``--help``, a bad command line) and exceptions leave the usual way.
+    flush that fails makes the status 120, as the interpreter's does. The interpreter exits the
+    usual way while a non-daemon thread still runs (the agent starts none), and under a profiler
+    or a tracer (``python -m cProfile -m elastic.run`` writes its profile after the program
+    returns). ``SystemExit`` (``--help``, a bad command line) and exceptions leave the usual way.
     """
     status = main()
-    if any(thread.is_alive() and not thread.daemon for thread in threading.enumerate()
-           if thread is not threading.main_thread()):
+    if sys.getprofile() is not None or sys.gettrace() is not None or any(
+            thread.is_alive() and not thread.daemon for thread in threading.enumerate()
+            if thread is not threading.main_thread()):
         sys.exit(status)
     code = 0 if status is None else status
     atexit._run_exitfuncs()

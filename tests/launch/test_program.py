@@ -43,6 +43,14 @@ def test_elasticrun_exits_after_atexit_handlers_and_a_flush_without_the_interpre
     assert "finalized" not in result.stdout
 
 
+def test_elasticrun_under_a_profiler_exits_the_usual_way_so_the_profile_is_written(tmp_path):
+    profile = tmp_path / "agent.prof"
+    result = subprocess.run([sys.executable, "-m", "cProfile", "-o", str(profile), "-m", "elastic.run", "--dry-run",
+                             "--standalone", "train.py"], capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 0, result.stderr
+    assert profile.stat().st_size > 0
+
+
 def test_elasticrun_waits_for_a_non_daemon_thread_and_exits_the_usual_way():
     result = run_program("thread")
     assert result.returncode == 0, result.stderr
