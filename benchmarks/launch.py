@@ -11,13 +11,18 @@ rotating which goes first) and measures, from the moment the launcher process is
   all workers     until the last worker started
   completion      until the launcher exited (noop workers exit at once, so this adds the
                   launcher's teardown: exit barrier, store shutdown)
+  CPU             user + system seconds of the launcher and of every process it reaped (its
+                  workers, and our store helper and watchdog), from os.wait4: less sensitive
+                  to the machine's load than the wall times
   agent peak RSS  the launcher process alone (psutil, sampled every 5 ms), workers excluded
   wait4 maxrss    ru_maxrss from os.wait4: the largest of the launcher and the workers it reaped
   templates RSS   the peak of the summed RSS of the ``--prewarm`` templates (the launcher's
                   children running ``elastic.agent.prewarm.template``); 0 for the others
   workers ready   with ``--import-torch``: until the last worker finished ``import torch``
 
-and prints the medians, and the ratio ours / torchrun of each. ``--import-torch`` is what a real
+and prints the medians, the ratio ours / torchrun of each, and the load average (1 min) before
+and after the timed runs: the machine's other work slows every launcher, torchrun's longer run
+the most. ``--import-torch`` is what a real
 worker pays; without it the workers import nothing, and ``--prewarm`` waits for its templates'
 torch import before the first fork.
 
@@ -61,6 +66,7 @@ class Sample:
     first_worker_s: float
     all_workers_s: float
     completion_s: float
+    cpu_s: float
     agent_peak_rss_mib: float
     wait4_maxrss_mib: float
     templates_rss_mib: float
@@ -134,6 +140,7 @@ def launch_once(name: str, nproc: int, workdir: str, import_torch: bool = False)
         first_worker_s=starts[0] - started_wall,
         all_workers_s=starts[-1] - started_wall,
         completion_s=completion,
+        cpu_s=rusage.ru_utime + rusage.ru_stime,  # the launcher's and its reaped children's
         agent_peak_rss_mib=peak / 2**20,
         wait4_maxrss_mib=rusage.ru_maxrss / 1024,  # KiB on Linux
         templates_rss_mib=templates_peak / 2**20,
@@ -145,16 +152,19 @@ def median_of(samples: list[Sample], field: str) -> float:
     return statistics.median(getattr(sample, field) for sample in samples)
 
 
-def report(results: dict[str, list[Sample]], nproc: int, repetitions: int, import_torch: bool = False) -> str:
+def report(results: dict[str, list[Sample]], nproc: int, repetitions: int, import_torch: bool = False,
+           load: tuple[float, float] | None = None) -> str:
     rows = [("first worker started (s)", "first_worker_s", "{:.3f}"),
             ("all workers started (s)", "all_workers_s", "{:.3f}"),
             *([("workers ready, torch imported (s)", "workers_ready_s", "{:.3f}")] if import_torch else []),
             ("completion (s)", "completion_s", "{:.3f}"),
+            ("CPU, user + sys (s)", "cpu_s", "{:.3f}"),
             ("agent peak RSS (MiB)", "agent_peak_rss_mib", "{:.1f}"),
             ("templates peak RSS (MiB)", "templates_rss_mib", "{:.1f}"),
             ("wait4 maxrss (MiB)", "wait4_maxrss_mib", "{:.1f}")]
     worker = "noop.py --import torch" if import_torch else "noop.py"
-    lines = [f"--standalone --nproc-per-node={nproc} {worker}, median of {repetitions} runs each",
+    loads = f", load average {load[0]:.2f} before and {load[1]:.2f} after" if load else ""
+    lines = [f"--standalone --nproc-per-node={nproc} {worker}, median of {repetitions} runs each{loads}",
              f"{'metric':<34} {'elasticrun':>11} {'--prewarm':>11} {'torchrun':>11} {'ours/theirs':>12} "
              f"{'prewarm/theirs':>15}"]
     for label, field, form in rows:
@@ -183,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-launch-") as workdir:
         for name in LAUNCHERS:  # untimed: writes the bytecode cache, warms the page cache
             launch_once(name, args.nproc, workdir, args.import_torch)
+        load_before = os.getloadavg()[0]
         for repetition in range(args.repetitions):
             names = list(LAUNCHERS)
             order = names[repetition % len(names):] + names[:repetition % len(names)]
@@ -191,10 +202,12 @@ def main(argv: list[str] | None = None) -> int:
                 results[name].append(sample)
                 print(f"  run {repetition + 1} {name:<10} first worker {sample.first_worker_s:.3f}s  "
                       f"ready {sample.workers_ready_s:.3f}s  completion {sample.completion_s:.3f}s  "
+                      f"cpu {sample.cpu_s:.3f}s  "
                       f"agent RSS {sample.agent_peak_rss_mib:.1f} MiB  templates {sample.templates_rss_mib:.1f} MiB",
                       file=sys.stderr)
+        load = (load_before, os.getloadavg()[0])
     sys.stderr.flush()
-    print(report(results, args.nproc, args.repetitions, args.import_torch))
+    print(report(results, args.nproc, args.repetitions, args.import_torch, load))
     if args.json:
         with open(args.json, "w") as out:
             json.dump({name: [asdict(s) for s in samples] for name, samples in results.items()}, out, indent=1)

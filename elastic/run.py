@@ -160,13 +160,18 @@ Differences from torchrun
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
-from typing import Mapping, Sequence
+import threading
+from typing import TYPE_CHECKING, Mapping, NoReturn, Sequence
 
 from elastic.launch.cli import PROG, parse_or_exit
 from elastic.launch.values import ConfigError, truth
 from elastic.launch.describe import describe
+
+if TYPE_CHECKING:
+    from elastic.agent.lifeline.watchdog_process import Watchdog
 
 
 def main(argv: Sequence[str] | None = None) -> int | None:
@@ -188,14 +193,34 @@ def main(argv: Sequence[str] | None = None) -> int | None:
     if config.dry_run:
         sys.stdout.write(describe(config))
         return 0
+    watchdog = _early_watchdog()
     try:
         from elastic.launch.runner import run
     except ModuleNotFoundError as error:
+        if watchdog is not None:
+            watchdog.close()
         if not (error.name or "").startswith("elastic.agent"):
             raise
         print(f"{PROG}: error: the agent (elastic.launch.runner) is not installed in this build", file=sys.stderr)
         return 1
-    return run(config)
+    return run(config, watchdog=watchdog)
+
+
+def _early_watchdog() -> Watchdog | None:
+    """The agent's lifeline watchdog, started before the agent's modules are imported so that
+    its own start runs beside that import (:mod:`elastic.agent.lifeline.watchdog_process`);
+    None when the agent is not installed, or when it cannot start (the runner then tries
+    again, and says why if it fails)."""
+    try:
+        from elastic.agent.lifeline.watchdog_process import Watchdog
+    except ModuleNotFoundError:
+        return None
+    from elastic.rendezvous.secret_sources import without_inline_secrets
+
+    try:
+        return Watchdog.start(without_inline_secrets(os.environ))  # no helper inherits an inline secret
+    except OSError:
+        return None
 
 
 def timeline_is_the_subcommand(environ: Mapping[str, str]) -> bool:
@@ -211,5 +236,34 @@ def timeline_is_the_subcommand(environ: Mapping[str, str]) -> bool:
     return not (os.path.isfile("timeline") or os.path.isfile(os.path.join("timeline", "__main__.py")))
 
 
+def program() -> NoReturn:
+    """The ``elasticrun`` command (and ``python -m elastic.run``): :func:`main`, then exit.
+
+    By the time :func:`main` returns, the agent has stopped everything it started and closed
+    every file it opened; what the interpreter would still do on its way out is free every
+    module and object one by one, a cost every run would pay after its workers are done. So
+    the process leaves with ``os._exit`` once ``atexit`` handlers (logging's, a coverage
+    tool's) have run and the standard streams are flushed, as the interpreter would do; a
+    flush that fails makes the status 120, as the interpreter's does. The interpreter exits the
+    usual way while a non-daemon thread still runs (the agent starts none), and under a profiler
+    or a tracer (``python -m cProfile -m elastic.run`` writes its profile after the program
+    returns). ``SystemExit`` (``--help``, a bad command line) and exceptions leave the usual way.
+    """
+    status = main()
+    if sys.getprofile() is not None or sys.gettrace() is not None or any(
+            thread.is_alive() and not thread.daemon for thread in threading.enumerate()
+            if thread is not threading.main_thread()):
+        sys.exit(status)
+    code = 0 if status is None else status
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if stream is not None:
+                stream.flush()
+        except (OSError, ValueError):
+            code = code or 120
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    program()

@@ -45,19 +45,26 @@ from elastic.rendezvous.registry import create_handler
 from elastic.rendezvous.secret_sources import hide_inline_secrets
 
 if TYPE_CHECKING:
+    from elastic.agent.lifeline.watchdog_process import Watchdog
     from elastic.agent.observe.metrics import AgentMetrics
 
 log = logging.getLogger(__name__)
 
 
-def run(config: LaunchConfig) -> int:
-    """Run the agent for ``config`` on this node; returns the process exit code."""
+def run(config: LaunchConfig, *, watchdog: Watchdog | None = None) -> int:
+    """Run the agent for ``config`` on this node; returns the process exit code.
+
+    ``watchdog``: the lifeline watchdog if the caller started it already (it is then this
+    run's to arm and to close); otherwise the run starts one.
+    """
     started = time.monotonic()
     setup = console.console_setup(os.environ, config.verbose)
     console.configure(setup)
     hide_inline_secrets(os.environ)  # read into config.backend: no helper or worker inherits it
     notice = omp_threads_notice(os.environ, config.nproc_per_node)  # said once set-up succeeded
     with ExitStack() as cleanup:
+        if watchdog is not None:
+            cleanup.callback(watchdog.close)  # unless the lifeline took it over (then a no-op)
         try:
             logs_specs = _start_logs_specs(config, cleanup)  # imports torch while the rest is set up
             if config.log_dir:
@@ -80,7 +87,7 @@ def run(config: LaunchConfig) -> int:
             if store_host is not None:
                 cleanup.callback(store_host.close)  # started when first needed (elastic.agent.attempts)
             templates = _start_templates(config, cleanup)
-            lifeline = _open_lifeline(config, cleanup)
+            lifeline = _open_lifeline(config, cleanup, watchdog)
             exclusion = (ExclusionPolicy(settings.max_node_failures, settings.exclusion_cooldown, settings.min_nodes)
                          if settings.max_node_failures else None)
             waker = Waker()
@@ -145,11 +152,12 @@ def _start_templates(config: LaunchConfig, cleanup: ExitStack) -> TemplatePool |
     return pool
 
 
-def _open_lifeline(config: LaunchConfig, cleanup: ExitStack) -> Lifeline | None:
-    """Stop what a dead agent of this run left, start the watchdog; on failure, one warning line
-    (the parent-death signal still covers the workers on Linux)."""
+def _open_lifeline(config: LaunchConfig, cleanup: ExitStack, watchdog: Watchdog | None) -> Lifeline | None:
+    """Stop what a dead agent of this run left, arm the watchdog (``watchdog``, or a new one);
+    on failure, one warning line (the parent-death signal still covers the workers on Linux)."""
     try:
-        lifeline = Lifeline.open(state_dir(config.log_dir, config.run_id), config.run_id, socket.gethostname())
+        lifeline = Lifeline.open(state_dir(config.log_dir, config.run_id), config.run_id, socket.gethostname(),
+                                 watchdog=watchdog if watchdog is not None else True)
     except OSError as error:
         print(f"elasticrun: warning: no PID file or watchdog for the workers ({error}); if this agent is "
               "killed, only the workers themselves (Linux) are sure to die with it", file=sys.stderr)

@@ -23,6 +23,7 @@ import pytest
 from elastic.agent.lifeline import keeper as lifeline, pidfile
 from elastic.agent.lifeline.keeper import Lifeline, parent_death_preexec
 from elastic.agent.lifeline.pidfile import LiveWorkers, Liveness, PidFileError, ProcessId
+from elastic.agent.lifeline.watchdog_process import Watchdog, watchdog_program
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux-only")
 
@@ -425,11 +426,91 @@ def test_the_watchdog_kills_the_tracked_workers_when_its_agent_dies_or_exits_wit
 
 def test_the_watchdog_of_an_agent_that_stopped_its_workers_exits_quietly(spawned, tmp_path):
     life = Lifeline.open(str(tmp_path / "run-1"), "run-1", "node-a")
-    watchdog = life._watchdog
+    watchdog = life._watchdog.proc
     spawned.popens.append(watchdog)
     life.close()
     assert watchdog.returncode == 0
     assert not (tmp_path / "run-1").exists()
+
+
+EARLY_WATCHED_AGENT = textwrap.dedent("""
+    import sys, time
+    from elastic.agent.lifeline.watchdog_process import Watchdog
+    watchdog = Watchdog.start()  # before the PID file exists, as elasticrun does
+    print(watchdog.pid, flush=True)
+    sys.stdin.readline()  # the test looks at the watchdog before it is armed
+    from elastic.agent.lifeline.keeper import Lifeline
+    life = Lifeline.open(sys.argv[1], "run-1", "node-a", watchdog=watchdog)
+    life.track([int(sys.argv[2])])
+    print("armed", flush=True)
+    time.sleep(120)
+""")
+
+
+def test_a_watchdog_started_before_its_pid_file_kills_the_workers_named_once_armed(spawned, tmp_path):
+    worker, grandchild = spawned.worker()  # not the agent's child: only the watchdog can stop it
+    state = tmp_path / "run-1"
+    agent = spawned.add(subprocess.Popen(
+        [sys.executable, "-c", EARLY_WATCHED_AGENT, str(state), str(worker.pid)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))  # fmt: skip
+    watchdog = ProcessId.of(int(agent.stdout.readline()))
+    spawned.idents.append(watchdog)
+    assert alive(watchdog) and not state.exists()  # running, with no PID file to act on yet
+    agent.stdin.write("go\n")
+    agent.stdin.flush()
+    assert agent.stdout.readline() == "armed\n"
+    agent.kill()
+    assert wait_gone([worker, grandchild], 1.0) == []
+    assert wait_gone([watchdog], 5.0) == []
+    agent.wait(timeout=5)
+    assert "elasticrun watchdog: agent" in agent.stderr.read()
+    assert not state.exists()
+
+
+def test_a_watchdog_never_armed_exits_quietly_when_released(spawned):
+    watchdog = Watchdog.start()
+    spawned.popens.append(watchdog.proc)
+    watchdog.close("run-1")
+    assert watchdog.proc.returncode == 0
+    watchdog.close("run-1")  # idempotent
+
+
+def test_a_watchdog_handed_to_a_lifeline_that_cannot_open_is_released(spawned, tmp_path):
+    watchdog = Watchdog.start()
+    spawned.popens.append(watchdog.proc)
+    (tmp_path / "file").write_text("")
+    with pytest.raises(OSError):
+        Lifeline.open(str(tmp_path / "file"), "run-1", "node-a", watchdog=watchdog)
+    assert watchdog.proc.returncode == 0
+
+
+def test_a_watchdog_is_armed_once(spawned, tmp_path):
+    life = Lifeline.open(str(tmp_path / "run-1"), "run-1", "node-a")
+    try:
+        spawned.popens.append(life._watchdog.proc)
+        with pytest.raises(OSError, match="armed already"):
+            life._watchdog.arm(str(tmp_path / "other.json"))
+    finally:
+        life.close()
+
+
+def test_a_watchdog_starts_without_site_and_imports_psutil_before_it_blocks(tmp_path):
+    read_end, write_end = os.pipe()
+    watchdog = subprocess.Popen([sys.executable, "-S", "-c", watchdog_program()], stdin=read_end,
+                                stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPROFILEIMPORTTIME": "1"})
+    os.close(read_end)
+    os.write(write_end, f"{tmp_path / 'removed.json'}\n".encode())  # armed; the file is gone at EOF
+    os.close(write_end)
+    try:
+        assert watchdog.wait(timeout=30) == 0
+    finally:
+        if watchdog.poll() is None:
+            watchdog.kill()
+            watchdog.wait()
+    imported = {line.rsplit("|", 1)[-1].strip() for line in watchdog.stderr.read().splitlines()}
+    watchdog.stderr.close()
+    assert {"elastic.agent.lifeline.watchdog", "psutil"} <= imported  # from the directories it was given
+    assert "site" not in imported
 
 
 def test_state_dir_is_under_the_log_dir_or_a_private_temporary_root(tmp_path):

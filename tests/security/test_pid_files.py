@@ -148,10 +148,11 @@ def test_the_watchdog_leaves_a_pid_file_of_another_host_alone(tmp_path):
         pidfile.write(str(path), LiveWorkers("job", ProcessId.of(os.getpid()), (ProcessId.of(victim.pid),),
                                              "otherhost-0123456789ab"))
         read_end, write_end = os.pipe()
-        from elastic.agent.lifeline.keeper import WATCHDOG_PROGRAM
-        watchdog = subprocess.Popen([sys.executable, "-c", WATCHDOG_PROGRAM, str(path)], stdin=read_end,
+        from elastic.agent.lifeline.watchdog_process import watchdog_program
+        watchdog = subprocess.Popen([sys.executable, "-S", "-c", watchdog_program()], stdin=read_end,
                                     stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
         os.close(read_end)
+        os.write(write_end, f"{path}\n".encode())  # the agent arms it with its PID file
         os.close(write_end)  # "the agent died"
         assert watchdog.wait(timeout=30) == 1
         assert "names host otherhost-0123456789ab" in watchdog.stderr.read()

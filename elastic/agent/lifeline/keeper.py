@@ -12,7 +12,9 @@ Three mechanisms, each covering what the one before cannot:
    still covers it. The signal reaches the direct child only.
 2. **The watchdog** (any POSIX system, :mod:`elastic.agent.lifeline.watchdog`), one per agent, in its
    own session, started without the agent's working directory on its path
-   (:mod:`elastic.agent.safe_path`), holds the read end of a pipe whose only write end is the agent's. When the
+   (:mod:`elastic.agent.safe_path`), holds the read end of a pipe whose only write end is the agent's. It is
+   started as soon as the command line is read, and told its PID file's path on that pipe once
+   the file exists (:mod:`elastic.agent.lifeline.watchdog_process`). When the
    agent dies, however, the kernel closes that end; the watchdog reads EOF,
    SIGKILLs every worker its agent's PID file names with their descendants and sessions
    (:func:`elastic.agent.lifeline.pidfile.kill_workers`), removes the file and exits. This is what
@@ -48,8 +50,6 @@ import logging
 import os
 import signal
 import stat
-import subprocess
-import sys
 import tempfile
 import threading
 from typing import Callable, Iterable, Mapping
@@ -58,19 +58,13 @@ from elastic.agent.lifeline import pidfile
 from elastic.agent.errors import LifelineError
 from elastic.agent.lifeline.pdeathsig import load_prctl
 from elastic.agent.lifeline.pidfile import LiveWorkers, ProcessId
+from elastic.agent.lifeline.watchdog_process import Watchdog
 from elastic.agent.processes.log_loss import DISK_FULL, free_bytes, size_text
-from elastic.agent.safe_path import isolated_program
 from elastic.console import CONSOLE
 
 log = logging.getLogger(__name__)
 
 __all__ = ["PDEATHSIG_AVAILABLE", "Lifeline", "parent_death_preexec", "state_dir"]
-
-_WATCHDOG_EXIT_S = 5.0
-
-WATCHDOG_PROGRAM = isolated_program("from elastic.agent.lifeline.watchdog import main\nmain()", package_root=True)
-"""The watchdog's ``python -c`` program: nothing imported from the agent's working directory."""
-
 
 _set_pdeathsig = load_prctl()
 PDEATHSIG_AVAILABLE = _set_pdeathsig is not None
@@ -143,31 +137,39 @@ class Lifeline:
         self.path = os.path.join(directory, pidfile.file_name(self._host, me.pid))
         self._workers: dict[int, ProcessId] = {}
         self._lock = threading.Lock()
-        self._pipe_w: int | None = None
-        self._watchdog: subprocess.Popen | None = None
+        self._watchdog: Watchdog | None = None
         self._unwritten = False  # the last write of the PID file failed (and was said)
 
     @classmethod
-    def open(cls, directory: str, run_id: str, node: str, *, watchdog: bool = True) -> Lifeline:
+    def open(cls, directory: str, run_id: str, node: str, *, watchdog: bool | Watchdog = True) -> Lifeline:
         """Stop what dead agents of this run left in ``directory``, then write our (empty) PID
-        file and start the watchdog.
+        file and arm the watchdog: ``watchdog`` started earlier (:meth:`Watchdog.start`), then
+        owned by the lifeline, or True to start one now, or False for none.
 
         Raises:
             OSError: the directory cannot be created, the PID file cannot be written for another
-                reason than a full disk (that is said once), or the watchdog cannot start.
+                reason than a full disk (that is said once), or the watchdog cannot start or is
+                gone (a watchdog passed in is closed then).
         """
-        lifeline = cls(_private_dir(directory), run_id, node)
-        lifeline.stop_stale()
         try:
-            lifeline._write()
-        except OSError as error:
-            if error.errno not in DISK_FULL:
-                raise
-            lifeline._failed(error)  # a full disk passes: the watchdog starts, a later update writes it
-        if watchdog:
+            lifeline = cls(_private_dir(directory), run_id, node)
+            lifeline.stop_stale()
             try:
-                lifeline._start_watchdog()
+                lifeline._write()
+            except OSError as error:
+                if error.errno not in DISK_FULL:
+                    raise
+                lifeline._failed(error)  # a full disk passes: the watchdog starts, a later update writes it
+        except BaseException:
+            if isinstance(watchdog, Watchdog):
+                watchdog.close(run_id)
+            raise
+        if watchdog is not False:
+            try:
+                lifeline._watchdog = watchdog if isinstance(watchdog, Watchdog) else Watchdog.start()
+                lifeline._watchdog.arm(lifeline.path)
             except OSError:
+                lifeline._close_watchdog()
                 pidfile.remove(lifeline.path)
                 raise
         return lifeline
@@ -240,18 +242,12 @@ class Lifeline:
         with self._lock:
             if not self._workers:
                 pidfile.remove(self.path)
-        if self._pipe_w is not None:
-            os.close(self._pipe_w)
-            self._pipe_w = None
-        if self._watchdog is not None:
-            try:
-                self._watchdog.wait(timeout=_WATCHDOG_EXIT_S)
-            except subprocess.TimeoutExpired:
-                log.warning("Run %s: the lifeline watchdog (pid %d) did not exit; killing it.",
-                            self.run_id, self._watchdog.pid)
-                self._watchdog.kill()
-                self._watchdog.wait()
-            self._watchdog = None
+        self._close_watchdog()
+
+    def _close_watchdog(self) -> None:
+        watchdog, self._watchdog = self._watchdog, None
+        if watchdog is not None:
+            watchdog.close(self.run_id)
 
     def _write(self) -> None:
         live = LiveWorkers(self.run_id, self._me, tuple(self._workers.values()), self._host)
@@ -285,16 +281,6 @@ class Lifeline:
         log.warning("Run %s node %s: cannot update the PID file %s (%s; %s free there); a restarted agent or the "
                     "watchdog may miss these workers. Said once, until it can be written again.", self.run_id,
                     self._node, self.path, error.strerror or error, size_text(free_bytes(self.directory)))
-
-    def _start_watchdog(self) -> None:
-        read_end, self._pipe_w = os.pipe()  # both close-on-exec; only the watchdog gets read_end
-        try:
-            self._watchdog = subprocess.Popen(
-                [sys.executable, "-c", WATCHDOG_PROGRAM, os.path.abspath(self.path)],
-                stdin=read_end, stdout=subprocess.DEVNULL, start_new_session=True, close_fds=True,
-            )  # fmt: skip
-        finally:
-            os.close(read_end)
 
 
 def _private_dir(directory: str, *, repair_mode: bool = False) -> str:

@@ -1,14 +1,17 @@
-"""The lifeline watchdog: ``python -c <WATCHDOG_PROGRAM> <pid file>``, one per agent (it calls :func:`main`).
+"""The lifeline watchdog: ``python -S -c <program>``, one per agent (it calls :func:`main`).
 
-The agent (:class:`elastic.agent.lifeline.keeper.Lifeline`) starts it in its own session with stdin
-the read end of a pipe whose only write end the agent holds. When the agent dies, however, the
-kernel closes that end and the watchdog reads EOF: it SIGKILLs every worker the agent's PID file
-still names, with their descendants and sessions (:func:`elastic.agent.lifeline.pidfile.kill_workers`),
-removes the file, prints one line to the agent's stderr and exits. An agent that exits normally
-removes its file first: the watchdog then exits at once.
+The agent (:class:`elastic.agent.lifeline.watchdog_process.Watchdog`) starts it in its own session
+with stdin the read end of a pipe whose only write end the agent holds, and later writes the
+path of its PID file there, one line. When the agent dies, however, the kernel closes that end
+and the watchdog reads EOF: it SIGKILLs every worker the agent's PID file still names, with
+their descendants and sessions (:func:`elastic.agent.lifeline.pidfile.kill_workers`), removes
+the file, prints one line to the agent's stderr and exits. An agent that exits normally removes
+its file first, and one that never wrote a path had no workers: the watchdog then exits at once.
 
-It imports what it needs (psutil) before it blocks, so the kill does not wait for an import,
-and leaves with ``os._exit``, so an agent closing its lifeline does not wait for a teardown.
+It starts without ``site`` (``-S``: the two directories it needs beyond the standard library
+are given, see :mod:`elastic.agent.lifeline.watchdog_process`), imports what it needs (psutil)
+before it blocks, so the kill does not wait for an import, and leaves with ``os._exit``, so an
+agent closing its lifeline does not wait for a teardown.
 """
 
 from __future__ import annotations
@@ -19,13 +22,27 @@ import sys
 
 from elastic.agent.lifeline import pidfile
 
+_PATH_MAX = 65536
+"""The most of stdin kept: the PID file's path is one line (bounded: the pipe is read to EOF)."""
 
-def watch(path: str) -> int:
-    """Wait for EOF on stdin (the agent gone), then stop what ``path`` names; the exit status."""
+
+def read_path(fd: int = 0) -> str:
+    """Read ``fd`` until EOF (the agent gone); the first line written, the PID file's path."""
+    data = bytearray()
+    while chunk := os.read(fd, 4096):
+        if len(data) < _PATH_MAX:
+            data += chunk
+    return os.fsdecode(bytes(data).partition(b"\n")[0])
+
+
+def watch() -> int:
+    """Wait for EOF on stdin (the agent gone), then stop what the PID file it named names; the
+    exit status."""
     for sig in (signal.SIGINT, signal.SIGHUP):  # the agent's terminal is not ours to obey
         signal.signal(sig, signal.SIG_IGN)
-    while os.read(0, 4096):
-        pass
+    path = read_path()
+    if not path:
+        return 0  # never armed: the agent ended before it had workers
     try:
         live = pidfile.read(path)
     except FileNotFoundError:
@@ -49,11 +66,12 @@ def watch(path: str) -> int:
 
 
 def main() -> None:
-    """The entry point: ``sys.argv[1]`` is the PID file; never returns."""
-    if len(sys.argv) != 2:
-        print("usage: python -m elastic.agent.lifeline.watchdog <pid file>  (started by elasticrun)", file=sys.stderr)
+    """The entry point: the PID file's path comes on stdin; never returns."""
+    if len(sys.argv) != 1:
+        print("usage: python -m elastic.agent.lifeline.watchdog  (started by elasticrun; the PID file's path "
+              "comes on stdin)", file=sys.stderr)
         sys.exit(2)
-    status = watch(sys.argv[1])
+    status = watch()
     sys.stderr.flush()
     os._exit(status)  # skip the interpreter's teardown: the agent may be waiting for this exit
 

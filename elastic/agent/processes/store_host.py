@@ -23,6 +23,7 @@ from typing import Mapping
 
 from elastic.agent.errors import StoreHostError
 from elastic.agent.lifeline.keeper import parent_death_preexec
+from elastic.agent.processes.reaping import wait_exited
 from elastic.agent.safe_path import isolated_program
 
 log = logging.getLogger(__name__)
@@ -177,12 +178,9 @@ class StoreHost:
             proc.kill()  # mid-import, or failed to import: nothing of it is worth waiting for
         if chan is not None:
             chan.close()  # the helper reads EOF and exits
-        if proc is not None:
-            try:
-                proc.wait(timeout=_STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        if proc is not None and not wait_exited(proc, _STOP_TIMEOUT_S):
+            proc.kill()
+            proc.wait()
 
     def _ensure_started(self) -> socket.socket:
         if self._chan is not None and self._proc is not None and self._proc.poll() is None:
