@@ -114,8 +114,20 @@ def _isolated_names(tree: ast.Module) -> set[str]:
             for target in node.targets if isinstance(target, ast.Name)}
 
 
-def _is_isolated(node: ast.AST) -> bool:
-    return isinstance(node, ast.Call) and getattr(node.func, "id", None) == "isolated_program"
+def _isolated_makers(tree: ast.Module) -> set[str]:
+    """Module-level functions every ``return`` of which is ``isolated_program(...)``."""
+    makers = set()
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef):
+            returns = [item for item in ast.walk(node) if isinstance(item, ast.Return)]
+            if returns and all(item.value is not None and _is_isolated(item.value) for item in returns):
+                makers.add(node.name)
+    return makers
+
+
+def _is_isolated(node: ast.AST, makers: frozenset[str] = frozenset()) -> bool:
+    name = getattr(node.func, "id", None) if isinstance(node, ast.Call) else None
+    return name == "isolated_program" or name in makers
 
 
 def test_every_python_the_package_starts_runs_an_isolated_program():
@@ -128,6 +140,7 @@ def test_every_python_the_package_starts_runs_an_isolated_program():
             continue
         tree = ast.parse(path.read_text(), str(path))
         isolated = _isolated_names(tree)
+        makers = frozenset(_isolated_makers(tree))
         for node in ast.walk(tree):
             if not (isinstance(node, ast.Call) and getattr(node.func, "attr", None) in _STARTS and node.args
                     and isinstance(node.args[0], ast.List)):
@@ -138,7 +151,7 @@ def test_every_python_the_package_starts_runs_an_isolated_program():
             assert "-m" not in words, f"{where} starts python -m"
             if "-c" in words:
                 program = elts[words.index("-c") + 1]
-                assert _is_isolated(program) or (isinstance(program, ast.Name) and program.id in isolated), (
+                assert _is_isolated(program, makers) or (isinstance(program, ast.Name) and program.id in isolated), (
                     f"{where} starts python -c without isolated_program")
                 starts.append(where)
     assert len(starts) == 4, starts  # the watchdog, the store helper, the templates, the logs-specs helper
