@@ -20,13 +20,13 @@ import sys
 import time
 import uuid
 from contextlib import ExitStack
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from backends.endpoints import Endpoint
 from elastic import console
 from elastic.agent.agent import ElasticAgent
 from elastic.agent.exclusion import ExclusionPolicy
-from elastic.agent.observe.events import EventLog
+from elastic.agent.observe.events import Event, EventLog
 from elastic.agent.lifeline.keeper import Lifeline, state_dir
 from elastic.agent.errors import AgentError
 from elastic.agent.observe.summary import RunTally, summary_lines
@@ -61,7 +61,7 @@ def run(config: LaunchConfig, *, watchdog: Watchdog | None = None) -> int:
     setup = console.console_setup(os.environ, config.verbose)
     console.configure(setup)
     hide_inline_secrets(os.environ)  # read into config.backend: no helper or worker inherits it
-    notice = omp_threads_notice(os.environ, config.nproc_per_node)  # said once set-up succeeded
+    notice = omp_threads_notice(os.environ, config.nproc_per_node)  # said when a round is first joined
     with ExitStack() as cleanup:
         if watchdog is not None:
             cleanup.callback(watchdog.close)  # unless the lifeline took it over (then a no-op)
@@ -81,6 +81,8 @@ def run(config: LaunchConfig, *, watchdog: Watchdog | None = None) -> int:
                                                     host=socket.gethostname()))
             tally = RunTally()
             events.listen(tally)
+            if notice:  # about the workers: not before a set-up or rendezvous error, then the only line
+                events.listen(_say_once_joined(notice))
             metrics = _new_metrics(config, handler)
             store_host = (StoreHost(python_executable(os.environ), os.environ)
                           if not isinstance(config.backend, StaticSpec) else None)
@@ -105,8 +107,6 @@ def run(config: LaunchConfig, *, watchdog: Watchdog | None = None) -> int:
         except KeyboardInterrupt:  # e.g. while it waits for a store that is not up yet
             print("elasticrun: interrupted before the workers started", file=sys.stderr)
             return 128 + signal.SIGINT
-        if notice:  # about the workers: not before a set-up error, which is then the only line
-            log.info("%s", notice, extra=console.CONSOLE)
         with waker.catching(config.signals_to_handle):
             result = agent.run()
     if result.exit_code != 0:
@@ -203,3 +203,17 @@ def _looker(agent: ElasticAgent, handler: Rendezvous) -> Callable[[], Standing]:
         return Standing(agent.healthy, handler.progress(), joined.group_world_size if joined else 0,
                         handler.membership())
     return look
+
+
+def _say_once_joined(notice: str) -> Callable[[Mapping[str, Any]], None]:
+    """An event listener that says ``notice`` on the console at the first round joined: just
+    before the workers start, so a mistake the set-up or the rendezvous catches stays the only line."""
+    said = False
+
+    def listener(record: Mapping[str, Any]) -> None:
+        nonlocal said
+        if not said and record.get("event") == Event.ROUND_JOINED.value:
+            said = True
+            log.info("%s", notice, extra=console.CONSOLE)
+
+    return listener
