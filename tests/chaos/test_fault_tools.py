@@ -99,7 +99,7 @@ def test_a_cut_namespace_reaches_the_host_end_only_while_the_link_is_up(netns_li
 
 
 def test_closing_a_namespace_link_deletes_the_namespace_and_the_pair():
-    from elastic.testing.netns import NamespaceLink
+    from support.netns import NamespaceLink
 
     link = NamespaceLink()
     link.close()

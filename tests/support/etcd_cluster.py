@@ -12,7 +12,7 @@ it the way production etcd gets hurt:
   (a single-member cluster killed and restarted keeps its keys, revisions and leases).
 
 ``extra_args`` go to every member (e.g. ``--quota-backend-bytes=16777216`` for a database that
-fills up, see :mod:`elastic.testing.etcd_load`).
+fills up, see :mod:`support.etcd_load`).
 
 Members listen for clients on ``127.0.0.1`` and on any extra ``client_hosts`` (e.g. the host
 side of a veth pair, so an agent inside a network namespace reaches etcd); peers talk over
