@@ -123,7 +123,7 @@ def _alive(pid: int) -> bool:
 
 
 def test_freeze_returns_once_every_thread_is_stopped_and_thaw_resumes_them():
-    from elastic.testing.freeze import freeze, thaw, thread_states
+    from support.freeze import freeze, thaw, thread_states
 
     code = "import threading, time\nfor _ in range(3): threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\nprint(flush=True)\ntime.sleep(60)"
     process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)

@@ -41,11 +41,12 @@ from pathlib import Path
 import grpc
 from etcd3 import etcdrpc
 
-from elastic.testing.freeze import freeze
 from elastic.testing.etcd_server.binaries import NO_BINARY_HINT, find_etcd_binary
 from elastic.testing.etcd_server.local import fast_tmpdir
 from elastic.testing.etcd_server.server import EtcdServerError
 from elastic.testing.ports import free_port
+
+from support.freeze import freeze
 
 log = logging.getLogger(__name__)
 
