@@ -16,7 +16,7 @@ gives per fault and system the state's size, the joiner's transfer from a live p
 systems), the checkpoint save and the reload after the fault (checkpointing systems, local disk)
 and TorchFT's heal, from the workers' events (not for ``control_plane``).
 
-Without it, the worker-side figures, with :class:`elastic.testing.live_agent.SimulatedAgent`
+Without it, the worker-side figures, with :class:`support.live_agent.SimulatedAgent`
 standing in for the agents (it hosts each round's TCPStore and writes the round lines as soon as
 the test decides, so no rendezvous or lease time is in these figures except the lease TTL it
 waits out for a freeze).
@@ -54,11 +54,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests" / "worker" / "workers"))
+sys.path.insert(0, str(REPO / "tests"))  # support: the tests' helpers, not shipped
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 import live_side  # noqa: E402
-from elastic.testing.live_agent import SimulatedAgent  # noqa: E402
+from support.live_agent import SimulatedAgent  # noqa: E402
 from live_side import FAULTS  # noqa: E402
 from live_systems import SYSTEMS  # noqa: E402
 

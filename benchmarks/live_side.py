@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # support: the tests' helpers, not shipped
 
 from live_figures import (FaultFigures, back_cell, commits, fault_figures, gap_cell, outcome, ratio,  # noqa: E402
                           state_figures, step_period, useful_and_redone)
@@ -158,7 +159,7 @@ def measure_fault(run: Run, kind: str, window: float) -> tuple[FaultFigures, str
 
 def measure_control_plane(run: Run, window: float, cluster=None) -> tuple[FaultFigures, str]:
     """A crash of node 1's worker, then at once the control plane: ``cluster``'s leader (an
-    :class:`~elastic.testing.etcd_cluster.EtcdCluster` the run uses) or else TorchFT's lighthouse.
+    :class:`~support.etcd_cluster.EtcdCluster` the run uses) or else TorchFT's lighthouse.
     A launcher exiting after it is a result, not a failure.
 
     Raises:
@@ -299,8 +300,8 @@ def main(args) -> int:
     failed = 0
     with ExitStack() as cleanup:
         sys.path.insert(0, str(REPO))
-        from elastic.testing.etcd_cluster import EtcdCluster
         from elastic.testing.etcd_server import EtcdServerError, EtcdServerOptions, start_etcd_server
+        from support.etcd_cluster import EtcdCluster
 
         server = start_etcd_server(EtcdServerOptions())
         cleanup.callback(server.close)

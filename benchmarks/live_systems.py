@@ -38,9 +38,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from elastic.testing.agents import clean_env, kill_tree, process_tree
-from elastic.testing.freeze import freeze, thaw
 from elastic.testing.ports import free_port
 from recovery import wait_for_port  # benchmarks/ is on the path (live_side.py, live_recovery.py)
+from support.freeze import freeze, thaw  # and tests/
 
 REPO = Path(__file__).resolve().parents[1]
 LIVE_WORKER = REPO / "tests" / "worker" / "workers" / "live_train.py"

@@ -2,7 +2,7 @@
 
 :class:`~elastic.agent.processes.workers.WorkerGroup` is the implementation; the agent is typed
 against :class:`Workers` so its loop can be tested in-process with a fake group
-(:mod:`elastic.testing.fake_workers`).
+(``tests/support/fake_workers.py``).
 """
 
 from __future__ import annotations

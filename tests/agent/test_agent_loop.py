@@ -1,5 +1,5 @@
-"""The agent's loop, in-process: a scripted rendezvous (elastic.testing.fake_rendezvous), fake worker
-groups (elastic.testing.fake_workers) and a fake clock; no process is started.
+"""The agent's loop, in-process: a scripted rendezvous (support.fake_rendezvous), fake worker
+groups (support.fake_workers) and a fake clock; no process is started.
 
 One case per restart cause (a failure counted, a failure not counted, a membership change, a
 store outage) and per outcome (finish, give up, closed by a peer, stop blind, exclusion, a
@@ -28,8 +28,9 @@ from elastic.rendezvous.api import MembershipChange
 from elastic.rendezvous.errors import RendezvousClosedError, RendezvousConnectionError
 from elastic.rendezvous.settings import RendezvousSettings
 from elastic.rendezvous.static import StaticRendezvousHandler
-from elastic.testing.fake_rendezvous import BLOCK, FakeRendezvous, Round
-from elastic.testing.fake_workers import Fate, FakeGroup, FakeGroups
+
+from support.fake_rendezvous import BLOCK, FakeRendezvous, Round
+from support.fake_workers import Fate, FakeGroup, FakeGroups
 
 pytestmark = pytest.mark.timeout(30)  # a loop that does not end fails fast
 

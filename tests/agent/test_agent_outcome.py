@@ -15,9 +15,10 @@ from elastic.agent.agent import AgentResult
 from elastic.agent.decisions import REJOIN_GRACE_S
 from elastic.rendezvous.api import MembershipChange
 from elastic.rendezvous.errors import JobFinishedError
-from elastic.testing.fake_rendezvous import FakeRendezvous, Round
-from elastic.testing.fake_workers import Fate, FakeGroup, FakeGroups
 from test_agent_loop import AB, Loop
+
+from support.fake_rendezvous import FakeRendezvous, Round
+from support.fake_workers import Fate, FakeGroup, FakeGroups
 
 pytestmark = pytest.mark.timeout(30)
 

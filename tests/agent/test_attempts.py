@@ -16,7 +16,8 @@ from elastic.agent.observe.report import AgentReport
 from elastic.agent.waking import Waker
 from elastic.rendezvous.api import RendezvousInfo
 from elastic.rendezvous.records import Member, NodeLayout
-from elastic.testing.fake_workers import Fate, FakeGroups
+
+from support.fake_workers import Fate, FakeGroups
 
 
 class FakeHelper:

@@ -1,5 +1,5 @@
 """The Grafana dashboards: the plain-Prometheus one in docs/ and the Helm chart's, checked against
-the series a live agent registry exports (see elastic.testing.dashboards)."""
+the series a live agent registry exports (see support.dashboards)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from elastic.agent.observe.metrics import IDENTITY_LABELS, RESTARTS_TOTAL, AgentMetrics
-from elastic.testing.dashboards import (
+
+from support.dashboards import (
     KUBERNETES_TARGET_LABELS,
     PROMETHEUS_TARGET_LABELS,
     Query,

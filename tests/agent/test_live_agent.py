@@ -20,9 +20,10 @@ from pathlib import Path
 import pytest
 
 from elastic.testing import agents
-from elastic.testing.freeze import freeze, thaw
-from elastic.testing.live_agent import read_events
 from e2e import FAST_CONF, LAST_CALL, LEASE_TTL, run_id
+
+from support.freeze import freeze, thaw
+from support.live_agent import read_events
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "worker"))
 from live_checks import REPO, TEST_OPTIONS, WORKER, assert_consistent, assert_no_redo, recoveries, steps  # noqa: E402

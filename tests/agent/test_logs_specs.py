@@ -1,6 +1,6 @@
 """``--logs-specs``: a real torch ``LogsSpecs`` plugin, run in its helper, places real workers' logs.
 
-The plugin is ``elastic.testing.flat_logs`` (a distribution installed into a temporary
+The plugin is ``support.flat_logs`` (a distribution installed into a temporary
 directory on ``PYTHONPATH``) or torch's own ``default``. Each helper imports torch, so the hosts
 are shared per module where the tests only read from them.
 """
@@ -23,7 +23,8 @@ from elastic.agent.processes.group_state import GroupStatus
 from elastic.agent.processes.workers import WorkerGroup
 from elastic.config import Entrypoint, LaunchConfig, Std, StdMask
 from elastic.rendezvous.api import RendezvousInfo
-from elastic.testing.flat_logs import install_flat_logs
+
+from support.flat_logs import install_flat_logs
 
 pytestmark = pytest.mark.slow  # every helper imports torch
 

@@ -34,8 +34,9 @@ from e2e import FAST_CONF, allreduces_at, etcd_flags, run_id, script, worker_pid
 
 from elastic.testing import agents
 from elastic.testing.agents import clean_env
-from elastic.testing.dom import Element, parse
-from elastic.testing.live_agent import read_events
+
+from support.dom import Element, parse
+from support.live_agent import read_events
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "worker"))
 from live_checks import REPO, TEST_OPTIONS, WORKER, steps  # noqa: E402

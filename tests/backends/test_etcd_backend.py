@@ -40,11 +40,12 @@ from backends.etcd import EtcdBackend, EtcdConfig
 from backends.etcd.connection import EtcdConnection
 from backends.etcd.convert import prefix_range_end
 from backends.etcd.translate import DialFailure, RequestNotSent, diagnose_dial_failure, translate_rpc_error
-from elastic.testing.etcd_auth import JOB_PASSWORD, ROOT_PASSWORD, job_user_lines, least_privilege_lines, run_lines
-from elastic.testing.etcd_cluster import EtcdCluster
-from elastic.testing.freeze import freeze, thaw
 from elastic.testing.etcd_server import ROOT_USER, EtcdServerOptions, find_etcdctl_binary, start_etcd_server
 from elastic.testing.tls import make_tls_files, rotate_server_ca
+
+from support.etcd_auth import JOB_PASSWORD, ROOT_PASSWORD, job_user_lines, least_privilege_lines, run_lines
+from support.etcd_cluster import EtcdCluster
+from support.freeze import freeze, thaw
 
 pytestmark = pytest.mark.etcd
 

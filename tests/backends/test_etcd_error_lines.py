@@ -18,10 +18,11 @@ from pathlib import Path
 import pytest
 
 from elastic.testing.agents import clean_env
-from elastic.testing.etcd_auth import JOB_PASSWORD, job_user_lines, run_lines
 from elastic.testing.etcd_server import ROOT_USER, EtcdServerOptions, start_etcd_server
 from elastic.testing.ports import free_port
 from elastic.testing.tls import make_tls_files
+
+from support.etcd_auth import JOB_PASSWORD, job_user_lines, run_lines
 
 pytestmark = pytest.mark.etcd
 

@@ -178,7 +178,7 @@ def test_raft_term_reads_response_headers_only():
 def test_a_write_sent_to_a_follower_as_the_leader_dies_ends_long_before_request_timeout():
     from backends.etcd import EtcdBackend, EtcdConfig
     from backends.txn import Compare, Put, Txn
-    from elastic.testing.etcd_cluster import EtcdCluster
+    from support.etcd_cluster import EtcdCluster
 
     cluster = EtcdCluster(3)
     try:

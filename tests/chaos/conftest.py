@@ -19,9 +19,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import chaoslib  # noqa: E402
 
-from elastic.testing.etcd_cluster import EtcdCluster  # noqa: E402
-from elastic.testing.netns import NamespaceError, NamespaceLink  # noqa: E402
-from elastic.testing.small_fs import SmallFilesystem, SmallFilesystemError  # noqa: E402
+from support.etcd_cluster import EtcdCluster  # noqa: E402
+from support.netns import NamespaceError, NamespaceLink  # noqa: E402
+from support.small_fs import SmallFilesystem, SmallFilesystemError  # noqa: E402
 
 @pytest.fixture
 def etcd_cluster_factory():

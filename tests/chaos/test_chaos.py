@@ -45,9 +45,10 @@ from etcd3 import etcdrpc
 import chaoslib
 import live_records
 from chaoslib import ELASTICRUN, ELASTICRUN_LIVE, LEASE_TTL, TORCHRUN, ChaosJob
-from elastic.testing.etcd_cluster import EtcdCluster
-from elastic.testing.freeze import freeze
-from elastic.testing.netns import NamespaceLink
+
+from support.etcd_cluster import EtcdCluster
+from support.freeze import freeze
+from support.netns import NamespaceLink
 
 pytestmark = [pytest.mark.slow, pytest.mark.chaos, pytest.mark.etcd, pytest.mark.needs_torch, pytest.mark.timeout(420)]
 

@@ -4,7 +4,7 @@ The same job and verdict as ``test_chaos.py`` (2 agents x 1 gloo worker, ``elast
 ``torchrun --rdzv-backend=etcd-v3`` with our plugin, the fault once step 10 is done;
 :func:`test_chaos.run` judges it), against a single etcd member with auth on and simple tokens
 that lapse after 3 s unused (``--auth-token-ttl 3``; etcd's default is 300 s). The job's user is
-set up with the ``etcdctl`` lines docs/security.md shows (:mod:`elastic.testing.etcd_auth`):
+set up with the ``etcdctl`` lines docs/security.md shows (:mod:`support.etcd_auth`):
 readwrite on ``/elastic/`` and nothing else.
 
 Lease renewals and open watches do not renew a token, so while the job trains its agents'
@@ -34,9 +34,10 @@ import pytest
 
 import chaoslib
 from chaoslib import ELASTICRUN, TORCHRUN
-from elastic.testing.etcd_auth import JOB_PASSWORD, ROOT_PASSWORD, least_privilege_lines, run_lines
-from elastic.testing.etcd_cluster import EtcdCluster
 from test_chaos import FAULT_STEP, Context, Scenario, Timeline, run
+
+from support.etcd_auth import JOB_PASSWORD, ROOT_PASSWORD, least_privilege_lines, run_lines
+from support.etcd_cluster import EtcdCluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.chaos, pytest.mark.etcd, pytest.mark.needs_torch, pytest.mark.timeout(420)]
 

@@ -99,7 +99,7 @@ def test_a_cut_namespace_reaches_the_host_end_only_while_the_link_is_up(netns_li
 
 
 def test_closing_a_namespace_link_deletes_the_namespace_and_the_pair():
-    from elastic.testing.netns import NamespaceLink
+    from support.netns import NamespaceLink
 
     link = NamespaceLink()
     link.close()
@@ -123,7 +123,7 @@ def _alive(pid: int) -> bool:
 
 
 def test_freeze_returns_once_every_thread_is_stopped_and_thaw_resumes_them():
-    from elastic.testing.freeze import freeze, thaw, thread_states
+    from support.freeze import freeze, thaw, thread_states
 
     code = "import threading, time\nfor _ in range(3): threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\nprint(flush=True)\ntime.sleep(60)"
     process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)

@@ -33,7 +33,8 @@ from elastic.agent.processes.workers import WorkerGroup
 from elastic.config import Entrypoint, LaunchConfig, Std, StdMask
 from elastic.rendezvous.api import RendezvousInfo
 from elastic.testing.agents import wait_until
-from elastic.testing.small_fs import SmallFilesystem
+
+from support.small_fs import SmallFilesystem
 
 STEPS = 100
 FULL_AT = 20

@@ -10,7 +10,7 @@ single etcd member that is:
   alarm, and a worker crashes during the alarm; the job re-forms once the operator cleaned etcd
   (delete, compact, defrag, alarm disarm), one clear line and no traceback meanwhile;
 * slow (item 3): every byte to and from etcd goes through a
-  :class:`~elastic.testing.latency_proxy.LatencyProxy` (200 ms and 1 s each way) from the
+  :class:`~support.latency_proxy.LatencyProxy` (200 ms and 1 s each way) from the
   agents' start, and a worker crashes at step 10: both nodes train and re-form (at 0 ms: the
   same crash on a fast link, the figures' baseline);
 * cleared by an operator (item 4): ``etcdctl del --prefix`` of the job's keys; the job re-forms
@@ -36,10 +36,11 @@ from etcd3 import etcdrpc
 import chaoslib
 from chaoslib import ELASTICRUN, ELASTICRUN_LIVE, TORCHRUN
 from elastic.rendezvous.records import RendezvousKeys
-from elastic.testing.etcd_cluster import EtcdCluster
-from elastic.testing.etcd_load import BusyTenant, clear_nospace, fill_until_nospace, nospace_alarmed
-from elastic.testing.latency_proxy import LatencyProxy
 from test_chaos import STEPS_INSTANT, Context, Scenario, Timeline, run
+
+from support.etcd_cluster import EtcdCluster
+from support.etcd_load import BusyTenant, clear_nospace, fill_until_nospace, nospace_alarmed
+from support.latency_proxy import LatencyProxy
 
 pytestmark = [pytest.mark.slow, pytest.mark.chaos, pytest.mark.etcd, pytest.mark.needs_torch, pytest.mark.timeout(420)]
 

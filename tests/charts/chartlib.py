@@ -39,10 +39,10 @@ def find_helm() -> str | None:
 
 def helm_or_fail() -> str:
     """Path of a helm v3 binary: $HELM, a v3 helm on PATH, or the pinned helm installed on first
-    use into the user's cache (elastic.testing.helm). Fails the calling test with one line when none."""
+    use into the user's cache (support.helm). Fails the calling test with one line when none."""
     import pytest
 
-    from elastic.testing.helm import HELM_VERSION, HelmInstallError, cache_dir, ensure_helm
+    from support.helm import HELM_VERSION, HelmInstallError, cache_dir, ensure_helm
 
     path = find_helm()
     if path is not None:

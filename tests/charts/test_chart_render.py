@@ -493,7 +493,7 @@ def test_without_metrics_there_is_no_port_flag_or_service_monitor(rendered):
 
 def test_dashboard_charts_only_metrics_and_labels_the_agent_exports(rendered):
     from elastic.agent.observe import metrics
-    from elastic.testing.dashboards import KUBERNETES_TARGET_LABELS, agent_series, dashboard_problems, parse_query
+    from support.dashboards import KUBERNETES_TARGET_LABELS, agent_series, dashboard_problems, parse_query
 
     [config_map] = [c for c in rendered["metrics"].of_kind("ConfigMap") if c["metadata"]["name"].endswith("-dashboard")]
     assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"

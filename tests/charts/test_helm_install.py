@@ -1,4 +1,4 @@
-"""The test-session helm installer (elastic.testing.helm): pins and refusals."""
+"""The test-session helm installer (support.helm): pins and refusals."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import re
 import pytest
 
 from chartlib import REPO
-from elastic.testing import helm as helm_install
+from support import helm as helm_install
 
 
 def test_the_pins_are_those_of_the_ci_install_script():

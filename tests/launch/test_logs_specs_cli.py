@@ -2,7 +2,7 @@
 
 A name torchrun would not find in its ``torchrun.logs_specs`` entry-point group is refused at
 once with one line, without importing torch; a name it finds is honoured: the plugin (here
-``elastic.testing.flat_logs``, a distribution installed into a temporary directory on
+``support.flat_logs``, a distribution installed into a temporary directory on
 ``PYTHONPATH``) decides where each rank's files go, under elasticrun as under torchrun.
 """
 
@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from elastic.launch.cli import ConfigError, config_from_args, installed_logs_specs
-from elastic.testing.flat_logs import ENTRY_POINT, install_flat_logs
+
+from support.flat_logs import ENTRY_POINT, install_flat_logs
 
 LAUNCHERS = {
     "elasticrun": [sys.executable, "-m", "elastic.run"],

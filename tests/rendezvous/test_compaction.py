@@ -24,7 +24,8 @@ from backends.etcd import EtcdBackend, EtcdConfig
 from elastic.rendezvous.api import MembershipChange, MembershipStatus
 from elastic.rendezvous.handler import RendezvousHandler
 from elastic.rendezvous.settings import RendezvousSettings
-from elastic.testing.etcd_cluster import EtcdCluster
+
+from support.etcd_cluster import EtcdCluster
 
 pytestmark = [pytest.mark.etcd, pytest.mark.slow]
 

@@ -1,5 +1,5 @@
 """A slow link to etcd (issue 27 item 3): the node connects, measures the round trip and fits its
-timeouts to it, saying so in one line; a real etcd behind :class:`~elastic.testing.latency_proxy.LatencyProxy`."""
+timeouts to it, saying so in one line; a real etcd behind :class:`~support.latency_proxy.LatencyProxy`."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from elastic.rendezvous.latency import Timing, fit_to_round_trip, raised
 from elastic.rendezvous.registry import create_handler
 from elastic.rendezvous.settings import RendezvousSettings
 from elastic.testing.etcd_server import ROOT_USER
-from elastic.testing.latency_proxy import LatencyProxy
+
+from support.latency_proxy import LatencyProxy
 
 
 @pytest.mark.parametrize("round_trip, given, expected", [

@@ -1,6 +1,6 @@
 """A job's etcd user needs readwrite on its namespace's prefix and nothing else (issue 35, item 1).
 
-The user is set up with the ``etcdctl`` lines docs/security.md shows (:mod:`elastic.testing.etcd_auth`,
+The user is set up with the ``etcdctl`` lines docs/security.md shows (:mod:`support.etcd_auth`,
 checked against the docs here), on the session's etcd (auth on, logged in as root), each test
 with its own namespace and user. The whole-job runs (2 agents, gloo workers, tokens that expire
 every 3 s, both launchers) are in ``tests/chaos/test_etcd_auth.py``.
@@ -18,8 +18,9 @@ import pytest
 
 from backends.errors import BackendPermissionError
 from elastic.testing.agents import clean_env
-from elastic.testing.etcd_auth import JOB_PASSWORD, job_user_lines, least_privilege_lines, run_lines
 from elastic.testing.etcd_server import ROOT_USER
+
+from support.etcd_auth import JOB_PASSWORD, job_user_lines, least_privilege_lines, run_lines
 
 pytestmark = pytest.mark.etcd
 

@@ -20,9 +20,10 @@ import uuid
 
 import pytest
 
-from elastic.testing.netns import NamespaceLink
 from elastic.testing.ports import free_port
 from hostile import REPO
+
+from support.netns import NamespaceLink
 
 PROBE = textwrap.dedent("""
     import json, logging, sys

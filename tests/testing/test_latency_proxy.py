@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from elastic.testing.latency_proxy import LatencyProxy
+from support.latency_proxy import LatencyProxy
 
 
 class _Echo(socketserver.BaseRequestHandler):

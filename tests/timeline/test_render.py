@@ -10,11 +10,12 @@ import pytest
 
 import elastic.timeline
 from elastic.agent.observe.events import Event
-from elastic.testing.dom import parse
 from elastic.timeline.layout import MarkKind, layout
 from elastic.timeline.page import render_page
 from elastic.timeline.records import Record
 from elastic.timeline.svg import render_svg, symbol, tick_label, tick_step
+
+from support.dom import parse
 
 T0 = 1_700_000_000.0
 TIMELINE = os.path.dirname(elastic.timeline.__file__)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from elastic.testing.dom import parse
+from support.dom import parse
 
 REPO = Path(__file__).resolve().parents[2]
 TIMELINE = [sys.executable, "-m", "elastic.timeline"]

@@ -6,8 +6,9 @@ from typing import Iterator
 
 import pytest
 
-from elastic.testing.live_agent import SimulatedAgent
 from live_checks import WORKER
+
+from support.live_agent import SimulatedAgent
 
 
 @pytest.fixture

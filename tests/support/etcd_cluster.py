@@ -12,7 +12,7 @@ it the way production etcd gets hurt:
   (a single-member cluster killed and restarted keeps its keys, revisions and leases).
 
 ``extra_args`` go to every member (e.g. ``--quota-backend-bytes=16777216`` for a database that
-fills up, see :mod:`elastic.testing.etcd_load`).
+fills up, see :mod:`support.etcd_load`).
 
 Members listen for clients on ``127.0.0.1`` and on any extra ``client_hosts`` (e.g. the host
 side of a veth pair, so an agent inside a network namespace reaches etcd); peers talk over
@@ -41,11 +41,12 @@ from pathlib import Path
 import grpc
 from etcd3 import etcdrpc
 
-from elastic.testing.freeze import freeze
 from elastic.testing.etcd_server.binaries import NO_BINARY_HINT, find_etcd_binary
 from elastic.testing.etcd_server.local import fast_tmpdir
 from elastic.testing.etcd_server.server import EtcdServerError
 from elastic.testing.ports import free_port
+
+from support.freeze import freeze
 
 log = logging.getLogger(__name__)
 

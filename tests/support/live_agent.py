@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from elastic.testing.freeze import freeze, thaw
+from support.freeze import freeze, thaw
 from elastic.worker.rounds import (
     READY_FD_VAR,
     ROUND_FD_VAR,
