@@ -51,9 +51,15 @@ __all__ = [
 ]
 
 
+_INT64 = 2**63
+"""Every number of a plan or a position is below it in magnitude, as an int64 holds."""
+
+
 def _count(name: str, value: Any, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise DataPlanError(f"The {name} ({value!r}) must be an integer.")
+        raise DataPlanError(f"The {name} ({value!r:.40}) must be an integer.")
+    if not -_INT64 <= value < _INT64:
+        raise DataPlanError(f"The {name} must be in the int64 range, [-2**63, 2**63).")
     if value < minimum:
         raise DataPlanError(f"The {name} ({value}) must be at least {minimum}.")
     return value
@@ -69,7 +75,8 @@ class DataPosition:
     that uses an epoch's last sample moves the position to the next epoch's start.
 
     Raises (on construction):
-        DataPlanError: a field is not an integer, or the epoch or the count is negative.
+        DataPlanError: a field is not an integer in the int64 range, or the epoch or the count
+            is negative.
     """
 
     epoch: int = 0
@@ -79,8 +86,7 @@ class DataPosition:
     def __post_init__(self) -> None:
         _count("epoch", self.epoch, 0)
         _count("count of samples consumed", self.consumed, 0)
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-            raise DataPlanError(f"The seed ({self.seed!r}) must be an integer.")
+        _count("seed", self.seed, -_INT64)
 
     def state_dict(self) -> dict[str, int]:
         """The position as plain numbers: ``{"epoch": ..., "consumed": ..., "seed": ...}``."""

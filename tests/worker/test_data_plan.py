@@ -185,6 +185,10 @@ def test_a_position_goes_through_its_dict_and_json_unchanged():
         ({"epoch": 0, "consumed": 2.0, "seed": 0}, r"The count of samples consumed \(2.0\) must be an integer"),
         ({"epoch": True, "consumed": 0, "seed": 0}, r"The epoch \(True\) must be an integer"),
         ({"epoch": 0, "consumed": 0, "seed": "7"}, r"The seed \('7'\) must be an integer"),
+        ({"epoch": 0, "consumed": 0, "seed": -2**63 - 1}, r"The seed must be in the int64 range"),
+        ({"epoch": 2**63, "consumed": 0, "seed": 0}, r"The epoch must be in the int64 range"),
+        ({"epoch": 0, "consumed": -10**5000, "seed": 0}, r"The count of samples consumed must be in the int64 range"),
+        ({"epoch": 0, "consumed": 0, "seed": "x" * 1000}, r"The seed \('x{39}\) must be an integer"),
     ],
 )
 def test_a_bad_position_dict_is_refused_in_one_line(state, message):
