@@ -12,7 +12,10 @@ still used exactly once::
             x, y = micro.data
             (F.cross_entropy(ddp(x), y) * micro.weight).backward()
     opt.step()
-    loader.commit()                              # last, with the step's other state changes
+    loader.commit()                              # once the step is committed on every rank
+
+Under ``LiveTraining`` commit after ``train_step()``'s block, when ``live.step`` moved on (see
+docs/live-recovery.md): a body can return from a step that is not committed.
 
 The worker processes load ahead (``prefetch_factor`` micro-batches each) on the assumption that
 every step is committed in the same world. A new world, a new position, or a retried step in a
