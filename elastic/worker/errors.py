@@ -69,3 +69,9 @@ class AgentGoneError(RecoveryFailed):
 
 class FailingRoundsError(RecoveryFailed):
     """Too many groups in a row failed without a committed step (``LiveOptions.max_failed_rounds``)."""
+
+
+class DataPlanError(LiveRecoveryError, ValueError):
+    """The data a rank should use cannot be planned: a batch size, rank or world out of range, a
+    saved position that does not fit the dataset, or a global batch the world does not divide;
+    the message says which."""
