@@ -30,6 +30,10 @@ class RoundLineError(LiveRecoveryError, ValueError):
     """A line read from the round pipe is not a valid round; the watcher logs it and goes on."""
 
 
+class ReadyLineError(LiveRecoveryError, ValueError):
+    """A line read from the ready pipe is not a valid answer; the agent skips it (one warning)."""
+
+
 class StateTransferError(LiveRecoveryError):
     """A state could not be encoded (an unsupported value in ``state_dict()``) or a received
     header is malformed or over its bounds; the message names the entry or the bound."""
