@@ -48,7 +48,7 @@ from elastic.worker.heal import heal
 from elastic.worker.options import LiveOptions
 from elastic.worker.refill import GenerationStore, current_generation, move_generation, refill_from_env
 from elastic.worker.reporting import Cause, ReadyWriter, Recovery
-from elastic.worker.rounds import READY_FD_VAR, ROUND_FD_VAR, Round, export_round, round_from_env
+from elastic.worker.rounds import READY_FD_VAR, ROUND_FD_VAR, Ready, ReadyEvent, Round, export_round, round_from_env
 
 log = logging.getLogger(__name__)
 
@@ -192,7 +192,7 @@ class LiveTraining:
         if self._watcher is not None:
             self._watcher.start()
         if self._ready is not None:  # the agent may now tell the survivors: they wait in the barrier no longer
-            self._ready.write("joining", self._round.round, self._round.rank, self._step)
+            self._ready.write(Ready(ReadyEvent.JOINING, self._round.round, self._round.rank, self._step))
         first = _Target(Arrival(self._round, self._clock()), _past_current if self._replaces else current_generation)
         self._recover(Cause.START, first)
         return self
@@ -295,7 +295,7 @@ class LiveTraining:
         if not isinstance(lost, Superseded):  # a newer round is not a failure of this one
             self._failed_in_a_row += 1
         if self._ready is not None:
-            self._ready.write("lost", self._round.round, self._round.rank, self._step)
+            self._ready.write(Ready(ReadyEvent.LOST, self._round.round, self._round.rank, self._step))
 
     # -- recovery -----------------------------------------------------------------------------
     def _recover(self, cause: Cause, first: _Target | None) -> None:
@@ -399,7 +399,7 @@ class LiveTraining:
                  "work(s) still run", self._where(), target.round, self._generation, cause.value, healed.step,
                  healed.done_at - began, healed.role.value, healed.nbytes, recovery.hung_works)
         if self._ready is not None:
-            self._ready.write("formed", target.round, target.rank, healed.step)
+            self._ready.write(Ready(ReadyEvent.FORMED, target.round, target.rank, healed.step))
         if self._on_reform is not None:
             self._on_reform(self)
 

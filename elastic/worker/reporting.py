@@ -1,16 +1,6 @@
 """What a worker tells about its recoveries: a :class:`Recovery` value per re-formed group, and
-(optionally) one JSON line per event on ``ELASTIC_READY_FD`` for the agent.
-
-The ready pipe exists because the agent cannot otherwise tell a worker that re-formed round R
-from one still stuck forming it: it would have to wait for its fallback deadline in every
-recovery. Lines (``{"v": 1, "event": ..., "round": R, "rank": r, "step": s}``):
-
-* ``joining``: a worker started in round R has imported torch, built its state and is about to
-  form R. An agent that replaces a worker publishes R to the survivors on this line, not at the
-  replacement's fork: survivors then wait in R's barrier for a group setup, not for an import.
-* ``formed``: this worker formed round R and healed; it trains from step s.
-* ``lost``: this worker's group of round R was lost (a collective failed or was abandoned); it
-  waits for a newer round.
+(optionally) one line per event on ``ELASTIC_READY_FD`` for the agent (the format and what each
+event means: :mod:`elastic.worker.rounds`, :class:`~elastic.worker.rounds.ReadyEvent`).
 
 Writes never block training: the pipe is non-blocking, a full pipe drops the line (with one
 warning), and a closed one (the agent is gone) is ignored.
@@ -19,12 +9,12 @@ warning), and a closed one (the agent is gone) is ignored.
 from __future__ import annotations
 
 import enum
-import json
 import logging
 import os
 from dataclasses import dataclass
 
 from elastic.worker.heal import HealRole
+from elastic.worker.rounds import Ready, encode_ready_line
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +58,7 @@ class Recovery:
 
 
 class ReadyWriter:
-    """Non-blocking JSON lines to the agent on ``fd``."""
+    """Non-blocking ready lines to the agent on ``fd``."""
 
     def __init__(self, fd: int, label: str) -> None:
         self._fd = fd
@@ -77,13 +67,13 @@ class ReadyWriter:
         os.set_blocking(fd, False)
         os.set_inheritable(fd, False)
 
-    def write(self, event: str, round_number: int, rank: int, step: int) -> None:
-        line = json.dumps({"v": 1, "event": event, "round": round_number, "rank": rank, "step": step}).encode() + b"\n"
+    def write(self, ready: Ready) -> None:
         try:
-            os.write(self._fd, line)
+            os.write(self._fd, encode_ready_line(ready))
         except BlockingIOError:
             if not self._warned:
-                log.warning("%s: the ready pipe is full; dropped the %s line for round %d", self._label, event, round_number)
+                log.warning("%s: the ready pipe is full; dropped the %s line for round %d", self._label, ready.event.value,
+                            ready.round)
                 self._warned = True
         except OSError:  # EPIPE/EBADF: the agent is gone; the round pipe will say so
             pass
