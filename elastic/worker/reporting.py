@@ -1,6 +1,7 @@
-"""What a worker tells about its recoveries: a :class:`Recovery` value per re-formed group, and
-(optionally) one line per event on ``ELASTIC_READY_FD`` for the agent (the format and what each
-event means: :mod:`elastic.worker.rounds`, :class:`~elastic.worker.rounds.ReadyEvent`).
+"""What a worker tells about its recoveries: a :class:`Recovery` value per re-formed group (kept
+and logged by the :class:`Reporter`), and (optionally) one line per event on ``ELASTIC_READY_FD``
+for the agent (the format and what each event means: :mod:`elastic.worker.rounds`,
+:class:`~elastic.worker.rounds.ReadyEvent`).
 
 Writes never block training: the pipe is non-blocking, a full pipe drops the line (with one
 warning), and a closed one (the agent is gone) is ignored.
@@ -8,17 +9,20 @@ warning), and a closed one (the agent is gone) is ignored.
 
 from __future__ import annotations
 
+import collections
 import enum
 import logging
 import os
 from dataclasses import dataclass
 
 from elastic.worker.heal import HealRole
-from elastic.worker.rounds import Ready, encode_ready_line
+from elastic.worker.rounds import Ready, ReadyEvent, Round, encode_ready_line
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Cause", "ReadyWriter", "Recovery"]
+__all__ = ["Cause", "ReadyWriter", "Recovery", "Reporter"]
+
+KEPT_RECOVERIES = 1000
 
 
 class Cause(enum.Enum):
@@ -83,3 +87,30 @@ class ReadyWriter:
             os.close(self._fd)
         except OSError:
             pass
+
+
+class Reporter:
+    """Keeps the last :data:`KEPT_RECOVERIES` recoveries, logs each, and writes the ready lines
+    (when the worker has a ready pipe, ``ready_fd``)."""
+
+    def __init__(self, ready_fd: int | None, label: str) -> None:
+        self.recoveries: collections.deque[Recovery] = collections.deque(maxlen=KEPT_RECOVERIES)
+        """The last groups this worker formed, oldest first."""
+        self._ready = None if ready_fd is None else ReadyWriter(ready_fd, label)
+
+    def tell(self, event: ReadyEvent, round_: Round, step: int) -> None:
+        """Tell the agent ``event`` for ``round_`` (this worker's rank there) at ``step``."""
+        if self._ready is not None:
+            self._ready.write(Ready(event, round_.round, round_.rank, step))
+
+    def formed(self, recovery: Recovery, round_: Round, where: str) -> None:
+        """Keep and log ``recovery``, of ``round_``, and tell the agent (``where`` names the worker)."""
+        self.recoveries.append(recovery)
+        log.info("%s: formed round %d generation %d (%s) at step %d in %.3fs; heal: %s, %d bytes; %d abandoned "
+                 "work(s) still run", where, recovery.round, recovery.generation, recovery.cause.value, recovery.step,
+                 recovery.healed - recovery.began, recovery.role.value, recovery.nbytes, recovery.hung_works)
+        self.tell(ReadyEvent.FORMED, round_, recovery.step)
+
+    def close(self) -> None:
+        if self._ready is not None:
+            self._ready.close()
