@@ -31,8 +31,9 @@ class Cause(enum.Enum):
     START = "start"
     ROUND = "round"
     """A newer round arrived and the group in use was healthy."""
-    LOST = "lost"
-    """The group in use was lost (a collective failed or was abandoned)."""
+    LOST = ReadyEvent.LOST.value
+    """The group in use was lost (a collective failed or was abandoned): the worker told the
+    agent so on the ready pipe, and names the recovery after it with the same word."""
 
 
 @dataclass(frozen=True)
