@@ -70,7 +70,7 @@ class Recoverer:
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._env, self._environ, self._state, self._options = env, environ, state, options
         self._commits, self._reporter, self._on_formed, self._clock = commits, reporter, on_formed, clock
-        self.round = env.first
+        self.round: Round = env.first
         """The round in use (or being formed)."""
         self.in_use = GroupInUse(env.label, clock)
         self.mailbox = RoundMailbox(env.first.round, (env.first.master_addr, env.first.master_port))
