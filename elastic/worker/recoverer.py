@@ -61,15 +61,30 @@ class _Target:
 
 
 class Recoverer:
-    """Owns the round pipe's watcher, the group in use, and the loop that replaces a lost or
-    outdated group; counts into ``commits`` and tells ``reporter``; calls ``on_formed`` after
-    every group formed and healed. Nothing runs before :meth:`start`."""
+    """The round pipe's watcher, the group in use, and the loop that replaces a lost or outdated
+    group. Nothing runs before :meth:`start`.
+
+    Args:
+        env: the worker's start (its first round, its pipes).
+        environ: updated with each round's ranks when mutable (:func:`elastic.worker.rounds.export_round`).
+        state: what a heal sends and applies.
+        commits: counted into at each step's end, and moved by each heal.
+        reporter: keeps and logs each recovery, and tells the agent.
+        options: the timeouts and limits.
+        on_formed: called after every group formed and healed.
+    """
 
     def __init__(self, env: WorkerEnv, environ: Mapping[str, str], state: StateHooks, commits: Commits,
                  reporter: Reporter, options: LiveOptions, on_formed: Callable[[], None] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self._env, self._environ, self._state, self._options = env, environ, state, options
-        self._commits, self._reporter, self._on_formed, self._clock = commits, reporter, on_formed, clock
+        self._env = env
+        self._environ = environ
+        self._state = state
+        self._commits = commits
+        self._reporter = reporter
+        self._options = options
+        self._on_formed = on_formed
+        self._clock = clock
         self.round: Round = env.first
         """The round in use (or being formed)."""
         self.in_use = GroupInUse(env.label, clock)
