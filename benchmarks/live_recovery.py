@@ -60,6 +60,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 import live_side  # noqa: E402
 from support.live_agent import SimulatedAgent  # noqa: E402
+from elastic.worker.rounds import Ready, ReadyEvent  # noqa: E402
 from live_side import FAULTS  # noqa: E402
 from live_systems import SYSTEMS  # noqa: E402
 
@@ -85,11 +86,11 @@ def _last(agent, slot) -> int:
 
 
 def _wait_ready(agent, slot, round_number, timeout):
-    seen: list[dict] = []
+    seen: list[Ready] = []
 
     def joining():
         seen.extend(agent.ready_lines(slot))
-        return any(line["event"] == "joining" and line["round"] == round_number for line in seen)
+        return any(line.event is ReadyEvent.JOINING and line.round == round_number for line in seen)
 
     agent.wait_for(joining, timeout, f"{slot} joining round {round_number}")
 

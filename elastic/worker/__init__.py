@@ -27,8 +27,17 @@ boundary, or when a collective fails, and heals ranks that are behind from a liv
                 F.mse_loss(ddp(x), y).backward()
                 opt.step()                 # last: a step that fails before it runs again
 
-Importing this package does not import torch: :mod:`elastic.worker.rounds` (the wire format)
-is usable by the agent side; the names below load torch on first use.
+The public API is what ``__all__`` lists: :class:`LiveTraining` and :class:`LiveOptions`; the
+values ``LiveTraining`` hands out (:class:`Round` for ``live.round``, :class:`Recovery` and its
+:class:`Cause` for ``live.recoveries``); and the errors a training loop may catch:
+:class:`LiveRecoveryError` (the base), :class:`LiveOptionsError` and :class:`WorkerEnvError`
+(on construction), :class:`StateTransferError`, :class:`GroupLost` (recoverable; ``train_step``
+swallows it) and :class:`RecoveryFailed` (terminal) with :class:`FailingRoundsError`. The
+modules of this package are internal: the agent imports the pipes' codec from
+:mod:`elastic.worker.rounds`.
+
+Importing this package does not import torch; ``LiveTraining``, ``Recovery`` and ``Cause`` load
+it on first use.
 """
 
 from __future__ import annotations
@@ -36,46 +45,34 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from elastic.worker.errors import (
-    AgentGoneError,
-    CollectiveFailed,
     FailingRoundsError,
     GroupLost,
     LiveOptionsError,
     LiveRecoveryError,
-    NoRoundError,
     RecoveryFailed,
-    RoundLineError,
     StateTransferError,
-    Superseded,
     WorkerEnvError,
 )
 from elastic.worker.options import LiveOptions
-from elastic.worker.rounds import Round, encode_round_line, parse_round_line
+from elastic.worker.rounds import Round
 
 if TYPE_CHECKING:
     from elastic.worker.live import LiveTraining
     from elastic.worker.reporting import Cause, Recovery
 
 __all__ = [
-    "AgentGoneError",
     "Cause",
-    "CollectiveFailed",
     "FailingRoundsError",
     "GroupLost",
     "LiveOptions",
     "LiveOptionsError",
     "LiveRecoveryError",
     "LiveTraining",
-    "NoRoundError",
-    "RecoveryFailed",
     "Recovery",
+    "RecoveryFailed",
     "Round",
-    "RoundLineError",
     "StateTransferError",
-    "Superseded",
     "WorkerEnvError",
-    "encode_round_line",
-    "parse_round_line",
 ]
 
 _LAZY = {"LiveTraining": "elastic.worker.live", "Cause": "elastic.worker.reporting", "Recovery": "elastic.worker.reporting"}

@@ -5,8 +5,8 @@ rebuilds its buckets after the first iteration, one for buffers in every forward
 block in C++ and would hang on a frozen peer, and a DDP built on one round's group is useless
 on the next. So, as TorchFT's DDP does, the module is given a private one-rank gloo group
 (those calls become local no-ops) and a comm hook that sends each bucket through
-:meth:`LiveTraining.bucket_allreduce` on whatever group is current: one DDP lives through every
-re-forming, and a hung bucket is abandoned when the next round arrives.
+:meth:`~elastic.worker.collectives.GroupInUse.bucket_allreduce` on whatever group is current:
+one DDP lives through every re-forming, and a hung bucket is abandoned when the next round arrives.
 
 Consequences, by design:
 
@@ -41,8 +41,8 @@ from elastic.worker.errors import LiveRecoveryError
 __all__ = ["live_ddp", "local_group", "spend_unused_parameters_warning"]
 
 class BucketReducer(Protocol):
-    """What a live DDP needs of :class:`~elastic.worker.live.LiveTraining`: the all-reduce of
-    one gradient bucket on whatever group is current (a future of the reduced tensor)."""
+    """What a live DDP needs (of :class:`~elastic.worker.collectives.GroupInUse`): the
+    all-reduce of one gradient bucket on whatever group is current (a future of the reduced tensor)."""
 
     def bucket_allreduce(self, buffer: torch.Tensor) -> torch.futures.Future: ...
 

@@ -9,6 +9,11 @@ Two branches matter to a training loop:
 * :class:`RecoveryFailed` is *terminal*: the worker cannot rejoin (no newer round came in
   time, or the agent closed the round pipe). It propagates, the process exits non-zero, and
   the agent falls back to a group restart.
+
+``elastic.worker`` exports the errors a training loop may catch (the base, the options' and the
+environment's errors, :class:`StateTransferError`, :class:`GroupLost`, :class:`RecoveryFailed`
+and :class:`FailingRoundsError`); the finer kinds below them, and the pipes' line errors, are
+internal and importable from this module.
 """
 
 from __future__ import annotations
@@ -28,6 +33,10 @@ class LiveOptionsError(LiveRecoveryError, ValueError):
 
 class RoundLineError(LiveRecoveryError, ValueError):
     """A line read from the round pipe is not a valid round; the watcher logs it and goes on."""
+
+
+class ReadyLineError(LiveRecoveryError, ValueError):
+    """A line read from the ready pipe is not a valid answer; the agent skips it (one warning)."""
 
 
 class StateTransferError(LiveRecoveryError):

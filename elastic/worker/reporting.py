@@ -1,16 +1,7 @@
-"""What a worker tells about its recoveries: a :class:`Recovery` value per re-formed group, and
-(optionally) one JSON line per event on ``ELASTIC_READY_FD`` for the agent.
-
-The ready pipe exists because the agent cannot otherwise tell a worker that re-formed round R
-from one still stuck forming it: it would have to wait for its fallback deadline in every
-recovery. Lines (``{"v": 1, "event": ..., "round": R, "rank": r, "step": s}``):
-
-* ``joining``: a worker started in round R has imported torch, built its state and is about to
-  form R. An agent that replaces a worker publishes R to the survivors on this line, not at the
-  replacement's fork: survivors then wait in R's barrier for a group setup, not for an import.
-* ``formed``: this worker formed round R and healed; it trains from step s.
-* ``lost``: this worker's group of round R was lost (a collective failed or was abandoned); it
-  waits for a newer round.
+"""What a worker tells about its recoveries: a :class:`Recovery` value per re-formed group (kept
+and logged by the :class:`Reporter`), and (optionally) one line per event on ``ELASTIC_READY_FD``
+for the agent (the format and what each event means: :mod:`elastic.worker.rounds`,
+:class:`~elastic.worker.rounds.ReadyEvent`).
 
 Writes never block training: the pipe is non-blocking, a full pipe drops the line (with one
 warning), and a closed one (the agent is gone) is ignored.
@@ -18,17 +9,20 @@ warning), and a closed one (the agent is gone) is ignored.
 
 from __future__ import annotations
 
+import collections
 import enum
-import json
 import logging
 import os
 from dataclasses import dataclass
 
 from elastic.worker.heal import HealRole
+from elastic.worker.rounds import Ready, ReadyEvent, Round, encode_ready_line
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Cause", "ReadyWriter", "Recovery"]
+__all__ = ["Cause", "ReadyWriter", "Recovery", "Reporter"]
+
+KEPT_RECOVERIES = 1000
 
 
 class Cause(enum.Enum):
@@ -37,8 +31,9 @@ class Cause(enum.Enum):
     START = "start"
     ROUND = "round"
     """A newer round arrived and the group in use was healthy."""
-    LOST = "lost"
-    """The group in use was lost (a collective failed or was abandoned)."""
+    LOST = ReadyEvent.LOST.value
+    """The group in use was lost (a collective failed or was abandoned): the worker told the
+    agent so on the ready pipe, and names the recovery after it with the same word."""
 
 
 @dataclass(frozen=True)
@@ -68,7 +63,7 @@ class Recovery:
 
 
 class ReadyWriter:
-    """Non-blocking JSON lines to the agent on ``fd``."""
+    """Non-blocking ready lines to the agent on ``fd``."""
 
     def __init__(self, fd: int, label: str) -> None:
         self._fd = fd
@@ -77,13 +72,13 @@ class ReadyWriter:
         os.set_blocking(fd, False)
         os.set_inheritable(fd, False)
 
-    def write(self, event: str, round_number: int, rank: int, step: int) -> None:
-        line = json.dumps({"v": 1, "event": event, "round": round_number, "rank": rank, "step": step}).encode() + b"\n"
+    def write(self, ready: Ready) -> None:
         try:
-            os.write(self._fd, line)
+            os.write(self._fd, encode_ready_line(ready))
         except BlockingIOError:
             if not self._warned:
-                log.warning("%s: the ready pipe is full; dropped the %s line for round %d", self._label, event, round_number)
+                log.warning("%s: the ready pipe is full; dropped the %s line for round %d", self._label, ready.event.value,
+                            ready.round)
                 self._warned = True
         except OSError:  # EPIPE/EBADF: the agent is gone; the round pipe will say so
             pass
@@ -93,3 +88,30 @@ class ReadyWriter:
             os.close(self._fd)
         except OSError:
             pass
+
+
+class Reporter:
+    """Keeps the last :data:`KEPT_RECOVERIES` recoveries, logs each, and writes the ready lines
+    (when the worker has a ready pipe, ``ready_fd``)."""
+
+    def __init__(self, ready_fd: int | None, label: str) -> None:
+        self.recoveries: collections.deque[Recovery] = collections.deque(maxlen=KEPT_RECOVERIES)
+        """The last groups this worker formed, oldest first."""
+        self._ready = None if ready_fd is None else ReadyWriter(ready_fd, label)
+
+    def tell(self, event: ReadyEvent, round_: Round, step: int) -> None:
+        """Tell the agent ``event`` for ``round_`` (this worker's rank there) at ``step``."""
+        if self._ready is not None:
+            self._ready.write(Ready(event, round_.round, round_.rank, step))
+
+    def formed(self, recovery: Recovery, round_: Round, where: str) -> None:
+        """Keep and log ``recovery``, of ``round_``, and tell the agent (``where`` names the worker)."""
+        self.recoveries.append(recovery)
+        log.info("%s: formed round %d generation %d (%s) at step %d in %.3fs; heal: %s, %d bytes; %d abandoned "
+                 "work(s) still run", where, recovery.round, recovery.generation, recovery.cause.value, recovery.step,
+                 recovery.healed - recovery.began, recovery.role.value, recovery.nbytes, recovery.hung_works)
+        self.tell(ReadyEvent.FORMED, round_, recovery.step)
+
+    def close(self) -> None:
+        if self._ready is not None:
+            self._ready.close()

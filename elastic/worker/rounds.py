@@ -1,10 +1,12 @@
-"""The round a worker is in, read from its environment or from a line of the round pipe.
+"""The two pipes between an agent and a live worker, one codec each: the round a worker is in
+(from its environment or a line of the round pipe), and the worker's answers on the ready pipe.
 
 Pure and torch-free (no I/O beyond the mapping it is given), so the agent side can import it
-to write the lines its workers read, and the tests can check both ends against one format.
+to write the lines its workers read and read theirs, and the tests can check both ends against
+one format.
 
-The wire format (one line of JSON per round, UTF-8, ``\\n``-terminated, at most
-:data:`MAX_LINE_BYTES`)::
+The round pipe (agent → worker, ``ELASTIC_ROUND_FD``): one line of JSON per round, UTF-8,
+``\\n``-terminated, at most :data:`MAX_LINE_BYTES`::
 
     {"v": 1, "round": 7, "rank": 2, "world_size": 4, "local_rank": 0, "local_world_size": 1,
      "group_rank": 2, "master_addr": "10.0.0.1", "master_port": 29500, "restart_count": 0,
@@ -21,6 +23,15 @@ cannot have dropped the node (``time.monotonic()``, one clock per machine)::
 A worker that completes a collective after a stall uses it to tell whether its peers may have
 gone on without it (see :func:`elastic.worker.decisions.commit_fence`).
 
+The ready pipe (worker → agent, ``ELASTIC_READY_FD``): one line of JSON per event of the
+worker's recovery (:class:`ReadyEvent`), at most :data:`MAX_READY_BYTES`::
+
+    {"v": 1, "event": "formed", "round": 7, "rank": 2, "step": 120}
+
+It exists because the agent cannot otherwise tell a worker that re-formed round R from one still
+stuck forming it. Unknown fields are ignored, as on the round pipe; a missing or mistyped field,
+an unknown event, or another ``v`` makes the line invalid.
+
 The environment a worker starts with describes its first round: torchrun's variables plus
 ``ELASTIC_ROUND`` and ``ELASTIC_STORE_PREFIX`` (required when ``ELASTIC_ROUND_FD`` is set, so a
 worker never mistakes a repeat of its own round for a new one).
@@ -28,27 +39,33 @@ worker never mistakes a repeat of its own round for a new one).
 
 from __future__ import annotations
 
+import enum
 import json
 import math
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping, MutableMapping
 
-from elastic.worker.errors import RoundLineError, WorkerEnvError
+from elastic.worker.errors import ReadyLineError, RoundLineError, WorkerEnvError
 
 __all__ = [
     "FORMAT_VERSION",
     "MAX_LINE_BYTES",
+    "MAX_READY_BYTES",
     "READY_FD_VAR",
     "ROUND_FD_VAR",
     "ROUND_VAR",
     "STORE_PREFIX_VAR",
     "Held",
+    "Ready",
+    "ReadyEvent",
     "Round",
     "default_store_prefix",
     "encode_held_line",
+    "encode_ready_line",
     "encode_round_line",
     "export_round",
     "parse_pipe_line",
+    "parse_ready_line",
     "parse_round_line",
     "round_from_env",
 ]
@@ -56,6 +73,8 @@ __all__ = [
 FORMAT_VERSION = 1
 MAX_LINE_BYTES = 64 * 1024
 """A longer line is garbage: the reader drops it up to the next newline."""
+MAX_READY_BYTES = 4096
+"""The longest ready line read (a real one is under 100 bytes); the agent skips a longer one unparsed."""
 MAX_TEXT = 1024
 """Longest ``master_addr`` or ``store_prefix`` accepted."""
 
@@ -154,17 +173,18 @@ def parse_round_line(line: bytes) -> Round:
     return _round(_json_object(line))
 
 
-def _json_object(line: bytes) -> dict[str, Any]:
-    if len(line) > MAX_LINE_BYTES:
-        raise RoundLineError(f"the line is {len(line)} bytes, over the {MAX_LINE_BYTES}-byte limit")
+def _json_object(line: bytes, limit: int = MAX_LINE_BYTES, error: type[ValueError] = RoundLineError,
+                 reader: str = "worker") -> dict[str, Any]:
+    if len(line) > limit:
+        raise error(f"the line is {len(line)} bytes, over the {limit}-byte limit")
     try:
         value: Any = json.loads(line.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError) as error:
-        raise RoundLineError(f"the line is not UTF-8 JSON: {error}") from error
+    except (UnicodeDecodeError, ValueError, RecursionError) as cause:
+        raise error(f"the line is not UTF-8 JSON: {cause}") from cause
     if not isinstance(value, dict):
-        raise RoundLineError(f"the line is JSON {type(value).__name__}, not an object")
+        raise error(f"the line is JSON {type(value).__name__}, not an object")
     if value.get("v") != FORMAT_VERSION:
-        raise RoundLineError(f"the line has version {value.get('v')!r}; this worker reads version {FORMAT_VERSION}")
+        raise error(f"the line has version {value.get('v')!r}; this {reader} reads version {FORMAT_VERSION}")
     return value
 
 
@@ -176,6 +196,70 @@ def _round(value: dict[str, Any]) -> Round:
         return Round(**{name: value[name] for name in (*_INT_FIELDS, *_TEXT_FIELDS)})
     except ValueError as error:
         raise RoundLineError(str(error)) from error
+
+
+class ReadyEvent(str, enum.Enum):
+    """What a worker tells its agent about a round on the ready pipe."""
+
+    JOINING = "joining"
+    """Started in round R, it has imported torch and built its state, and is about to form R. An
+    agent that replaces a worker publishes R to the survivors on this line, not at the
+    replacement's fork: they then wait in R's barrier for a group setup, not for an import."""
+    FORMED = "formed"
+    """It formed round R and healed; it trains from step s."""
+    LOST = "lost"
+    """Its group of round R was lost (a collective failed or was abandoned); it waits for a newer round."""
+
+
+@dataclass(frozen=True)
+class Ready:
+    """One line of the ready pipe: a worker's event for a round, its rank there, and its step.
+
+    Raises (on construction):
+        ValueError: a number is not a non-negative integer, or the event is not a :class:`ReadyEvent`.
+    """
+
+    event: ReadyEvent
+    round: int
+    rank: int
+    step: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.event, ReadyEvent):
+            raise ValueError(f"The ready event must be a ReadyEvent, not {self.event!r}.")
+        for name in ("round", "rank", "step"):
+            value = getattr(self, name)
+            if type(value) is not int or value < 0:  # bool is an int subclass: reject it too
+                raise ValueError(f"The ready field {name!r} must be a non-negative integer, not {value!r}.")
+
+
+def encode_ready_line(ready: Ready) -> bytes:
+    """The pipe line for ``ready`` (what a worker writes), newline included."""
+    fields = {"v": FORMAT_VERSION, "event": ready.event.value, "round": ready.round, "rank": ready.rank, "step": ready.step}
+    return json.dumps(fields, separators=(",", ":")).encode() + b"\n"
+
+
+def parse_ready_line(line: bytes) -> Ready:
+    """The answer a ready-pipe line holds (with or without its newline).
+
+    Raises:
+        ReadyLineError: the line is longer than :data:`MAX_READY_BYTES`, not UTF-8 JSON, not an
+            object, of another version, names no known event, or a field is missing or out of
+            range; the message says which.
+    """
+    value = _json_object(line, MAX_READY_BYTES, ReadyLineError, "agent")
+    missing = [name for name in ("event", "round", "rank", "step") if name not in value]
+    if missing:
+        raise ReadyLineError(f"the line lacks {', '.join(missing)}")
+    try:
+        event = ReadyEvent(value["event"])
+    except ValueError:
+        raise ReadyLineError(f"the event {str(value['event'])[:40]!r} is none of "
+                             f"{', '.join(e.value for e in ReadyEvent)}") from None
+    try:
+        return Ready(event, value["round"], value["rank"], value["step"])
+    except ValueError as error:
+        raise ReadyLineError(str(error)) from error
 
 
 def default_store_prefix(run_id: str, round_number: int) -> str:

@@ -27,9 +27,11 @@ from elastic.worker.rounds import (
     ROUND_FD_VAR,
     ROUND_VAR,
     STORE_PREFIX_VAR,
+    Ready,
     Round,
     default_store_prefix,
     encode_round_line,
+    parse_ready_line,
 )
 
 __all__ = ["AgentRound", "SimulatedAgent", "WorkerProcess", "read_events"]
@@ -170,8 +172,12 @@ class SimulatedAgent:
     def thaw(self, slot: str) -> None:
         thaw(self.workers[slot].proc.pid)
 
-    def ready_lines(self, slot: str) -> list[dict]:
-        """The lines the worker wrote to its ready pipe so far."""
+    def ready_lines(self, slot: str) -> list[Ready]:
+        """The lines the worker wrote to its ready pipe since the last call.
+
+        Raises:
+            ReadyLineError: the worker wrote a line that is not a ready line.
+        """
         worker = self.workers[slot]
         data = b""
         while worker.ready_r is not None:
@@ -182,7 +188,7 @@ class SimulatedAgent:
             if not chunk:
                 break
             data += chunk
-        return [json.loads(line) for line in data.splitlines() if line]
+        return [parse_ready_line(line) for line in data.splitlines() if line]
 
     def events(self, slot: str) -> list[dict]:
         return read_events(self.workers[slot].log)

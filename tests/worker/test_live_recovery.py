@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from elastic.worker.rounds import encode_round_line
+from elastic.worker.rounds import Ready, encode_round_line
 from live_checks import (
     assert_consistent,
     assert_follows_reference,
@@ -35,11 +35,11 @@ def _wait_steps(agent, slots, step, timeout=60.0):
 
 
 def _wait_ready(agent, slot, event, round_number, timeout=START_TIMEOUT):
-    seen: list[dict] = []
+    seen: list[Ready] = []
 
     def arrived():
         seen.extend(agent.ready_lines(slot))
-        return any(line["event"] == event and line["round"] == round_number for line in seen)
+        return any(line.event == event and line.round == round_number for line in seen)
 
     agent.wait_for(arrived, timeout, f"{slot} {event} round {round_number}")
 
@@ -167,7 +167,7 @@ def test_a_new_round_with_the_same_members_reforms_without_a_transfer(live_agent
         # "lost" when the other rank took the round first and left round 0's group under this one.
         assert again["cause"] in ("round", "lost")
         assert gap_after(logs[slot], arrived) < 3.0
-        ready = [(line["event"], line["round"], line["step"]) for line in agent.ready_lines(slot)]
+        ready = [(line.event, line.round, line.step) for line in agent.ready_lines(slot)]
         lost = [("lost", 0, again["step"])] if again["cause"] == "lost" else []
         assert ready == [("joining", 0, 0), ("formed", 0, 0), *lost, ("formed", 1, again["step"])]
 

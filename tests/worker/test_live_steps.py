@@ -11,7 +11,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from elastic.worker import AgentGoneError, Cause, CollectiveFailed, LiveOptions, LiveTraining, Round
+from elastic.worker import Cause, LiveOptions, LiveTraining, Round
+from elastic.worker.errors import AgentGoneError, CollectiveFailed
 from elastic.worker.rounds import encode_round_line
 
 

@@ -44,8 +44,20 @@ def test_the_defaults_are_valid():
 def test_the_package_and_its_wire_format_import_without_torch():
     code = ("import sys, elastic.worker, elastic.worker.rounds, elastic.worker.channel, elastic.worker.decisions; "
             "assert 'torch' not in sys.modules, 'torch imported'; "
-            "from elastic.worker import LiveOptions, Round, encode_round_line")
+            "from elastic.worker import LiveOptions, Round; from elastic.worker.rounds import encode_round_line")
     subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, "PYTHONPATH": REPO})
+
+
+def test_the_package_exports_the_documented_api_and_no_internals():
+    import elastic.worker
+
+    assert sorted(elastic.worker.__all__) == [
+        "Cause", "FailingRoundsError", "GroupLost", "LiveOptions", "LiveOptionsError", "LiveRecoveryError",
+        "LiveTraining", "Recovery", "RecoveryFailed", "Round", "StateTransferError", "WorkerEnvError",
+    ]
+    assert all(getattr(elastic.worker, name) is not None for name in elastic.worker.__all__)
+    for internal in ("AgentGoneError", "CollectiveFailed", "Superseded", "RoundLineError", "encode_round_line"):
+        assert not hasattr(elastic.worker, internal), internal
 
 
 def test_live_training_refuses_a_round_fd_that_is_not_open():

@@ -1,4 +1,4 @@
-"""The round line and the worker environment (pure, no torch)."""
+"""The round line, the ready line and the worker environment (pure, no torch)."""
 
 from __future__ import annotations
 
@@ -6,13 +6,18 @@ import json
 
 import pytest
 
-from elastic.worker.errors import RoundLineError, WorkerEnvError
+from elastic.worker.errors import ReadyLineError, RoundLineError, WorkerEnvError
 from elastic.worker.rounds import (
     MAX_LINE_BYTES,
+    MAX_READY_BYTES,
+    Ready,
+    ReadyEvent,
     Round,
     default_store_prefix,
+    encode_ready_line,
     encode_round_line,
     export_round,
+    parse_ready_line,
     parse_round_line,
     round_from_env,
 )
@@ -68,6 +73,53 @@ def test_a_bad_line_is_one_clear_error(line, message):
 
 def test_an_encoded_line_respects_the_bound():
     assert len(encode_round_line(ROUND)) < MAX_LINE_BYTES
+
+
+@pytest.mark.parametrize("event", list(ReadyEvent))
+def test_a_ready_line_round_trips(event):
+    ready = Ready(event, round=7, rank=2, step=120)
+    line = encode_ready_line(ready)
+    assert line.endswith(b"\n") and len(line) < MAX_READY_BYTES and parse_ready_line(line) == ready
+
+
+def test_a_ready_line_as_workers_wrote_it_before_the_codec_is_read_and_extra_fields_are_ignored():
+    old = b'{"v": 1, "event": "lost", "round": 3, "rank": 1, "step": 9}\n'
+    assert parse_ready_line(old) == Ready(ReadyEvent.LOST, 3, 1, 9)
+    assert parse_ready_line(b'{"v":1,"event":"formed","round":3,"rank":1,"step":9,"node":"n1"}').event is ReadyEvent.FORMED
+
+
+def _ready(**changes) -> bytes:
+    fields = {"v": 1, "event": "formed", "round": 4, "rank": 0, "step": 7, **changes}
+    return json.dumps({k: v for k, v in fields.items() if v is not ...}).encode()
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        (b"garbage", "not UTF-8 JSON"),
+        (b"[" * 2000, "not UTF-8 JSON"),  # deep nesting: a RecursionError, translated
+        (b"[" * 5000, "over the 4096-byte limit"),
+        (b'"formed"', "JSON str, not an object"),
+        (_ready(v=2), "version 2; this agent reads version 1"),
+        (_ready(v=...), "version None"),
+        (_ready(event="healed"), "'healed' is none of joining, formed, lost"),
+        (_ready(event=["formed"]), "none of"),
+        (_ready(step=...), "lacks step"),
+        (_ready(rank=...), "lacks rank"),
+        (_ready(round="4"), "'round' must be a non-negative integer"),
+        (_ready(step=True), "'step' must be a non-negative integer"),
+        (_ready(round=-1), "'round' must be a non-negative integer"),
+        (_ready(step=1.5), "'step' must be a non-negative integer"),
+    ],
+)
+def test_a_bad_ready_line_is_one_clear_error(line, message):
+    with pytest.raises(ReadyLineError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
+        parse_ready_line(line)
+
+
+def test_a_ready_value_refuses_an_event_that_is_not_a_ready_event():
+    with pytest.raises(ValueError, match="must be a ReadyEvent"):
+        Ready("formed", 1, 0, 0)
 
 
 ENV = {"RANK": "1", "WORLD_SIZE": "3", "MASTER_ADDR": "h", "MASTER_PORT": "29400", "LOCAL_RANK": "0",

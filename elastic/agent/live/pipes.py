@@ -4,50 +4,43 @@
 Torch-free. The agent writes one line per round (:func:`elastic.worker.rounds.encode_round_line`),
 and one after each renewal of its lease (:func:`elastic.worker.rounds.encode_held_line`),
 and never blocks on it: a worker that stopped reading for a pipe's worth of rounds is one the
-answer deadline restarts anyway. The answers (``joining``/``formed``/``lost``, see
-:mod:`elastic.worker.reporting`) are read without blocking whenever the agent looks, a bounded
-amount at a time; a line that is not an answer (too long, too deep, not JSON) is skipped with
-one warning, as the template wire (:mod:`elastic.agent.prewarm.wire`) bounds its frames.
+answer deadline restarts anyway. The answers (:class:`~elastic.worker.rounds.Ready` lines,
+:func:`elastic.worker.rounds.parse_ready_line`) are read without blocking whenever the agent
+looks, a bounded amount at a time; a line that is not an answer (too long, too deep, not JSON,
+not a known event) is skipped with one warning, as the template wire (:mod:`elastic.agent.prewarm.wire`) bounds its frames.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-from dataclasses import dataclass
 
 from elastic.agent.processes.group_state import WorkerExtras
+from elastic.worker.errors import ReadyLineError
 from elastic.worker.refill import REFILL_VAR
 from elastic.worker.rounds import (
+    MAX_READY_BYTES,
     READY_FD_VAR,
     ROUND_FD_VAR,
     ROUND_VAR,
     STORE_PREFIX_VAR,
     Held,
+    Ready,
     Round,
     encode_held_line,
     encode_round_line,
+    parse_ready_line,
 )
 
 log = logging.getLogger(__name__)
 
-__all__ = ["MAX_ANSWER_BYTES", "MAX_READ_BYTES", "Answer", "LineCutter", "RoundPipes"]
+__all__ = ["MAX_ANSWER_BYTES", "MAX_READ_BYTES", "LineCutter", "RoundPipes"]
 
-MAX_ANSWER_BYTES = 4096
-"""The longest answer line read (a real one is under 200 bytes); a longer line is skipped unparsed."""
+MAX_ANSWER_BYTES = MAX_READY_BYTES
+"""The longest answer line read (a real one is under 100 bytes); a longer line is skipped unparsed."""
 MAX_READ_BYTES = 1 << 20
 """Bytes read from one worker's answer pipe per look; what a flooding worker writes beyond waits
 in the pipe (and blocks it), so the agent's memory and loop stay its own."""
-
-
-@dataclass(frozen=True)
-class Answer:
-    """One line a worker wrote back: its event for a round."""
-
-    event: str
-    round: int
-    step: int
 
 
 class RoundPipes:
@@ -110,11 +103,11 @@ class RoundPipes:
             return False
         return True
 
-    def answers(self) -> list[Answer]:
+    def answers(self) -> list[Ready]:
         """The answers written since the last call, reading at most :data:`MAX_READ_BYTES`.
 
         A line that is not an answer (not JSON, nested too deeply, longer than
-        :data:`MAX_ANSWER_BYTES`) is skipped, with one warning per worker: a worker can make the
+        :data:`MAX_ANSWER_BYTES`, not a :class:`~elastic.worker.rounds.Ready`) is skipped, with one warning per worker: a worker can make the
         agent hold no more than one answer's bytes between calls, and cannot make it raise.
         """
         chunks: list[bytes] = []
@@ -179,10 +172,8 @@ class LineCutter:
         return out
 
 
-def _answer(line: bytes) -> Answer | None:
+def _answer(line: bytes) -> Ready | None:
     try:
-        value = json.loads(line)
-        answer = Answer(str(value["event"]), value["round"], value["step"])
-    except (ValueError, KeyError, TypeError, RecursionError):
+        return parse_ready_line(line)
+    except ReadyLineError:
         return None
-    return answer if type(answer.round) is int and type(answer.step) is int else None

@@ -27,7 +27,7 @@ from elastic.agent.processes.group_state import GroupState, GroupStatus, WorkerE
 from elastic.agent.processes.workers import WorkerGroup
 from elastic.config import LaunchConfig
 from elastic.rendezvous.api import RendezvousInfo
-from elastic.worker.rounds import Held, Round, default_store_prefix
+from elastic.worker.rounds import Held, ReadyEvent, Round, default_store_prefix
 
 log = logging.getLogger(__name__)
 
@@ -247,9 +247,9 @@ class LiveWorkers:
         for rank in running:
             for answer in self._pipes[rank].answers():
                 self._spoke.add(rank)
-                if answer.event == "formed":
+                if answer.event is ReadyEvent.FORMED:
                     self._formed[rank] = max(self._formed[rank], answer.round)
-                elif answer.event == "lost":
+                elif answer.event is ReadyEvent.LOST:
                     self._lost[rank] = max(self._lost[rank], answer.round)
 
     def _spawn(self, info: RendezvousInfo, ranks: tuple[int, ...], attempt: int, restart_count: int,

@@ -1,0 +1,272 @@
+"""The recovery loop of one live worker: a loss or a newer round → a target → form → heal.
+
+At each step boundary the worker looks (one attribute read) whether a newer round is pending or
+its group was lost; if so it leaves the group, forms the new round's group
+(:mod:`elastic.worker.group`), agrees on the step with the other ranks and sends or receives the
+state (:mod:`elastic.worker.heal`). A group lost to a failure is first re-formed in the same
+round, as its next generation, through the round's own store (:mod:`elastic.worker.refill`): a
+replaced peer then costs no rendezvous round, and training goes on while etcd is slow; a newer
+round, when one comes, supersedes it. What to do after a loss is
+:func:`elastic.worker.decisions.decide_after_loss`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, MutableMapping
+
+from elastic.worker.channel import Arrival, RoundMailbox, RoundWatcher
+from elastic.worker.collectives import GroupInUse
+from elastic.worker.commits import Commits
+from elastic.worker.decisions import LossAction, decide_after_loss
+from elastic.worker.environment import WorkerEnv
+from elastic.worker.errors import (
+    AgentGoneError,
+    FailingRoundsError,
+    GroupLost,
+    NoRoundError,
+    RecoveryFailed,
+    Superseded,
+)
+from elastic.worker.group import form_group
+from elastic.worker.heal import heal
+from elastic.worker.options import LiveOptions
+from elastic.worker.refill import GenerationStore, current_generation, move_generation
+from elastic.worker.reporting import Cause, Recovery, Reporter
+from elastic.worker.rounds import ROUND_FD_VAR, ReadyEvent, Round, export_round
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Recoverer", "StateHooks"]
+
+
+@dataclass(frozen=True)
+class StateHooks:
+    """How to read the training state (to send it to a rank that is behind) and apply one received."""
+
+    state_dict: Callable[[], Any]
+    load_state_dict: Callable[[Any], None]
+
+
+@dataclass(frozen=True)
+class _Target:
+    """What to form next: a round, and which of its generations (``pick``, given its store)."""
+
+    arrival: Arrival
+    pick: Callable[[GenerationStore], int] = current_generation
+    wait_until: float | None = None
+    """A refill's deadline: the newer round the agent may publish instead is due by then."""
+
+
+class Recoverer:
+    """The round pipe's watcher, the group in use, and the loop that replaces a lost or outdated
+    group. Nothing runs before :meth:`start`.
+
+    Args:
+        env: the worker's start (its first round, its pipes).
+        environ: updated with each round's ranks when mutable (:func:`elastic.worker.rounds.export_round`).
+        state: what a heal sends and applies.
+        commits: counted into at each step's end, and moved by each heal.
+        reporter: keeps and logs each recovery, and tells the agent.
+        options: the timeouts and limits.
+        on_formed: called after every group formed and healed.
+    """
+
+    def __init__(self, env: WorkerEnv, environ: Mapping[str, str], state: StateHooks, commits: Commits,
+                 reporter: Reporter, options: LiveOptions, on_formed: Callable[[], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._env = env
+        self._environ = environ
+        self._state = state
+        self._commits = commits
+        self._reporter = reporter
+        self._options = options
+        self._on_formed = on_formed
+        self._clock = clock
+        self.round: Round = env.first
+        """The round in use (or being formed)."""
+        self.in_use = GroupInUse(env.label, clock)
+        self.mailbox = RoundMailbox(env.first.round, (env.first.master_addr, env.first.master_port))
+        self._watcher: RoundWatcher | None = None
+        if env.round_fd is None:
+            self.mailbox.close()  # no pipe: no round will ever come
+        else:
+            self._watcher = RoundWatcher(env.round_fd, self.mailbox, self.in_use.registry, options.interrupt_grace,
+                                         env.label, clock)
+        self._lost: GroupLost | None = None
+        self._generation = 0  # the generation of the round last formed (or being formed)
+        self._refilled: tuple[int, int] | None = None  # the (round, generation) last moved past
+        self.gave_up = False
+        """A recovery failed (:class:`RecoveryFailed`): the worker exits non-zero."""
+
+    def start(self) -> None:
+        """Watch the round pipe, tell the agent this worker is joining, form the first round and heal.
+
+        Raises:
+            StateTransferError: a state cannot be sent or a received one is malformed.
+            RecoveryFailed: the first round could not be formed and no newer one came.
+        """
+        if self._watcher is not None:
+            self._watcher.start()
+        # The agent may now tell the survivors: they wait in the barrier no longer.
+        self._reporter.tell(ReadyEvent.JOINING, self.round, self._commits.step)
+        first = Arrival(self.round, self._clock())
+        self._recover(Cause.START, _Target(first, _past_current if self._env.replaces else current_generation))
+
+    def close(self) -> None:
+        """Stop watching the pipe, leave the group, and wait (bounded) for abandoned collectives."""
+        if self._watcher is not None:
+            self._watcher.stop()
+        self.in_use.leave("closed")
+        # A worker that gave up exits non-zero anyway: it does not wait for hung works first.
+        left = self.in_use.drain(0.0 if self.gave_up else self._options.drain_timeout)
+        if left:
+            log.warning("%s: %d abandoned collective(s) still run after %gs; gloo may abort this process at exit",
+                        self._env.label, left, self._options.drain_timeout)
+        self._reporter.close()
+
+    # -- step boundaries ----------------------------------------------------------------------
+    def before_step(self) -> None:
+        """Re-form the group if it was lost or a newer round is pending.
+
+        Raises:
+            RecoveryFailed: no group can be formed.
+        """
+        if self._lost is not None:
+            self._recover(Cause.LOST, None)
+        elif self.mailbox.pending is not None:
+            self._recover(Cause.ROUND, None)
+
+    def after_step(self, error: BaseException | None) -> bool:
+        """Commit the step that ended with ``error`` (``None``: its body returned) unless its
+        group was lost; whether to swallow ``error`` (the group was lost: the step runs again)."""
+        failure = self.in_use.failure
+        if error is None:
+            if failure is None:
+                self._commits.commit(self.round.round)
+                return False
+            log.warning("%s: step %d is not committed: a collective of it failed (%s) but its body went on",
+                        self.where(), self._commits.step, failure)
+            self._lose(failure)
+            return False
+        lost = error if isinstance(error, GroupLost) else failure if isinstance(error, RuntimeError) else None
+        if lost is None:
+            return False
+        log.warning("%s: step %d is not committed and runs again: %s", self.where(), self._commits.step, lost)
+        self._lose(lost)
+        return True
+
+    def where(self) -> str:
+        return f"run {self._env.run_id} round {self.round.round} rank {self.round.rank}"
+
+    def _lose(self, lost: GroupLost) -> None:
+        self._lost = lost
+        self._commits.lose(lost)
+        self._reporter.tell(ReadyEvent.LOST, self.round, self._commits.step)
+
+    # -- the loop -----------------------------------------------------------------------------
+    def _recover(self, cause: Cause, first: _Target | None) -> None:
+        try:
+            self._recover_once(cause, first)
+        except RecoveryFailed:
+            self.gave_up = True
+            raise
+
+    def _recover_once(self, cause: Cause, first: _Target | None) -> None:
+        began = self._clock()
+        self.in_use.leave(f"{cause.value} at step {self._commits.step}")
+        deadline = began + self._options.round_wait_timeout
+        attempts = 0
+        target = first
+        while True:
+            if target is None:
+                target = self._next_target(deadline)
+            attempts += 1
+            try:
+                self._form(cause, target, began, attempts)
+                return
+            except NoRoundError as error:
+                if target.wait_until is None:
+                    raise
+                raise NoRoundError(f"{self.where()}: the group was lost ({self._lost}) and neither its replaced "
+                                   f"ranks nor a newer round came within {self._options.round_wait_timeout:g}s.") from error
+            except GroupLost as lost:
+                log.warning("%s: round %d did not form: %s", self.where(), target.arrival.record.round, lost)
+                self.in_use.leave("failed while forming")
+                self._lose(lost)
+                deadline = self._clock() + self._options.round_wait_timeout
+                target = None
+
+    def _next_target(self, deadline: float) -> _Target:
+        while True:
+            if self._lost is None:  # a healthy group and a pending round
+                arrival = self.mailbox.take()
+                if arrival is not None:
+                    return _Target(arrival)
+            lost_at = (self.round.round, self._generation)
+            refill = self._env.has_pipe and not isinstance(self._lost, Superseded) and self._refilled != lost_at
+            failing = self._commits.failed_in_a_row > self._options.max_failed_rounds
+            action = decide_after_loss(self.mailbox.pending is not None, self.mailbox.eof, self._clock() >= deadline,
+                                       failing, refill)
+            if action is LossAction.TAKE_PENDING:
+                arrival = self.mailbox.take()
+                if arrival is not None:
+                    return _Target(arrival)
+            elif action is LossAction.REFILL:
+                self._refilled = lost_at
+                past = self._generation
+                return _Target(Arrival(self.round, self._clock()), lambda store: move_generation(store, past), deadline)
+            elif action is LossAction.WAIT:
+                self.mailbox.wait(max(0.0, deadline - self._clock()))
+            else:
+                raise self._give_up(action) from self._lost
+
+    def _give_up(self, action: LossAction) -> RecoveryFailed:
+        if action is LossAction.GIVE_UP_AGENT_GONE:
+            why = "the round pipe is closed (the agent is gone)" if self._env.has_pipe else f"there is no round pipe ({ROUND_FD_VAR})"
+            return AgentGoneError(f"{self.where()}: the group was lost ({self._lost}) and {why}: no round can come.")
+        if action is LossAction.GIVE_UP_FAILING:
+            return FailingRoundsError(f"{self.where()}: {self._commits.failed_in_a_row} groups failed in a row without a "
+                                      f"committed step (max_failed_rounds={self._options.max_failed_rounds}), the "
+                                      f"last: {self._lost}.")
+        return NoRoundError(f"{self.where()}: the group was lost ({self._lost}) and no newer round came within "
+                            f"{self._options.round_wait_timeout:g}s.")
+
+    def _form(self, cause: Cause, plan: _Target, began: float, attempts: int) -> None:
+        arrival = plan.arrival
+        target = arrival.record
+        if target.local_rank != self.round.local_rank:
+            log.warning("%s: round %d moves this worker from local rank %d to %d (its device does not change)",
+                        self.where(), target.round, self.round.local_rank, target.local_rank)
+        if target is not self.round:  # not the first round, nor a generation of the round in use
+            self._generation = 0  # a newer round starts at its generation 0
+            if target.round <= self.round.round:
+                self._commits.renumbered()
+        self.round = target
+        if isinstance(self._environ, MutableMapping):
+            export_round(target, self._environ)
+        formed = form_group(target, self._options, self.mailbox, self._env.label, self._clock,
+                            fenced=self._env.has_pipe, pick=plan.pick, wait_until=plan.wait_until)
+        self.in_use.use(formed)
+        self._generation = formed.generation
+        formed_at = self._clock()
+        healed = heal(formed, self._commits.mark, self._options, self._state.state_dict, self._state.load_state_dict,
+                      self._clock)
+        self._commits.adopt(healed.mark)
+        self._lost = None
+        recovery = Recovery(
+            round=target.round, cause=cause, step=healed.step, steps_before=healed.steps, role=healed.role,
+            nbytes=healed.nbytes, began=began, round_arrived=None if cause is Cause.START and attempts == 1 else arrival.at,
+            formed=formed_at, healed=healed.done_at, attempts=attempts, hung_works=self.in_use.abandoned_works(),
+            generation=self._generation,
+        )
+        self._reporter.formed(recovery, target, self.where())
+        if self._on_formed is not None:
+            self._on_formed()
+
+
+def _past_current(store: GenerationStore) -> int:
+    """A replacement's generation: one past the current, which its predecessor may have formed."""
+    return move_generation(store, current_generation(store))
