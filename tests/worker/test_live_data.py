@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from elastic.testing.live_agent import SimulatedAgent
+from support.live_agent import SimulatedAgent
 from live_checks import TEST_OPTIONS, assert_no_redo, last_step, steps, worker_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.needs_torch]
