@@ -47,6 +47,7 @@ from elastic.worker.errors import (
     RoundLineError,
     StateTransferError,
     Superseded,
+    UnsupportedBackendError,
     WorkerEnvError,
 )
 from elastic.worker.options import LiveOptions
@@ -73,6 +74,7 @@ __all__ = [
     "RoundLineError",
     "StateTransferError",
     "Superseded",
+    "UnsupportedBackendError",
     "WorkerEnvError",
     "encode_round_line",
     "parse_round_line",

@@ -29,6 +29,7 @@ from typing import Any, Callable, Mapping, MutableMapping
 import torch
 import torch.distributed as dist
 
+from elastic.worker.backend import choose_backend
 from elastic.worker.channel import Arrival, RoundMailbox, RoundWatcher
 from elastic.worker.codec import check_state
 from elastic.worker.decisions import LossAction, Mark, decide_after_loss
@@ -178,11 +179,14 @@ class LiveTraining:
         """Form the first round's group (from the environment) and heal; returns ``self``.
 
         Raises:
+            UnsupportedBackendError: the backend is NCCL under a live agent and not opted in,
+                or cannot run here (:mod:`elastic.worker.backend`); nothing was formed.
             StateTransferError: ``state_dict()`` holds a value that cannot be sent.
             RecoveryFailed: the first round could not be formed and no newer one came.
         """
         if self._started:
             raise LiveRecoveryError(f"{self._label}: start() was called twice.")
+        self.options = choose_backend(self.options, self._environ, self._label, live=self._has_pipe)
         if dist.is_initialized():
             raise LiveRecoveryError(f"{self._label}: the default process group is already initialized; "
                                     "LiveTraining forms it itself (remove the init_process_group call).")
