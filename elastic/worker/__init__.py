@@ -51,6 +51,7 @@ from elastic.worker.errors import (
     LiveRecoveryError,
     RecoveryFailed,
     StateTransferError,
+    UnsupportedBackendError,
     WorkerEnvError,
 )
 from elastic.worker.options import LiveOptions
@@ -72,6 +73,7 @@ __all__ = [
     "RecoveryFailed",
     "Round",
     "StateTransferError",
+    "UnsupportedBackendError",
     "WorkerEnvError",
 ]
 

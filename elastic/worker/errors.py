@@ -39,6 +39,21 @@ class ReadyLineError(LiveRecoveryError, ValueError):
     """A line read from the ready pipe is not a valid answer; the agent skips it (one warning)."""
 
 
+class UnsupportedBackendError(LiveRecoveryError, SystemExit):
+    """The process group backend this worker would use is not one live recovery supports (NCCL,
+    unless opted in), or cannot run here; the message names it and the way out. Raised by
+    :meth:`LiveTraining.start` before anything is formed (:mod:`elastic.worker.backend`).
+
+    It is a :class:`LiveRecoveryError` to catch, and also a ``SystemExit`` whose code is the
+    message: left uncaught it ends the worker as ``sys.exit(message)`` does, with that one line
+    on stderr, exit status 1 and no traceback.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.code = message
+
+
 class StateTransferError(LiveRecoveryError):
     """A state could not be encoded (an unsupported value in ``state_dict()``) or a received
     header is malformed or over its bounds; the message names the entry or the bound."""

@@ -29,6 +29,7 @@ from typing import Any, Callable, Mapping
 import torch
 import torch.distributed as dist
 
+from elastic.worker.backend import choose_backend
 from elastic.worker.codec import check_state
 from elastic.worker.commits import Commits
 from elastic.worker.environment import read_worker_env
@@ -72,6 +73,7 @@ class LiveTraining:
         environ = os.environ if environ is None else environ
         env = read_worker_env(environ)
         self._label = env.label
+        self._env, self._environ = env, environ
         self._state = StateHooks(state_dict, load_state_dict)
         self._commits = Commits()
         self._reporter = Reporter(env.ready_fd, env.label)
@@ -133,11 +135,15 @@ class LiveTraining:
         """Form the first round's group (from the environment) and heal; returns ``self``.
 
         Raises:
+            UnsupportedBackendError: the backend is NCCL under a live agent and not opted in,
+                or cannot run here (:mod:`elastic.worker.backend`); nothing was formed.
             StateTransferError: ``state_dict()`` holds a value that cannot be sent.
             RecoveryFailed: the first round could not be formed and no newer one came.
         """
         if self._started:
             raise LiveRecoveryError(f"{self._label}: start() was called twice.")
+        self.options = choose_backend(self.options, self._environ, self._label, live=self._env.has_pipe)
+        self._recoverer.use_options(self.options)
         if dist.is_initialized():
             raise LiveRecoveryError(f"{self._label}: the default process group is already initialized; "
                                     "LiveTraining forms it itself (remove the init_process_group call).")

@@ -16,6 +16,8 @@ class LiveOptions:
 
     Attributes:
         backend: ``"gloo"`` or ``"nccl"``; ``None`` picks nccl when CUDA is available, else gloo.
+            Under a live agent NCCL is refused at start unless ``ELASTIC_LIVE_NCCL=1``
+            (:mod:`elastic.worker.backend`).
         collective_timeout: the process group's own timeout for one collective. It bounds how
             long an abandoned group (hung on a frozen peer) keeps its threads and sockets, and
             how long a peer may legitimately lag before its collective counts as failed.

@@ -101,6 +101,10 @@ class Recoverer:
         self.gave_up = False
         """A recovery failed (:class:`RecoveryFailed`): the worker exits non-zero."""
 
+    def use_options(self, options: LiveOptions) -> None:
+        """Form every group from now on with ``options`` (the backend decided at start)."""
+        self._options = options
+
     def start(self) -> None:
         """Watch the round pipe, tell the agent this worker is joining, form the first round and heal.
 
