@@ -1,6 +1,7 @@
 """Pure decisions of live recovery: no I/O, no clocks, no threads, no torch.
 
-Each is tested with a case table in ``tests/worker/test_decisions.py``.
+Each is tested with a case table in ``tests/worker/test_live_decisions.py`` (the fence's in
+``tests/worker/test_fence.py``).
 """
 
 from __future__ import annotations
@@ -10,15 +11,21 @@ from dataclasses import dataclass
 from typing import Sequence
 
 __all__ = [
+    "Close",
+    "CloseAction",
+    "CloseView",
     "FenceVerdict",
     "FenceView",
     "HealPlan",
     "LossAction",
     "Mark",
     "RoundAction",
+    "Standing",
     "decide_after_loss",
+    "decide_close",
     "decide_round",
     "fence_verdict",
+    "holds_newest",
     "interrupt_due",
     "suspect_completion",
     "plan_heal",
@@ -196,6 +203,10 @@ class LossAction(enum.Enum):
 
     TAKE_PENDING = "take-pending"
     """A newer round is already pending: form it."""
+    REGROUP = "regroup"
+    """The round's generation moved past the lost group's (a late arrival joins, or a peer moved
+    it first): the group was left on purpose or is already being repaired; form the newest
+    generation, without telling the agent or counting a failure."""
     REFILL = "refill"
     """Form the round's next generation through its own store (:mod:`elastic.worker.refill`):
     a peer's worker was replaced, or is being; a newer round, if one comes, supersedes it."""
@@ -210,20 +221,139 @@ class LossAction(enum.Enum):
 
 
 def decide_after_loss(pending: bool, eof: bool, deadline_passed: bool, failing: bool = False,
-                      refill: bool = False) -> LossAction:
+                      refill: bool = False, moved: bool = False) -> LossAction:
     """The next step of a worker whose group is lost (a pending round wins over EOF: it was
     published before the agent went away, and the peers may form it; ``failing``, too many
     failed groups in a row, wins over everything: another round would break the same way;
     ``refill``: the lost group's generation was not moved past yet by this worker, and it was
-    lost to a failure, not to a newer round)."""
+    lost to a failure, not to a newer round; ``moved``: the round's generation had moved past
+    the lost group's when the loss was seen, so a peer left it for a newer generation)."""
     if failing:
         return LossAction.GIVE_UP_FAILING
     if pending:
         return LossAction.TAKE_PENDING
     if eof:
         return LossAction.GIVE_UP_AGENT_GONE
+    if moved:
+        return LossAction.REGROUP
     if refill:
         return LossAction.REFILL
     if deadline_passed:
         return LossAction.GIVE_UP_DEADLINE
     return LossAction.WAIT
+
+
+@dataclass(frozen=True)
+class Standing:
+    """What a rank knows about its own training state when it arrives at a generation of round
+    ``target_round``.
+
+    Attributes:
+        target_round: the round of the generation it arrives at.
+        formed_round: the round of the last group it formed (-1: none, since its process started
+            or since the rounds were numbered anew).
+        left_out: since then, it saw a generation formed without it (it arrived late).
+        unclean: its last group was lost after a stall (a collective in flight for the
+            interrupt grace, or a freeze): a peer it lost may be cut off rather than dead.
+        departed_clean: it left ``formed_round`` for a newer round after ending that round's
+            generations in its store, and none had formed without it.
+    """
+
+    target_round: int
+    formed_round: int
+    left_out: bool = False
+    unclean: bool = False
+    departed_clean: bool = False
+
+
+def holds_newest(standing: Standing) -> bool:
+    """Whether a rank holds the newest training state of the job, as far as the ranks of its
+    formation can tell: only such a rank's arrival opens the regroup window
+    (:func:`decide_close`), so a formation never goes on without ranks on the word of a rank
+    whose state may be stale.
+
+    It must have formed a group, and seen none form without it since. In a later generation of
+    the round it formed, a clean loss is enough (its peers cannot have gone on elsewhere: the
+    round's generations are one chain, and a peer that left for a newer round ended them
+    first). In the next round it must have left the round it formed cleanly (see
+    :class:`Standing`); a rank that formed an older round missed at least one round, which may
+    have trained without it (a node cut off, then back), and one whose last loss was a stall
+    may have been cut off from peers that trained on.
+    """
+    if standing.formed_round < 0 or standing.left_out:
+        return False
+    if standing.target_round == standing.formed_round:
+        return not standing.unclean
+    if standing.target_round == standing.formed_round + 1:
+        return standing.departed_clean
+    return False
+
+
+class CloseAction(enum.Enum):
+    """What a rank waiting in a formation's barrier does next."""
+
+    GO = "go"
+    """Close the generation with the members named (every rank of the round, or the ranks present)."""
+    WAIT = "wait"
+    ABANDON = "abandon"
+    """A newer round is pending, or the round's generation moved past this one: nobody forms it."""
+    TIMEOUT = "timeout"
+    """The form timeout passed and the generation cannot close: nobody forms it, the rank gives up."""
+
+
+@dataclass(frozen=True)
+class CloseView:
+    """One look at a formation's barrier, from one rank.
+
+    Attributes:
+        world_size: the round's ranks are ``0 .. world_size - 1``.
+        present: the round ranks that arrived.
+        holders: those of ``present`` that hold the newest state (:func:`holds_newest`).
+        expected: in a generation a late arrival opened (a regroup), the members of the
+            generation it replaces, who come at their next step boundary; ``None`` otherwise.
+        window_over: the regroup window has passed since this rank first saw a holder arrive.
+        deadline_over: the form timeout has passed.
+        newer: a newer round is pending, or the round's generation moved past this one.
+    """
+
+    world_size: int
+    present: frozenset[int]
+    holders: frozenset[int]
+    expected: frozenset[int] | None
+    window_over: bool
+    deadline_over: bool
+    newer: bool
+
+
+@dataclass(frozen=True)
+class Close:
+    """A barrier decision: its action, and for :attr:`CloseAction.GO` the members (ascending)."""
+
+    action: CloseAction
+    members: tuple[int, ...] = ()
+
+
+def decide_close(view: CloseView) -> Close:
+    """Whether a formation closes now, and with whom.
+
+    Every rank of the round there: close with all. A regroup closes once every member of the
+    generation it replaces is there (they hold the state; the late arrival that opened it is
+    there too), without waiting for anyone else. Otherwise, once a rank holding the newest state
+    is there and the window has passed since the first one arrived, close with the ranks
+    present: survivors of a failure arrive within milliseconds of each other, so the window
+    costs only when someone is really missing, and a replacement still starting (a fresh
+    process, a GPU's initialisation) joins later in a generation of its own. With no holder
+    there (a job's first formation: everyone is fresh) it waits for every rank, up to the form
+    timeout. A newer round or generation abandons it whatever else holds.
+    """
+    if view.newer:
+        return Close(CloseAction.ABANDON)
+    if len(view.present) >= view.world_size:
+        return Close(CloseAction.GO, tuple(range(view.world_size)))
+    present = tuple(sorted(view.present))
+    if view.expected is not None:
+        if view.expected <= view.present:
+            return Close(CloseAction.GO, present)
+    elif view.holders and (view.window_over or view.deadline_over):
+        return Close(CloseAction.GO, present)
+    return Close(CloseAction.TIMEOUT if view.deadline_over else CloseAction.WAIT)

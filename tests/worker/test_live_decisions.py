@@ -5,11 +5,17 @@ from __future__ import annotations
 import pytest
 
 from elastic.worker.decisions import (
+    Close,
+    CloseAction,
+    CloseView,
     HealPlan,
     LossAction,
     RoundAction,
+    Standing,
     decide_after_loss,
+    decide_close,
     decide_round,
+    holds_newest,
     interrupt_due,
     Mark,
     plan_heal,
@@ -115,3 +121,61 @@ def test_too_many_failed_groups_in_a_row_give_up_whatever_else_holds(pending, eo
     # Another round would break the same way (peers that reach the rendezvous but not each
     # other): the agent's restart, counted against --max-restarts, ends the loop.
     assert decide_after_loss(pending, eof, deadline_passed, failing=True) is LossAction.GIVE_UP_FAILING
+
+
+@pytest.mark.parametrize(("moved", "refill", "action"), [
+    (True, True, LossAction.REGROUP),    # a peer left the group for a newer generation: join it, nothing failed
+    (True, False, LossAction.REGROUP),
+    (False, True, LossAction.REFILL),
+    (False, False, LossAction.WAIT),
+])
+def test_a_group_left_for_a_newer_generation_regroups_unless_a_round_is_pending_or_the_agent_gone(moved, refill,
+                                                                                                 action):
+    assert decide_after_loss(False, False, False, refill=refill, moved=moved) is action
+    assert decide_after_loss(True, False, False, refill=refill, moved=moved) is LossAction.TAKE_PENDING
+    assert decide_after_loss(False, True, False, refill=refill, moved=moved) is LossAction.GIVE_UP_AGENT_GONE
+
+
+GO, WAIT, ABANDON, TIMEOUT = CloseAction.GO, CloseAction.WAIT, CloseAction.ABANDON, CloseAction.TIMEOUT
+
+
+def view(present, holders=(), world=3, expected=None, window=False, deadline=False, newer=False):
+    return CloseView(world, frozenset(present), frozenset(holders), None if expected is None else frozenset(expected),
+                     window, deadline, newer)
+
+
+@pytest.mark.parametrize(("given", "close"), [
+    (view({0, 1, 2}), Close(GO, (0, 1, 2))),                                   # everyone: go, holders or not
+    (view({0, 1, 2}, newer=True), Close(ABANDON)),                               # a newer round wins over all
+    (view({0}, {0}, newer=True, window=True), Close(ABANDON)),
+    (view({0, 2}, {0, 2}), Close(WAIT)),                                        # survivors, within the window
+    (view({0, 2}, {0, 2}, window=True), Close(GO, (0, 2))),                      # ... past it: go without rank 1
+    (view({0, 1, 2}, {0, 2}, world=4, window=True), Close(GO, (0, 1, 2))),       # a fresh rank present goes too
+    (view({1}, (), window=True), Close(WAIT)),                                   # fresh ranks never open the window
+    (view({0, 1}, ()), Close(WAIT)),                                             # a job's first formation: wait for all
+    (view({0, 1}, (), deadline=True), Close(TIMEOUT)),                           # ... up to the form timeout
+    (view({0}, {0}, deadline=True), Close(GO, (0,))),                           # a holder at the deadline goes
+    (view({1}, (), expected={0, 2}, window=True), Close(WAIT)),                  # a regroup's joiner waits for the members
+    (view({0, 1}, {0}, expected={0, 2}, window=True), Close(WAIT)),              # ... all of them, past the window
+    (view({0, 1, 2}, {0, 2}, world=4, expected={0, 2}), Close(GO, (0, 1, 2))),   # ... and not for anyone else
+    (view({0, 1}, {0}, expected={0, 2}, deadline=True), Close(TIMEOUT)),
+])
+def test_decide_close(given, close):
+    assert decide_close(given) == close
+
+
+@pytest.mark.parametrize(("standing", "holds"), [
+    (Standing(4, -1), False),                                      # never formed: a fresh process
+    (Standing(0, -1), False),                                      # a job's first round
+    (Standing(4, 4), True),                                        # a later generation of the round it formed
+    (Standing(4, 4, unclean=True), False),                         # ... after a stall: its peer may be cut off
+    (Standing(4, 4, left_out=True), False),                        # ... after one formed without it
+    (Standing(5, 4, departed_clean=True), True),                   # the next round, having ended round 4 cleanly
+    (Standing(5, 4, departed_clean=False), False),                 # ... without: round 4 may train on without it
+    (Standing(5, 4, unclean=True, departed_clean=True), True),      # the next round is etcd's word, not the stall's
+    (Standing(5, 4, left_out=True, departed_clean=True), False),
+    (Standing(6, 4, departed_clean=True), False),                  # it missed round 5, which may have trained without it
+    (Standing(3, 4), False),                                       # renumbered rounds
+])
+def test_holds_newest(standing, holds):
+    assert holds_newest(standing) is holds
