@@ -72,7 +72,16 @@ class GroupLost(LiveRecoveryError):
 
 
 class CollectiveFailed(GroupLost):
-    """A collective of the group failed (a peer closed its connection, or the collective timed out)."""
+    """A collective of the group failed (a peer closed its connection, or the collective timed out).
+
+    Attributes:
+        stalled: it failed after a stall (in flight for the interrupt grace, or this process
+            froze meanwhile): the peer it lost may be cut off rather than dead.
+    """
+
+    def __init__(self, message: str, round_number: int, stalled: bool = False) -> None:
+        super().__init__(message, round_number)
+        self.stalled = stalled
 
 
 class Superseded(GroupLost):

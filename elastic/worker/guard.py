@@ -130,7 +130,9 @@ class OpRegistry:
         try:
             outcome()
         except Exception as error:  # the collective's own failure: a peer closed, or it timed out
-            lost = CollectiveFailed(f"round {self.round}: a collective failed: {_first_line(error)}", self.round)
+            fence = self._fence
+            stalled = fence is not None and fence.suspect(op.started, self._clock(), self._last_ok)
+            lost = CollectiveFailed(f"round {self.round}: a collective failed: {_first_line(error)}", self.round, stalled)
             # Its traceback is this frame, which holds the op and its works, and so the group's
             # sockets and threads for as long as anything holds the error: drop it.
             lost.__cause__ = error.with_traceback(None)

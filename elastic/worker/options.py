@@ -37,6 +37,13 @@ class LiveOptions:
         coalesce_bytes: tensors smaller than this travel packed into chunks of this size.
         drain_timeout: at :meth:`close`, the longest to wait for abandoned collectives to end
             (a process that exits while one is hung is aborted by gloo).
+        regroup_window: when not every rank of a round (or of a generation) is there, how long a
+            formation waits after the first rank holding the training state arrives before it
+            closes with the ranks present; the others (a replacement still starting, a joining
+            node's workers) join at a later step boundary. Survivors of a failure arrive within
+            milliseconds of each other, and agents publish a round within tens of milliseconds
+            of each other on a LAN: raise it when they learn of rounds further apart (a slow
+            link to etcd), or a survivor arrives late and costs one more re-forming.
         max_failed_rounds: how many groups in a row may fail (a collective or the forming
             fails; a newer round superseding one does not count) before a step commits; past
             it the worker gives up and exits non-zero, so the agent's restart, counted against
@@ -56,6 +63,7 @@ class LiveOptions:
     coalesce_bytes: int = 4 * 1024 * 1024
     drain_timeout: float = 60.0
     max_failed_rounds: int = 8
+    regroup_window: float = 0.2
 
     def __post_init__(self) -> None:
         if self.backend not in (None, "gloo", "nccl"):
@@ -64,6 +72,9 @@ class LiveOptions:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
                 raise LiveOptionsError(f"The {name.replace('_', ' ')} ({value!r}) must be a positive number of seconds.")
+        if (isinstance(self.regroup_window, bool) or not isinstance(self.regroup_window, (int, float))
+                or not math.isfinite(self.regroup_window) or self.regroup_window < 0):
+            raise LiveOptionsError(f"The regroup window ({self.regroup_window!r}) must be a non-negative number of seconds.")
         if isinstance(self.drain_timeout, bool) or not isinstance(self.drain_timeout, (int, float)) or self.drain_timeout < 0:
             raise LiveOptionsError(f"The drain timeout ({self.drain_timeout!r}) must not be negative.")
         if type(self.max_failed_rounds) is not int or self.max_failed_rounds < 1:

@@ -23,6 +23,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
         ({"store_timeout": True}, "store timeout"),
         ({"round_wait_timeout": "5"}, "round wait timeout"),
         ({"drain_timeout": -1}, "drain timeout"),
+        ({"regroup_window": -0.1}, "regroup window"),
+        ({"regroup_window": float("nan")}, "regroup window"),
         ({"max_header_bytes": 10}, "max_header_bytes"),
         ({"max_state_bytes": 10}, "max_state_bytes"),
         ({"max_state_bytes": 2.0**40}, "max_state_bytes"),
@@ -42,7 +44,8 @@ def test_the_defaults_are_valid():
 
 
 def test_the_package_and_its_wire_format_import_without_torch():
-    code = ("import sys, elastic.worker, elastic.worker.rounds, elastic.worker.channel, elastic.worker.decisions; "
+    code = ("import sys, elastic.worker, elastic.worker.rounds, elastic.worker.channel, elastic.worker.decisions, "
+            "elastic.worker.formation, elastic.worker.refill, elastic.worker.regroup, elastic.worker.standing; "
             "assert 'torch' not in sys.modules, 'torch imported'; "
             "from elastic.worker import LiveOptions, Round; from elastic.worker.rounds import encode_round_line")
     subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, "PYTHONPATH": REPO})
