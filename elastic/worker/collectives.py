@@ -32,6 +32,11 @@ class GroupInUse:
     def use(self, formed: FormedGroup) -> None:
         self._formed = formed
 
+    @property
+    def current(self) -> FormedGroup | None:
+        """The group in use, if any."""
+        return self._formed
+
     def leave(self, reason: str) -> None:
         """Leave the group in use, if any (its collectives in flight fail with ``reason``)."""
         if self._formed is not None:
@@ -80,7 +85,7 @@ class GroupInUse:
             return failed_future(LiveRecoveryError(f"{self._label}: no group is formed"))
         if formed.registry.failure is not None:
             return failed_future(formed.registry.failure)
-        world = formed.round.world_size
+        world = formed.world_size
         work = dist.all_reduce(buffer, group=formed.group, async_op=True)
         return formed.registry.launch([work], lambda: buffer.div_(world)).future
 

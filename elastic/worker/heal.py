@@ -63,12 +63,12 @@ def heal(formed: FormedGroup, mark: Mark, options: LiveOptions, state_dict: Call
     """
     group = formed.group
     mine = torch.tensor([mark.step, mark.round], dtype=torch.int64, device=wire_device(group))
-    gathered = [torch.zeros_like(mine) for _ in range(formed.round.world_size)]
+    gathered = [torch.zeros_like(mine) for _ in range(formed.world_size)]
     formed.registry.launch([dist.all_gather(gathered, mine, group=group, async_op=True)]).wait()
     marks = [Mark(*(int(value) for value in pair.tolist())) for pair in gathered]
     agreed_at = clock()
     plan = plan_heal(marks, options.init_sync)
-    rank = formed.round.rank
+    rank = formed.rank
     nbytes = 0
     role = HealRole.LEVEL
     if plan.source == rank:

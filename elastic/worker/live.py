@@ -90,11 +90,14 @@ class LiveTraining:
 
     @property
     def rank(self) -> int:
-        return self._recoverer.round.rank
+        """This worker's rank in the group in use (the round's rank, or its index among the
+        ranks that formed the group while others join later)."""
+        return self._recoverer.rank
 
     @property
     def world_size(self) -> int:
-        return self._recoverer.round.world_size
+        """The group in use's size: the round's, or fewer while ranks join later."""
+        return self._recoverer.world_size
 
     @property
     def local_rank(self) -> int:

@@ -8,10 +8,16 @@ round, as its next generation, through the round's own store (:mod:`elastic.work
 replaced peer then costs no rendezvous round, and training goes on while etcd is slow; a newer
 round, when one comes, supersedes it. What to do after a loss is
 :func:`elastic.worker.decisions.decide_after_loss`.
+
+A formation may close without ranks that are not there yet (a replacement still starting):
+those join at a later step boundary, as a regroup of the round (:mod:`elastic.worker.regroup`),
+which the members see in the store while they train. In a group of a subset the worker's rank
+and world size are the group's (:attr:`Recoverer.rank`, :attr:`Recoverer.world_size`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass
@@ -24,22 +30,30 @@ from elastic.worker.decisions import LossAction, decide_after_loss
 from elastic.worker.environment import WorkerEnv
 from elastic.worker.errors import (
     AgentGoneError,
+    CollectiveFailed,
     FailingRoundsError,
     GroupLost,
     NoRoundError,
     RecoveryFailed,
     Superseded,
 )
+from elastic.worker.formation import ArrivalRecord
 from elastic.worker.group import form_group
 from elastic.worker.heal import heal
 from elastic.worker.options import LiveOptions
-from elastic.worker.refill import GenerationStore, current_generation, move_generation
+from elastic.worker.refill import GenerationState, GenerationStore, leave_round, move_generation, read_generation
+from elastic.worker.regroup import GenerationWatch, within
 from elastic.worker.reporting import Cause, Recovery, Reporter
 from elastic.worker.rounds import ROUND_FD_VAR, ReadyEvent, Round, export_round
+from elastic.worker.standing import StandingBook
 
 log = logging.getLogger(__name__)
 
 __all__ = ["Recoverer", "StateHooks"]
+
+_STORE_LOOK = 0.25
+"""The longest a look at a round's store outside a formation may take (its master may be
+frozen or gone): the generation after a loss, the end of a round's generations when leaving it."""
 
 
 @dataclass(frozen=True)
@@ -55,7 +69,7 @@ class _Target:
     """What to form next: a round, and which of its generations (``pick``, given its store)."""
 
     arrival: Arrival
-    pick: Callable[[GenerationStore], int] = current_generation
+    pick: Callable[[GenerationStore], GenerationState] = read_generation
     wait_until: float | None = None
     """A refill's deadline: the newer round the agent may publish instead is due by then."""
 
@@ -98,8 +112,23 @@ class Recoverer:
         self._lost: GroupLost | None = None
         self._generation = 0  # the generation of the round last formed (or being formed)
         self._refilled: tuple[int, int] | None = None  # the (round, generation) last moved past
+        self._standing = StandingBook()  # whether this worker holds the newest state, for its arrivals
+        self._store: Any = None  # the store of the round last formed (its generation key)
+        self._watch = GenerationWatch(env.label) if env.round_fd is not None else None
         self.gave_up = False
         """A recovery failed (:class:`RecoveryFailed`): the worker exits non-zero."""
+
+    @property
+    def rank(self) -> int:
+        """This worker's rank in the group in use (the round's rank while none is)."""
+        formed = self.in_use.current
+        return self.round.rank if formed is None else formed.rank
+
+    @property
+    def world_size(self) -> int:
+        """The size of the group in use: the round's, or fewer while ranks join later."""
+        formed = self.in_use.current
+        return self.round.world_size if formed is None else formed.world_size
 
     def use_options(self, options: LiveOptions) -> None:
         """Form every group from now on with ``options`` (the backend decided at start)."""
@@ -114,15 +143,19 @@ class Recoverer:
         """
         if self._watcher is not None:
             self._watcher.start()
+        if self._watch is not None:
+            self._watch.start()
         # The agent may now tell the survivors: they wait in the barrier no longer.
         self._reporter.tell(ReadyEvent.JOINING, self.round, self._commits.step)
         first = Arrival(self.round, self._clock())
-        self._recover(Cause.START, _Target(first, _past_current if self._env.replaces else current_generation))
+        self._recover(Cause.START, _Target(first, _past_current if self._env.replaces else read_generation))
 
     def close(self) -> None:
         """Stop watching the pipe, leave the group, and wait (bounded) for abandoned collectives."""
         if self._watcher is not None:
             self._watcher.stop()
+        if self._watch is not None:
+            self._watch.stop()
         self.in_use.leave("closed")
         # A worker that gave up exits non-zero anyway: it does not wait for hung works first.
         left = self.in_use.drain(0.0 if self.gave_up else self._options.drain_timeout)
@@ -142,6 +175,8 @@ class Recoverer:
             self._recover(Cause.LOST, None)
         elif self.mailbox.pending is not None:
             self._recover(Cause.ROUND, None)
+        elif self._watch is not None and self._watch.moved is not None:
+            self._recover(Cause.REGROUP, _Target(Arrival(self.round, self._clock())))
 
     def after_step(self, error: BaseException | None) -> bool:
         """Commit the step that ended with ``error`` (``None``: its body returned) unless its
@@ -166,9 +201,47 @@ class Recoverer:
         return f"run {self._env.run_id} round {self.round.round} rank {self.round.rank}"
 
     def _lose(self, lost: GroupLost) -> None:
+        """The group in use was lost: told to the agent and counted by :meth:`_settle_loss`."""
         self._lost = lost
-        self._commits.lose(lost)
+        self._standing.lost(isinstance(lost, CollectiveFailed) and lost.stalled)
+
+    def _tell_loss(self) -> None:
+        assert self._lost is not None
+        self._commits.lose(self._lost)
         self._reporter.tell(ReadyEvent.LOST, self.round, self._commits.step)
+
+    def _settle_loss(self) -> tuple[bool, bool]:
+        """Whether the lost group's round moved to a newer generation, and whether it was left for
+        a newer round, as its store says now. Either means a peer left the group on purpose (or
+        already repairs it): not a failure to report. Otherwise the loss is told and counted."""
+        moved = left = False
+        formed = self._standing
+        if (self._store is not None and formed.formed_round == self.round.round
+                and not isinstance(self._lost, Superseded)):
+            state = within(_STORE_LOOK, lambda: read_generation(self._store), "reading the round's generation",
+                           self.where())
+            if state is not None:
+                left = state.left_for is not None
+                moved = not left and state.number > formed.formed_generation
+        if moved or left:
+            log.info("%s: step %d runs again in %s", self.where(), self._commits.step,
+                     "a newer generation of the round" if moved else "the newer round a peer left for")
+        else:
+            self._tell_loss()
+        return moved, left
+
+    def _depart(self) -> None:
+        """Before leaving the round in use for the pending one: end the round's generations in its
+        store, so the peers left behind wait for the newer round rather than train on without this
+        rank, and learn whether one formed without it meanwhile (:func:`~elastic.worker.refill.leave_round`)."""
+        pending = self.mailbox.pending
+        if pending is None or self._store is None or self._standing.formed_round != self.round.round:
+            return
+        round_, store, generation = self.round, self._store, self._standing.formed_generation
+        clean = within(_STORE_LOOK, lambda: leave_round(store, generation, round_.rank, round_.world_size,
+                                                         pending.record.round),
+                       f"ending round {round_.round}'s generations", self.where())
+        self._standing.departed(clean is True)
 
     # -- the loop -----------------------------------------------------------------------------
     def _recover(self, cause: Cause, first: _Target | None) -> None:
@@ -180,13 +253,19 @@ class Recoverer:
 
     def _recover_once(self, cause: Cause, first: _Target | None) -> None:
         began = self._clock()
+        if cause is Cause.ROUND:
+            self._depart()  # before the peers see this rank leave
         self.in_use.leave(f"{cause.value} at step {self._commits.step}")
+        if self._watch is not None:
+            self._watch.clear()
+        moved, left = self._settle_loss() if cause is Cause.LOST else (False, False)
         deadline = began + self._options.round_wait_timeout
         attempts = 0
         target = first
         while True:
             if target is None:
-                target = self._next_target(deadline)
+                target = self._next_target(deadline, moved, left)
+                moved = False
             attempts += 1
             try:
                 self._form(cause, target, began, attempts)
@@ -200,24 +279,30 @@ class Recoverer:
                 log.warning("%s: round %d did not form: %s", self.where(), target.arrival.record.round, lost)
                 self.in_use.leave("failed while forming")
                 self._lose(lost)
+                self._tell_loss()
                 deadline = self._clock() + self._options.round_wait_timeout
                 target = None
 
-    def _next_target(self, deadline: float) -> _Target:
+    def _next_target(self, deadline: float, moved: bool = False, left: bool = False) -> _Target:
         while True:
             if self._lost is None:  # a healthy group and a pending round
                 arrival = self.mailbox.take()
                 if arrival is not None:
                     return _Target(arrival)
             lost_at = (self.round.round, self._generation)
-            refill = self._env.has_pipe and not isinstance(self._lost, Superseded) and self._refilled != lost_at
+            refill = (self._env.has_pipe and not isinstance(self._lost, Superseded) and self._refilled != lost_at
+                      and not left)
             failing = self._commits.failed_in_a_row > self._options.max_failed_rounds
             action = decide_after_loss(self.mailbox.pending is not None, self.mailbox.eof, self._clock() >= deadline,
-                                       failing, refill)
+                                       failing, refill, moved)
+            moved = False
             if action is LossAction.TAKE_PENDING:
+                self._depart()
                 arrival = self.mailbox.take()
                 if arrival is not None:
                     return _Target(arrival)
+            elif action is LossAction.REGROUP:
+                return _Target(Arrival(self.round, self._clock()), wait_until=deadline)
             elif action is LossAction.REFILL:
                 self._refilled = lost_at
                 past = self._generation
@@ -248,29 +333,40 @@ class Recoverer:
             self._generation = 0  # a newer round starts at its generation 0
             if target.round <= self.round.round:
                 self._commits.renumbered()
+                self._standing.renumbered()
         self.round = target
         if isinstance(self._environ, MutableMapping):
             export_round(target, self._environ)
+        mark = self._commits.mark
+        joining = ArrivalRecord(target.rank, self._standing.holds(target.round), mark.step, mark.round)
         formed = form_group(target, self._options, self.mailbox, self._env.label, self._clock,
-                            fenced=self._env.has_pipe, pick=plan.pick, wait_until=plan.wait_until)
+                            fenced=self._env.has_pipe, pick=plan.pick, wait_until=plan.wait_until, arrival=joining,
+                            on_left_out=self._standing.left_out)
         self.in_use.use(formed)
         self._generation = formed.generation
+        if isinstance(self._environ, MutableMapping) and formed.world_size != target.world_size:
+            # RANK and WORLD_SIZE say what torch.distributed.get_rank() and get_world_size() return
+            export_round(dataclasses.replace(target, rank=formed.rank, world_size=formed.world_size), self._environ)
         formed_at = self._clock()
         healed = heal(formed, self._commits.mark, self._options, self._state.state_dict, self._state.load_state_dict,
                       self._clock)
         self._commits.adopt(healed.mark)
         self._lost = None
+        self._store = formed.store
+        self._standing.formed(target.round, formed.generation)
+        if self._watch is not None and formed.store is not None:
+            self._watch.watch(formed.store, formed.generation)
         recovery = Recovery(
             round=target.round, cause=cause, step=healed.step, steps_before=healed.steps, role=healed.role,
             nbytes=healed.nbytes, began=began, round_arrived=None if cause is Cause.START and attempts == 1 else arrival.at,
             formed=formed_at, healed=healed.done_at, attempts=attempts, hung_works=self.in_use.abandoned_works(),
-            generation=self._generation,
+            generation=self._generation, members=formed.members,
         )
         self._reporter.formed(recovery, target, self.where())
         if self._on_formed is not None:
             self._on_formed()
 
 
-def _past_current(store: GenerationStore) -> int:
+def _past_current(store: GenerationStore) -> GenerationState:
     """A replacement's generation: one past the current, which its predecessor may have formed."""
-    return move_generation(store, current_generation(store))
+    return move_generation(store, read_generation(store).number)

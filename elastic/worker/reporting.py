@@ -34,6 +34,9 @@ class Cause(enum.Enum):
     LOST = ReadyEvent.LOST.value
     """The group in use was lost (a collective failed or was abandoned): the worker told the
     agent so on the ready pipe, and names the recovery after it with the same word."""
+    REGROUP = "regroup"
+    """A rank arrived after the group in use formed without it, and moved the round to a new
+    generation to join (:mod:`elastic.worker.regroup`): the healthy group was left at a step boundary."""
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,8 @@ class Recovery:
     """Works of abandoned groups still running (hung on a frozen peer) after this recovery."""
     generation: int = 0
     """The round's generation formed (:mod:`elastic.worker.refill`; 0: as the agent published it)."""
+    members: tuple[int, ...] = ()
+    """The round ranks that formed the group (all of the round's, or the subset that was there)."""
 
 
 class ReadyWriter:
@@ -107,8 +112,9 @@ class Reporter:
     def formed(self, recovery: Recovery, round_: Round, where: str) -> None:
         """Keep and log ``recovery``, of ``round_``, and tell the agent (``where`` names the worker)."""
         self.recoveries.append(recovery)
-        log.info("%s: formed round %d generation %d (%s) at step %d in %.3fs; heal: %s, %d bytes; %d abandoned "
-                 "work(s) still run", where, recovery.round, recovery.generation, recovery.cause.value, recovery.step,
+        log.info("%s: formed round %d generation %d (%s) with %d of %d ranks at step %d in %.3fs; heal: %s, %d bytes; "
+                 "%d abandoned work(s) still run", where, recovery.round, recovery.generation, recovery.cause.value,
+                 len(recovery.members) or round_.world_size, round_.world_size, recovery.step,
                  recovery.healed - recovery.began, recovery.role.value, recovery.nbytes, recovery.hung_works)
         self.tell(ReadyEvent.FORMED, round_, recovery.step)
 

@@ -44,6 +44,18 @@ def assert_no_redo(events: list[dict], first: int = 0) -> None:
     assert numbers == list(range(first, first + len(numbers))), f"steps not consecutive from {first}: {numbers}"
 
 
+def assert_each_step_once(events: list[dict]) -> None:
+    """A worker committed each step once, in order; it skipped steps only where a heal brought
+    it forward (a generation formed without it, its peers trained on, and it received their state)."""
+    healed = [(r["healed"], r["step"]) for r in recoveries(events) if r["role"] == "receiver"]
+    done = steps(events)
+    for before, after in zip(done, done[1:]):
+        if after["step"] != before["step"] + 1:
+            assert after["step"] > before["step"] and any(
+                before["t"] < at <= after["t"] and step == after["step"] for at, step in healed), (
+                f"step {after['step']} follows step {before['step']} without a heal to it")
+
+
 def assert_consistent(logs: dict[str, list[dict]]) -> dict[int, dict]:
     """Every rank had the same parameters at the start of every step (the all-reduced checksum
     said so), and every worker that committed step s logged the same loss and checksum for it.

@@ -1,5 +1,6 @@
 """Generations of a round (elastic/worker/refill.py): the key's moves on a real c10d TCPStore,
-and the barrier that abandons a generation once the key moved past it."""
+the end of a round's generations, and the barrier that abandons a generation once the key
+moved past it."""
 
 from __future__ import annotations
 
@@ -12,13 +13,18 @@ import torch.distributed as dist
 
 from elastic.worker.channel import RoundMailbox
 from elastic.worker.errors import WorkerEnvError
+from elastic.worker.formation import VERDICT, Verdict, encode_verdict, parse_verdict
 from elastic.worker.group import _barrier, _GenerationMoved, _Moved
 from elastic.worker.options import LiveOptions
 from elastic.worker.refill import (
     GENERATION_KEY,
-    current_generation,
+    GenerationState,
+    Move,
+    generation_key,
     generation_prefix,
+    leave_round,
     move_generation,
+    read_generation,
     refill_from_env,
 )
 from elastic.worker.rounds import Round
@@ -45,21 +51,23 @@ def test_generation_prefix(round_prefix, generation, prefix):
 
 def test_movers_of_one_generation_agree_and_a_mover_from_an_old_one_joins_the_newest(server):
     store = _client(server)
-    assert current_generation(store) == 0
-    assert move_generation(store, 0) == 1
-    assert move_generation(_client(server), 0) == 1  # a second rank that lost generation 0: no further move
-    assert move_generation(store, 1) == 2
-    assert move_generation(_client(server), 0) == 2  # a rank late from generation 0 joins the newest
-    assert current_generation(_client(server)) == 2
-    assert current_generation(_client(server, "run/round-4")) == 0  # another round has its own key
+    assert read_generation(store) == GenerationState(0, Move.PUBLISHED)
+    assert move_generation(store, 0) == GenerationState(1, Move.REFILL)
+    assert move_generation(_client(server), 0, Move.REGROUP).number == 1  # a second rank from generation 0: no further move
+    assert move_generation(store, 1, Move.REGROUP) == GenerationState(2, Move.REGROUP)
+    assert move_generation(_client(server), 0).number == 2  # a rank late from generation 0 joins the newest
+    assert read_generation(_client(server)) == GenerationState(2, Move.REGROUP)
+    assert read_generation(_client(server, "run/round-4")).number == 0  # another round has its own key
 
 
-@pytest.mark.parametrize("raw", [b"-1", b"x1", b"1" * 13, b"\xff"])
+@pytest.mark.parametrize("raw", [b"-1", b"1", b"x1", b'{"v":1,"generation":-1,"move":"refill"}',
+                                 b'{"v":2,"generation":1,"move":"refill"}', b'{"v":1,"generation":1,"move":"x"}',
+                                 b'{"v":1,"generation":1,"move":"refill","left_for":"9"}', b"1" * 300, b"\xff"])
 def test_a_generation_key_holding_garbage_is_refused_with_one_line(server, raw):
     store = _client(server)
     store.set(GENERATION_KEY, raw)
     with pytest.raises(ValueError, match="not a generation"):
-        current_generation(store)
+        read_generation(store)
     with pytest.raises(ValueError, match="not a generation"):
         move_generation(store, 0)
 
@@ -67,6 +75,33 @@ def test_a_generation_key_holding_garbage_is_refused_with_one_line(server, raw):
 def test_a_generation_that_is_not_in_the_store_is_refused(server):
     with pytest.raises(ValueError, match="its store was reset"):
         move_generation(_client(server), 3)  # a peer formed generation 3, and the store lost the key
+
+
+def _formed(store, generation, members):
+    store.set(generation_key(generation, VERDICT), encode_verdict(Verdict(members)))
+
+
+def test_a_rank_leaving_for_a_newer_round_ends_its_generations_and_abandons_one_forming(server):
+    store = _client(server)
+    _formed(store, 0, (0, 1, 2))
+    assert move_generation(store, 0) == GenerationState(1, Move.REFILL)  # a peer's group failed: generation 1 forms
+    assert leave_round(store, 0, 1, 3, for_round=9) is True
+    assert read_generation(store) == GenerationState(1, Move.REFILL, left_for=9)
+    # Generation 1 can no longer form, and nobody moves past it: the peers wait for round 9.
+    assert parse_verdict(store.get(generation_key(1, VERDICT)), 3) == Verdict(())
+    assert move_generation(_client(server), 1).left_for == 9
+    assert leave_round(_client(server), 0, 0, 3, for_round=9) is True  # a second leaver: nothing more to end
+
+
+def test_a_rank_leaving_a_round_learns_that_it_trained_on_without_it(server):
+    # Generation 1 formed without rank 2 (it was slow): the others may be training in it, so
+    # rank 2 does not hold the newest state in the next round.
+    store = _client(server)
+    _formed(store, 0, (0, 1, 2))
+    move_generation(store, 0)
+    _formed(store, 1, (0, 1))
+    assert leave_round(store, 0, 2, 3, for_round=9) is False
+    assert leave_round(_client(server), 1, 0, 3, for_round=9) is True  # rank 0 formed generation 1
 
 
 @pytest.mark.parametrize("value, replaces", [(None, False), ("", False), ("0", False), ("1", True)])
@@ -83,9 +118,9 @@ def test_a_barrier_waiting_for_a_rank_is_abandoned_when_the_generation_moves_pas
     # Rank 0 waits in generation 1 for rank 1, which was replaced: the replacement moves the key
     # to 2, and rank 0 leaves generation 1 for it instead of waiting out the form timeout.
     base = _client(server)
-    assert move_generation(base, 0) == 1
+    assert move_generation(base, 0).number == 1
     round_ = Round(3, 0, 2, 0, 1, 0, "127.0.0.1", server.port, 0, "run/round-3")
-    moved = _Moved(round_, base, 1)
+    moved = _Moved(round_, base, GenerationState(1, Move.REFILL))
     outcome: dict = {}
 
     def wait() -> None:
@@ -100,10 +135,10 @@ def test_a_barrier_waiting_for_a_rank_is_abandoned_when_the_generation_moves_pas
     thread.start()
     time.sleep(0.2)
     assert "result" not in outcome
-    assert move_generation(_client(server), current_generation(base)) == 2  # the replacement's move
+    assert move_generation(_client(server), read_generation(base).number).number == 2  # the replacement's move
     thread.join(20)
     # It left because the key moved (_GenerationMoved, naming generation 2), not at its 30 s form
     # deadline, which would raise another error and only after the join above gave up. No bound on
     # how soon: that would measure the machine's load, not the barrier.
     assert not thread.is_alive()
-    assert isinstance(outcome["result"], _GenerationMoved) and moved.newest == 2
+    assert isinstance(outcome["result"], _GenerationMoved) and moved.newest.number == 2

@@ -4,7 +4,9 @@ Settings (environment): LIVE_STEPS (40), LIVE_STEP_SLEEP (0.05 s of "compute" pe
 LIVE_OPTIONS (JSON kwargs of LiveOptions), LIVE_CHECK (1: all-reduce a parameter checksum at
 the start of every step and log whether every rank had the same), LIVE_BIG_MB (0: the small
 model with SGD; N: a hidden layer of N/3 MiB of parameters, and Adam, for a state of ~N MiB;
-a ``state`` event gives its bytes after the first step, and steps log no parameter sum).
+a ``state`` event gives its bytes after the first step, and steps log no parameter sum),
+LIVE_START_SLEEP (0: seconds to sleep before LiveTraining starts, as a replacement that takes
+that long to be ready: a GPU's initialisation, a model's construction).
 """
 
 import time
@@ -49,6 +51,7 @@ def plain(value):
 
 
 emit(ev="start", t=STARTED, pid=os.getpid(), slot=os.environ.get("LIVE_SLOT"))
+time.sleep(float(os.environ.get("LIVE_START_SLEEP", "0")))
 # Different per rank: the first heal equalises. With LIVE_BIG_MB the hidden layer is wide enough
 # that parameters + Adam's two moments come to about that many MiB (18 parameters per unit).
 model = make_model(int(os.environ.get("RANK", "0")), hidden=big_hidden(big_mb))
