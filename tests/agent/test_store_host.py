@@ -72,6 +72,36 @@ def test_workers_that_connect_before_the_helper_serves_are_served_once_it_does()
     assert proc is not None and proc.poll() is not None  # the helper exits when its pair closes
 
 
+def test_the_store_of_the_attempt_before_answers_until_the_next_hand_over():
+    # A live worker leaving round r for round r+1 ends round r's generations in round r's store
+    # (elastic.worker.refill.leave_round); the master's agent has handed round r+1's port over by then.
+    import torch.distributed as dist
+
+    host = StoreHost(sys.executable, os.environ)
+    reservations = [reserve_port("127.0.0.1") for _ in range(3)]
+    try:
+        host.serve(reservations[0].take(), "127.0.0.1")
+        first = dist.TCPStore("127.0.0.1", reservations[0].port, None, False, datetime.timedelta(seconds=30),
+                              wait_for_workers=False)
+        first.set("k", "r0")
+        host.serve(reservations[1].take(), "127.0.0.1")
+        dist.TCPStore("127.0.0.1", reservations[1].port, None, False, datetime.timedelta(seconds=30),
+                      wait_for_workers=False)  # the next attempt's store is served ...
+        time.sleep(1.0)  # (a dropped store's server stops in the background, within a few tenths of a second)
+        assert first.get("k") == b"r0"  # ... and the one before still answers
+        host.serve(reservations[2].take(), "127.0.0.1")
+        deadline = time.monotonic() + 30
+        while host.serving != reservations[2].port and time.monotonic() < deadline:
+            time.sleep(0.05)
+            host.poll()
+        with pytest.raises(RuntimeError):  # two hand-overs later it is gone (its server stops in the background)
+            while time.monotonic() < deadline:
+                first.set("k", "r2")
+                time.sleep(0.05)
+    finally:
+        host.close()
+
+
 def test_a_helper_that_cannot_start_is_a_store_host_error_and_the_socket_is_closed(tmp_path):
     host = StoreHost(str(tmp_path / "no-such-python"), os.environ)
     reservation = reserve_port("127.0.0.1")

@@ -7,7 +7,10 @@ the socket. The agent does not import torch, so a helper process does it: it imp
 once, and for each attempt on this node receives the listening socket over a Unix socket pair
 (``SCM_RIGHTS``) and serves a ``TCPStore`` on it (``master_listen_fd``). Workers then connect as
 clients (``TORCHELASTIC_USE_AGENT_STORE=True``, as under torchrun), so no worker ever meets a
-refused connection, and a restart does not wait for a store to bind. The helper dies with the
+refused connection, and a restart does not wait for a store to bind. The store of the attempt
+before stays served until the next hand-over: a live worker that leaves a round for the next
+ends that round's generations in its store (:func:`elastic.worker.refill.leave_round`), which
+it can do only while that store answers. The helper dies with the
 agent: it exits when its end of the pair reads EOF. The agent's exit never waits for the
 helper's torch import: a helper that has not imported torch yet serves nothing, and is killed.
 When the helper starts is the agent's choice (:mod:`elastic.agent.attempts`).
@@ -36,9 +39,10 @@ _STOP_TIMEOUT_S = 2.0
 # The helper's program, run as ``python -c`` by the workers' interpreter (it may not have our
 # package; it must have torch), without the agent's working directory on its path (safe_path). argv[1]: the fd of its end of the pair. Replies, one line each:
 # "ready" once torch is imported, then per socket received "serving <port>" or "error <text>";
-# a message without a socket drops the current store. At EOF it drops the store (its port
-# closes) and leaves with os._exit: the interpreter's teardown of torch would hold the agent's
-# exit for a few tenths of a second.
+# the store it served before stays up as the previous one (the one before that closes); a
+# message without a socket drops both. At EOF it drops them (their ports close) and leaves with
+# os._exit: the interpreter's teardown of torch would hold the agent's exit for a few tenths of
+# a second.
 _HOST_PROGRAM = r"""
 import os, socket, sys
 from datetime import timedelta
@@ -49,14 +53,15 @@ except BaseException as error:
     chan.sendall(("error cannot import torch.distributed: %r" % (error,))[:300].encode())
     sys.exit(0)
 chan.sendall(b"ready")
-store = None
+store = previous = None
 while True:
     message, fds, _, _ = socket.recv_fds(chan, 256, 1)
-    store = None  # the last attempt's store stops: its port closes
     if not message:
         os._exit(0)
     if not fds:
+        store = previous = None  # released: both stores stop, their ports close
         continue
+    previous, store = store, None  # the one before the previous stops
     host, port = message.decode().split()
     try:
         store = dist.TCPStore(host, int(port), None, True, timedelta(seconds=60),
@@ -69,7 +74,8 @@ while True:
 
 
 class StoreHost:
-    """One helper process per agent, started on first use, serving one attempt's store at a time.
+    """One helper process per agent, started on first use, serving one attempt's store at a time
+    (and the attempt's before, until the next hand-over).
 
     The hand-off never waits for the helper: workers start at once, and their connections
     queue on the listening socket until the helper serves it (its first start imports torch,
@@ -132,7 +138,8 @@ class StoreHost:
             listener.close()  # the helper holds its own copy now
 
     def release(self) -> None:
-        """Stop serving the current attempt's store (its port closes); the helper stays warm."""
+        """Stop serving the current attempt's store and the one before (their ports close); the
+        helper stays warm."""
         if self._chan is None:
             return
         try:
