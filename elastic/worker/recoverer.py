@@ -216,7 +216,7 @@ class Recoverer:
         already repairs it): not a failure to report. Otherwise the loss is told and counted."""
         moved = left = False
         formed = self._standing
-        if (self._store is not None and formed.formed_round == self.round.round
+        if (self._reachable() and formed.formed_round == self.round.round
                 and not isinstance(self._lost, Superseded)):
             state = within(_STORE_LOOK, lambda: read_generation(self._store), "reading the round's generation",
                            self.where())
@@ -230,12 +230,17 @@ class Recoverer:
             self._tell_loss()
         return moved, left
 
+    def _reachable(self) -> bool:
+        """Whether the round last formed has a store that did not fail the watcher's last look."""
+        return self._store is not None and not (self._watch is not None and self._watch.unreachable(self._store))
+
     def _depart(self) -> None:
         """Before leaving the round in use for the pending one: end the round's generations in its
         store, so the peers left behind wait for the newer round rather than train on without this
         rank, and learn whether one formed without it meanwhile (:func:`~elastic.worker.refill.leave_round`)."""
         pending = self.mailbox.pending
-        if pending is None or self._store is None or self._standing.formed_round != self.round.round:
+        if pending is None or not self._reachable() or self._standing.formed_round != self.round.round:
+            self._standing.departed(False)
             return
         round_, store, generation = self.round, self._store, self._standing.formed_generation
         clean = within(_STORE_LOOK, lambda: leave_round(store, generation, round_.rank, round_.world_size,

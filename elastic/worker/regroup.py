@@ -40,6 +40,7 @@ class GenerationWatch:
         self._interval = interval
         self._cond = threading.Condition()
         self._target: tuple[Any, int] | None = None
+        self._failed: Any = None  # the store whose last read failed
         self._stopped = False
         self.moved: GenerationState | None = None
         """The newer generation seen (None: none, or no group in use)."""
@@ -58,6 +59,11 @@ class GenerationWatch:
         with self._cond:
             self._target, self.moved = None, None
 
+    def unreachable(self, store: Any) -> bool:
+        """Whether the last read of ``store`` failed (its master is gone: no need to look again;
+        torch prints a warning with a stack for every failed store call)."""
+        return store is not None and self._failed is store
+
     def stop(self) -> None:
         with self._cond:
             self._stopped, self._target = True, None
@@ -66,7 +72,6 @@ class GenerationWatch:
             self._thread.join(5.0)
 
     def _run(self) -> None:
-        failed: tuple[Any, int] | None = None  # the target whose read failed last (logged once)
         while True:
             with self._cond:
                 self._cond.wait(self._interval)
@@ -76,13 +81,14 @@ class GenerationWatch:
             if target is None or self.moved is not None:
                 continue
             store, generation = target
+            if self._failed is store:
+                continue
             try:
                 state = read_generation(store)
             except (RuntimeError, ValueError) as error:  # the store is gone or holds garbage: a collective will tell
-                if failed is not target:
-                    log.info("%s: cannot read the round's generation (%s); not watching it", self._label,
-                             str(error).splitlines()[0] if str(error) else type(error).__name__)
-                    failed = target
+                self._failed = store
+                log.info("%s: cannot read the round's generation (%s); not watching it", self._label,
+                         str(error).splitlines()[0] if str(error) else type(error).__name__)
                 continue
             if state.left_for is None and state.number > generation:
                 with self._cond:
