@@ -6,7 +6,8 @@ the start of every step and log whether every rank had the same), LIVE_BIG_MB (0
 model with SGD; N: a hidden layer of N/3 MiB of parameters, and Adam, for a state of ~N MiB;
 a ``state`` event gives its bytes after the first step, and steps log no parameter sum),
 LIVE_START_SLEEP (0: seconds to sleep before LiveTraining starts, as a replacement that takes
-that long to be ready: a GPU's initialisation, a model's construction).
+that long to be ready: a GPU's initialisation, a model's construction), LIVE_LATE_START_SLEEP (0:
+the same, only for a worker started after the job's first round: a replacement, a joining node's).
 """
 
 import time
@@ -51,7 +52,8 @@ def plain(value):
 
 
 emit(ev="start", t=STARTED, pid=os.getpid(), slot=os.environ.get("LIVE_SLOT"))
-time.sleep(float(os.environ.get("LIVE_START_SLEEP", "0")))
+late = os.environ.get("ELASTIC_ROUND", "0") not in ("", "0") or os.environ.get("ELASTIC_REFILL") == "1"
+time.sleep(float(os.environ.get("LIVE_START_SLEEP", "0")) + (float(os.environ.get("LIVE_LATE_START_SLEEP", "0")) if late else 0.0))
 # Different per rank: the first heal equalises. With LIVE_BIG_MB the hidden layer is wide enough
 # that parameters + Adam's two moments come to about that many MiB (18 parameters per unit).
 model = make_model(int(os.environ.get("RANK", "0")), hidden=big_hidden(big_mb))
