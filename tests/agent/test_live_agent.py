@@ -118,8 +118,7 @@ def test_a_crashed_worker_restarts_alone_and_heals_while_the_survivor_keeps_its_
     print(f"\nlive crash ({start}): survivor's longest step gap {gap:.2f}s (ending at step {at}), 0 steps redone; "
           f"replacement ready to form {ready:.2f}s after the kill; then both formed and healed in {recovered:.3f}s "
           f"({healed['nbytes']} bytes in {healed['healed'] - healed['formed']:.3f}s); the replacement's first step "
-          f"{first_after['t'] - replacement['t']:.2f}s after its process start; the first step on the new group "
-          f"took {gap - ready - recovered:.2f}s")
+          f"{first_after['t'] - replacement['t']:.2f}s after its process start")
     assert recovered <= 0.5, f"the survivor re-formed {recovered:.2f}s after the replacement was ready to form"
     # Pre-warmed, the replacement is a fork with torch imported; started normally, the survivor
     # trains on alone while it imports: either way the survivor does not wait for its start.
@@ -129,7 +128,8 @@ def test_a_crashed_worker_restarts_alone_and_heals_while_the_survivor_keeps_its_
 @pytest.mark.parametrize("start", ["spawned", "prewarm"])
 def test_a_lost_node_leaves_the_survivor_training_alone_and_heals_when_it_comes_back(procs, etcd_server, tmp_path,
                                                                                    start):
-    total = 110
+    # The survivor does not wait for a fresh process's start (issue 37): enough steps that it joins before the end.
+    total = 110 if start == "prewarm" else 300
     extra = START[start]
     rid = run_id()
     logs = {name: tmp_path / f"{name}.jsonl" for name in ("a", "b", "b2")}
