@@ -36,7 +36,7 @@ from elastic.agent.processes.log_dir import create_log_dir
 from elastic.agent.processes.store_host import StoreHost
 from elastic.agent.prewarm.pool import TemplatePool
 from elastic.agent.waking import Waker
-from elastic.agent.processes.worker_env import omp_threads_notice, python_executable
+from elastic.agent.worker_env import omp_threads_notice, python_executable
 from elastic.config import LaunchConfig
 from elastic.rendezvous.api import Rendezvous
 from elastic.rendezvous.errors import RendezvousError

@@ -20,9 +20,11 @@ import time
 
 import pytest
 
+from elastic.agent import pdeathsig
 from elastic.agent.lifeline import keeper as lifeline, pidfile
-from elastic.agent.lifeline.keeper import Lifeline, parent_death_preexec
-from elastic.agent.lifeline.pidfile import LiveWorkers, Liveness, PidFileError, ProcessId
+from elastic.agent.lifeline.keeper import Lifeline
+from elastic.agent.pdeathsig import parent_death_preexec
+from elastic.agent.lifeline.pidfile import Liveness, PidFileError, LiveWorkers, ProcessId
 from elastic.agent.lifeline.watchdog_process import Watchdog, watchdog_program
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux-only")
@@ -202,7 +204,7 @@ def test_kill_workers_spares_a_process_that_reused_the_pid(spawned):
 
 AGENT = textwrap.dedent("""
     import subprocess, sys, time
-    from elastic.agent.lifeline.keeper import parent_death_preexec
+    from elastic.agent.pdeathsig import parent_death_preexec
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"],
                             start_new_session=True, preexec_fn=parent_death_preexec())
     print(proc.pid, flush=True)
@@ -223,7 +225,7 @@ def test_a_worker_started_with_the_preexec_dies_when_its_agent_is_sigkilled(spaw
 
 RECHECK = textwrap.dedent("""
     import os, signal
-    from elastic.agent.lifeline.keeper import parent_death_preexec
+    from elastic.agent.pdeathsig import parent_death_preexec
     die_with_parent = parent_death_preexec()  # made for children of this process
 
     def fate(run):  # how a child running run() ends: 0 if it got past it, else -signal
@@ -248,10 +250,10 @@ def test_a_child_whose_parent_is_not_the_agent_any_more_kills_itself_at_once():
 @linux_only
 def test_the_preexec_is_withheld_off_the_main_thread_with_one_warning(caplog, monkeypatch):
     # The signal follows the forking thread: a worker forked by a short-lived thread would die with it.
-    monkeypatch.setattr(lifeline, "_warned_thread", False)
+    monkeypatch.setattr(pdeathsig, "_warned_thread", False)
     assert parent_death_preexec() is not None
     seen = []
-    with caplog.at_level(logging.WARNING, logger="elastic.agent.lifeline.keeper"):
+    with caplog.at_level(logging.WARNING, logger="elastic.agent.pdeathsig"):
         for _ in range(2):
             thread = threading.Thread(target=lambda: seen.append(parent_death_preexec()))
             thread.start()
@@ -264,13 +266,13 @@ def test_the_preexec_is_withheld_off_the_main_thread_with_one_warning(caplog, mo
 def test_off_linux_the_module_imports_and_gives_no_preexec(monkeypatch):
     monkeypatch.setattr(sys, "platform", "darwin")
     try:
-        reloaded = importlib.reload(lifeline)  # as imported on macOS
+        reloaded = importlib.reload(pdeathsig)  # as imported on macOS
         assert not reloaded.PDEATHSIG_AVAILABLE
         assert reloaded.parent_death_preexec() is None
     finally:
         monkeypatch.undo()
-        importlib.reload(lifeline)
-    assert lifeline.PDEATHSIG_AVAILABLE is sys.platform.startswith("linux")
+        importlib.reload(pdeathsig)
+    assert pdeathsig.PDEATHSIG_AVAILABLE is sys.platform.startswith("linux")
 
 
 # -- the agent's side ------------------------------------------------------------------------------

@@ -532,7 +532,7 @@ def test_failure_report_without_error_file_shows_the_stderr_tail(harness):
 
 def test_agent_modules_do_not_import_torch():
     code = (
-        "import sys, elastic.agent.processes.workers, elastic.agent.processes.failures, elastic.agent.processes.worker_env\n"
+        "import sys, elastic.agent.processes.workers, elastic.agent.processes.failures, elastic.agent.worker_env\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

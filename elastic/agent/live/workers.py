@@ -21,7 +21,7 @@ from typing import Callable, Protocol
 from elastic.agent.live.decisions import AnswerView, RoundAnswer, decide_answer, group_broken
 from elastic.agent.live.pipes import RoundPipes
 from elastic.agent.processes.failures import root_cause_summary
-from elastic.agent.processes.worker_env import worker_ranks
+from elastic.agent.worker_env import worker_ranks
 from elastic.agent.processes.failures import WorkerFailure
 from elastic.agent.processes.group_state import GroupState, GroupStatus, WorkerExtras
 from elastic.agent.processes.workers import WorkerGroup

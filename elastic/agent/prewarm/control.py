@@ -22,7 +22,7 @@ from typing import IO, Mapping
 import psutil
 
 from elastic.agent.errors import TemplateError
-from elastic.agent.lifeline.keeper import parent_death_preexec
+from elastic.agent.pdeathsig import parent_death_preexec
 from elastic.agent.prewarm.forked import ForkedWorker
 from elastic.agent.prewarm.template import BOOT
 from elastic.agent.prewarm.wire import FrameReader, TemplateWireError, WorkerJob, encode, fork_request

@@ -17,7 +17,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import IO, Callable, Mapping
 
-from elastic.agent.lifeline.keeper import parent_death_preexec
+from elastic.agent.pdeathsig import parent_death_preexec
 from elastic.agent.prewarm.pool import ForkedWorker, TemplatePool
 from elastic.agent.processes.failures import WorkerFailure, read_error_file
 from elastic.agent.processes.group_state import WorkerExtras

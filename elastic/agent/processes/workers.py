@@ -39,7 +39,7 @@ from elastic.agent.processes.output import (
 from elastic.agent.processes.logs_specs import LogsSpecsError, LogsSpecsHost
 from elastic.agent.processes.proctree import ProcessLister, WorkerTrees
 from elastic.agent.prewarm.pool import ForkedWorker, TemplatePool
-from elastic.agent.processes.worker_env import python_executable, worker_argv, worker_env, worker_ranks
+from elastic.agent.worker_env import python_executable, worker_argv, worker_env, worker_ranks
 from elastic.agent.processes.worker_proc import Worker, failure_of, place_logs, plan_output, start_process
 from elastic.config import LaunchConfig
 
