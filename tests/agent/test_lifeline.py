@@ -24,7 +24,7 @@ from elastic.agent import pdeathsig
 from elastic.agent.lifeline import keeper as lifeline, pidfile
 from elastic.agent.lifeline.keeper import Lifeline
 from elastic.agent.pdeathsig import parent_death_preexec
-from elastic.agent.lifeline.pidfile import Liveness, PidFileError, LiveWorkers, ProcessId
+from elastic.agent.lifeline.pidfile import Liveness, PidFileError, PidRecord, ProcessId
 from elastic.agent.lifeline.watchdog_process import Watchdog, watchdog_program
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux-only")
@@ -125,7 +125,7 @@ def test_liveness_tells_the_recorded_process_from_a_reused_pid(recorded_start, c
 
 
 def test_a_pid_file_round_trips_and_is_private(tmp_path):
-    live = LiveWorkers("run-1", ProcessId(10, 1.5), (ProcessId(11, 2.25), ProcessId(12, 3.0)))
+    live = PidRecord("run-1", ProcessId(10, 1.5), (ProcessId(11, 2.25), ProcessId(12, 3.0)))
     path = str(tmp_path / "workers-10.json")
     pidfile.write(path, live)
     assert pidfile.read(path) == live
@@ -162,7 +162,7 @@ def test_a_bad_pid_file_is_refused_with_one_clear_line(tmp_path, content, messag
 
 def test_a_symlinked_or_oversized_pid_file_is_refused(tmp_path):
     target = tmp_path / "target.json"
-    pidfile.write(str(target), LiveWorkers("r", ProcessId(1, 1.0)))
+    pidfile.write(str(target), PidRecord("r", ProcessId(1, 1.0)))
     link = tmp_path / "workers-2.json"
     link.symlink_to(target)
     with pytest.raises(PidFileError, match="symlink"):
@@ -283,7 +283,7 @@ def test_a_restarted_agent_stops_the_workers_a_dead_agent_left_and_logs_one_line
     state = tmp_path / "run-1"
     state.mkdir()
     dead = dead_process()
-    pidfile.write(str(state / pidfile.file_name(pidfile.host_key(), dead.pid)), LiveWorkers("run-1", dead, (worker,)))
+    pidfile.write(str(state / pidfile.file_name(pidfile.host_key(), dead.pid)), PidRecord("run-1", dead, (worker,)))
 
     with caplog.at_level(logging.WARNING, logger="elastic.agent.lifeline.keeper"):
         life = Lifeline.open(str(state), "run-1", "node-a", watchdog=False)
@@ -303,7 +303,7 @@ def test_a_live_agents_workers_and_a_bad_file_are_left_alone(spawned, tmp_path, 
     state = tmp_path / "run-1"
     state.mkdir()
     live_file = state / pidfile.file_name(pidfile.host_key(), other_agent.pid)
-    pidfile.write(str(live_file), LiveWorkers("run-1", ProcessId.of(other_agent.pid), (worker,)))
+    pidfile.write(str(live_file), PidRecord("run-1", ProcessId.of(other_agent.pid), (worker,)))
     bad_file = state / pidfile.file_name(pidfile.host_key(), 99)
     bad_file.write_text("{")
 
@@ -368,18 +368,18 @@ def test_a_pid_file_update_that_cannot_be_written_is_said_once_and_its_recovery_
 CUT_SHORT = textwrap.dedent("""
     import resource, signal, sys
     from elastic.agent.lifeline import pidfile
-    from elastic.agent.lifeline.pidfile import LiveWorkers, ProcessId
+    from elastic.agent.lifeline.pidfile import PidRecord, ProcessId
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead
     resource.setrlimit(resource.RLIMIT_FSIZE, (40, 40))  # the new content stops after 40 bytes
     try:
-        pidfile.write(sys.argv[1], LiveWorkers("run-1", ProcessId(10, 1.5), (ProcessId(11, 2.25),)))
+        pidfile.write(sys.argv[1], PidRecord("run-1", ProcessId(10, 1.5), (ProcessId(11, 2.25),)))
     except OSError as error:
         print(error.strerror)
 """)
 
 
 def test_a_pid_file_write_cut_short_leaves_the_old_file_whole_and_no_temporary_file(tmp_path):
-    old = LiveWorkers("run-1", ProcessId(10, 1.5))
+    old = PidRecord("run-1", ProcessId(10, 1.5))
     path = str(tmp_path / "workers-10.json")
     pidfile.write(path, old)
 

@@ -47,7 +47,7 @@ from typing import Iterable, Mapping
 
 from elastic.agent.lifeline import pidfile
 from elastic.agent.errors import LifelineError
-from elastic.agent.lifeline.pidfile import LiveWorkers, ProcessId
+from elastic.agent.lifeline.pidfile import PidRecord, ProcessId
 from elastic.agent.lifeline.watchdog_process import Watchdog
 from elastic.agent.processes.log_loss import DISK_FULL, free_bytes, size_text
 from elastic.console import CONSOLE
@@ -206,7 +206,7 @@ class Lifeline:
             watchdog.close(self.run_id)
 
     def _write(self) -> None:
-        live = LiveWorkers(self.run_id, self._me, tuple(self._workers.values()), self._host)
+        live = PidRecord(self.run_id, self._me, tuple(self._workers.values()), self._host)
         try:
             pidfile.write(self.path, live)
         except FileNotFoundError:  # a dead agent's watchdog removed the emptied directory
