@@ -7,12 +7,12 @@ against :class:`Workers` so its loop can be tested in-process with a fake group
 
 from __future__ import annotations
 
-import functools
 from typing import Callable, Protocol
 
 from elastic.agent.live.workers import LiveWorkers
 from elastic.agent.prewarm.pool import TemplatePool
 from elastic.agent.processes.logs_specs import LogsSpecsHost
+from elastic.agent.processes.group_settings import GroupSettings
 from elastic.agent.processes.group_state import GroupState
 from elastic.agent.processes.workers import WorkerGroup
 from elastic.config import LaunchConfig
@@ -71,13 +71,11 @@ def worker_groups(config: LaunchConfig, node_id: str, templates: TemplatePool | 
     ``--live-recovery``; ``logs_specs``: the helper of ``config.logs_specs``' plugin, which every
     attempt's group reifies through)."""
 
+    settings = GroupSettings(node_id=node_id, templates=templates, logs_specs=logs_specs)
+    kind = LiveWorkers if config.live_recovery else WorkerGroup
+
     def make(info: RendezvousInfo, *, attempt: int, restart_count: int, use_agent_store: bool) -> Workers:
-        if config.live_recovery:
-            return LiveWorkers(config, info, attempt=attempt, restart_count=restart_count,
-                               use_agent_store=use_agent_store, node_id=node_id,
-                               make_group=functools.partial(WorkerGroup, templates=templates, logs_specs=logs_specs))
-        return WorkerGroup(config, info, attempt=attempt, restart_count=restart_count,
-                           use_agent_store=use_agent_store, node_id=node_id, templates=templates,
-                           logs_specs=logs_specs)
+        return kind(config, info, attempt=attempt, restart_count=restart_count, use_agent_store=use_agent_store,
+                    settings=settings)
 
     return make

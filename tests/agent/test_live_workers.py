@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import fcntl
-import functools
 import json
 import os
 import signal
@@ -22,8 +21,8 @@ from elastic.agent.live import pipes as pipes_module
 from elastic.agent.live.pipes import MAX_ANSWER_BYTES, LineCutter, RoundPipes
 from elastic.agent.live.workers import LiveWorkers, round_for
 from elastic.agent.prewarm.pool import ForkedWorker, TemplatePool
+from elastic.agent.processes.group_settings import GroupSettings
 from elastic.agent.processes.group_state import GroupStatus
-from elastic.agent.processes.workers import WorkerGroup
 from elastic.config import Entrypoint, LaunchConfig, Std, StdMask
 from elastic.rendezvous.api import MembershipChange, RendezvousInfo
 from elastic.worker.rounds import (
@@ -297,10 +296,10 @@ def live(request, tmp_path):
             pools.append(pool)
             pool.start()
             assert pool.wait_ready(30)
-        group_maker = functools.partial(WorkerGroup, log_root=str(tmp_path / "logs"), environ=environ,
-                                        python=sys.executable, templates=pool)
-        workers = LiveWorkers(config, _info(0), attempt=0, restart_count=0, use_agent_store=True, node_id="n0",
-                              make_group=group_maker, clock=clock)
+        settings = GroupSettings(node_id="n0", log_root=str(tmp_path / "logs"), environ=environ,
+                                 python=sys.executable, templates=pool)
+        workers = LiveWorkers(config, _info(0), attempt=0, restart_count=0, use_agent_store=True, settings=settings,
+                              clock=clock)
         made.append(workers)
         workers.start()
         forked = [isinstance(w.proc, ForkedWorker) for group in workers._groups for w in group._workers]

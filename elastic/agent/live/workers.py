@@ -16,14 +16,15 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Callable, Protocol
+from typing import Callable
 
 from elastic.agent.live.decisions import AnswerView, RoundAnswer, decide_answer, group_broken
 from elastic.agent.live.pipes import RoundPipes
 from elastic.agent.processes.failures import root_cause_summary
 from elastic.agent.worker_env import worker_ranks
 from elastic.agent.processes.failures import WorkerFailure
-from elastic.agent.processes.group_state import GroupState, GroupStatus, WorkerExtras
+from elastic.agent.processes.group_settings import GroupSettings
+from elastic.agent.processes.group_state import GroupState, GroupStatus
 from elastic.agent.processes.workers import WorkerGroup
 from elastic.config import LaunchConfig
 from elastic.rendezvous.api import RendezvousInfo
@@ -32,12 +33,6 @@ from elastic.worker.rounds import Held, Round, default_store_prefix
 log = logging.getLogger(__name__)
 
 __all__ = ["LiveWorkers", "round_for"]
-
-
-class GroupMaker(Protocol):
-    def __call__(self, config: LaunchConfig, info: RendezvousInfo, *, attempt: int, restart_count: int,
-                 use_agent_store: bool, node_id: str, local_ranks: tuple[int, ...],
-                 extras: Callable[[int], WorkerExtras]) -> WorkerGroup: ...
 
 
 def round_for(config: LaunchConfig, info: RendezvousInfo, local_rank: int, restart_count: int) -> Round:
@@ -55,20 +50,18 @@ class LiveWorkers:
     Args:
         config: the launch configuration (``live_recovery_timeout`` is the answer deadline).
         info: the round they start in.
-        attempt, restart_count, use_agent_store: as for :class:`WorkerGroup`.
-        node_id: this node's id (names the log directories).
-        make_group: makes the worker group of some local ranks (default: :class:`WorkerGroup`).
+        attempt, restart_count, use_agent_store, settings: as for :class:`WorkerGroup` (each group
+            of some local ranks is one).
         clock: monotonic seconds (the answer deadline).
     """
 
     def __init__(self, config: LaunchConfig, info: RendezvousInfo, *, attempt: int, restart_count: int,
-                 use_agent_store: bool, node_id: str, make_group: GroupMaker = WorkerGroup,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 use_agent_store: bool, settings: GroupSettings, clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
         self.rdzv = info
         self._first = (attempt, restart_count, use_agent_store)
-        self._node_id = node_id
-        self._make_group = make_group
+        self._settings = settings
+        self._node_id = settings.node_id
         self._clock = clock
         self._groups: list[WorkerGroup] = []
         self._current: dict[int, WorkerGroup] = {}
@@ -257,9 +250,9 @@ class LiveWorkers:
         label = f"Run {info.run_id} node {self._node_id}"
         pipes = {rank: RoundPipes(label) for rank in ranks}
         first = {rank: round_for(self.config, info, rank, restart_count) for rank in ranks}
-        group = self._make_group(self.config, info, attempt=attempt, restart_count=restart_count,
-                                 use_agent_store=use_agent_store, node_id=self._node_id, local_ranks=ranks,
-                                 extras=lambda rank: pipes[rank].extras(first[rank], refill))
+        group = WorkerGroup(self.config, info, attempt=attempt, restart_count=restart_count,
+                            use_agent_store=use_agent_store, settings=self._settings, local_ranks=ranks,
+                            extras=lambda rank: pipes[rank].extras(first[rank], refill))
         for callback in self._callbacks:
             group.on_exit(callback)
         try:
