@@ -9,7 +9,7 @@ import socket
 
 import pytest
 
-from elastic.agent.attempts import Attempts
+from elastic.agent.attempts import Attempts, NodeHelpers
 from elastic.agent.errors import StoreHostError
 from elastic.agent.observe.events import EventLog
 from elastic.agent.observe.report import AgentReport
@@ -61,8 +61,8 @@ def attempts_of(tmp_path):
         groups = FakeGroups([Fate.RUN], on_start=lambda group: log.append("workers") if log is not None else None)
         events = EventLog(tmp_path / "events.jsonl", run_id="job", node="h")
         report = AgentReport(events, None, io.StringIO(), run_id="job", host="h")
-        attempts = Attempts(groups, Waker(), report, run_id="job", host="h", shutdown_timeout=1.0,
-                            store_host=helper, templates=templates)
+        helpers = NodeHelpers(store_host=helper, templates=templates, warm_store_host=templates is not None)
+        attempts = Attempts(groups, Waker(), report, helpers, run_id="job", host="h", shutdown_timeout=1.0)
         made.append((attempts, events))
         return attempts, groups
 
@@ -81,7 +81,7 @@ def test_the_master_hands_its_store_to_the_helper_after_its_workers_are_spawned(
     log: list[str] = []
     attempts, groups = attempts_of(FakeHelper(log), log=log)
     listener = listening()
-    group = attempts.start(round_info(0, listener), 0, 0)
+    group = attempts.start(round_info(0, listener), 0)
     assert group is not None and group.use_agent_store
     assert log == ["workers", "serve"]  # the helper's torch import does not slow the workers' start
 
@@ -89,27 +89,27 @@ def test_the_master_hands_its_store_to_the_helper_after_its_workers_are_spawned(
 def test_a_node_that_does_not_host_starts_no_helper_unless_templates_need_it_warm(attempts_of):
     log: list[str] = []
     attempts, _ = attempts_of(FakeHelper(log), log=log)
-    assert attempts.start(round_info(1, None), 0, 0).use_agent_store  # its workers are the master's clients
+    assert attempts.start(round_info(1, None), 0).use_agent_store  # its workers are the master's clients
     assert log == ["workers"]
 
     warm_log: list[str] = []
     prewarmed, _ = attempts_of(FakeHelper(warm_log), FakeTemplates(), log=warm_log)
-    prewarmed.start(round_info(1, None), 0, 0)
+    prewarmed.start(round_info(1, None), 0)
     assert warm_log == ["workers", "warm"]  # a master move later forks at once: the helper must be ready
 
 
 def test_a_helper_that_cannot_take_the_store_leaves_rank_0_to_host_it_from_the_next_attempt(attempts_of):
     log: list[str] = []
     attempts, _ = attempts_of(FakeHelper(log, fail=True), log=log)
-    assert attempts.start(round_info(0, listening()), 0, 0).use_agent_store
+    assert attempts.start(round_info(0, listening()), 0).use_agent_store
     attempts.stop()
     listener = listening()
-    assert not attempts.start(round_info(0, listener), 1, 0).use_agent_store
+    assert not attempts.start(round_info(0, listener), 0).use_agent_store
     assert listener.fileno() == -1  # closed: rank 0's worker binds the port itself
 
 
 def test_each_start_tells_the_event_log_which_local_ranks_started(attempts_of, tmp_path):
     attempts, _ = attempts_of(None)
-    attempts.start(round_info(1, None), 0, 0)
+    attempts.start(round_info(1, None), 0)
     [line] = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
     assert (line["event"], line["round"], line["started"], line["kept"]) == ("workers_started", 0, [0], [])
