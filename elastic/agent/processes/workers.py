@@ -59,8 +59,7 @@ __all__ = [
 class WorkerGroup:
     """The ``nproc_per_node`` workers of one attempt on this node.
 
-    To live recovery's questions it answers no: its workers end with their round, it replaces
-    none (:meth:`refill`) and cannot move to another round (:meth:`move_to`).
+    Its workers end with their round: it answers live recovery's questions with no (:meth:`refill`, :meth:`move_to`).
 
     Args:
         config: the launch configuration (entrypoint, nproc, role, streams, shutdown timeout).
