@@ -34,7 +34,9 @@ This module is the facade; each job has its module: :mod:`~elastic.rendezvous.me
 (the session, the ``state/`` watch, the master port), :mod:`~elastic.rendezvous.joining`
 (steps 2 and 4; the wait for the close is :mod:`~elastic.rendezvous.round_wait`),
 :mod:`~elastic.rendezvous.closing` (step 3), :mod:`~elastic.rendezvous.monitor` (step 5 and the
-other changes of a running round) and :mod:`~elastic.rendezvous.barrier` (the exit barrier).
+other changes of a running round) and :mod:`~elastic.rendezvous.barrier` (the exit barrier);
+what they share (settings, store, keys, node, membership, clock) is one
+:class:`~elastic.rendezvous.context.RendezvousContext`.
 The decisions are the pure functions of :mod:`elastic.rendezvous.decisions` (forming a round),
 :mod:`~elastic.rendezvous.round_events` (changes under a closed round) and
 :mod:`~elastic.rendezvous.reconcile` (after a compacted watch).
@@ -55,11 +57,12 @@ from backends.retry import RetryPolicy
 from elastic.rendezvous import records
 from elastic.rendezvous.api import MembershipChange, MembershipStatus, Rendezvous, RendezvousInfo
 from elastic.rendezvous.barrier import ExitBarrier
+from elastic.rendezvous.context import NodeSpec, RendezvousContext
 from elastic.rendezvous.round_events import RoundView
 from elastic.rendezvous.departures import Departure
 from elastic.rendezvous.errors import RendezvousClosedError, RendezvousConnectionError, RendezvousStateError
 from elastic.rendezvous.job import FinishedRecord, encode_finished
-from elastic.rendezvous.joining import JOIN_RETRY, JoinLoop, NodeSpec
+from elastic.rendezvous.joining import JOIN_RETRY, JoinLoop
 from elastic.rendezvous.membership import Membership, default_node_id
 from elastic.rendezvous.monitor import MembershipMonitor
 from elastic.rendezvous.ports import PortReservation, reserve_port
@@ -128,8 +131,9 @@ class RendezvousHandler(Rendezvous):
         self._membership = Membership(settings, backend, self.keys.state_prefix, self._node_id, node_addr,
                                       port_reserver, self._signal)
         node = NodeSpec(self._node_id, node_addr, local_world_size, role)
-        self._joining = JoinLoop(settings, backend, self.keys, node, self._membership, clock, retry)
-        self._barrier = ExitBarrier(backend, self.keys, self._node_id, self._membership, clock)
+        ctx = RendezvousContext(settings, backend, self.keys, node, self._membership, clock)
+        self._joining = JoinLoop(ctx, retry)
+        self._barrier = ExitBarrier(ctx)
         self._finished = False  # this node's workers finished (it went through the exit barrier)
         self._closed_it = False  # this node closed the rendezvous: nobody waits for it any more
 

@@ -10,15 +10,14 @@ is a :class:`Joining`: it reports progress, says when the join timed out, and ke
 from __future__ import annotations
 
 import logging
-from typing import Callable, Protocol
+from typing import Protocol
 
-from backends.api import ABSENT, EventType, KeyValue, KVBackend
+from backends.api import ABSENT, EventType, KeyValue
+from elastic.rendezvous.context import RendezvousContext
 from elastic.rendezvous.attempt import Claim, ClosedRound, JoinAttempt, StateView
 from elastic.rendezvous.closing import Closer, Waiter
 from elastic.rendezvous.membership import Membership
 from elastic.rendezvous.reads import closed_round_from, joiner_of, read_alive, read_joiners
-from elastic.rendezvous.records import RendezvousKeys
-from elastic.rendezvous.settings import RendezvousSettings
 
 __all__ = ["Joining", "RoundWait", "claim_is_mine"]
 
@@ -49,14 +48,8 @@ class RoundWait:
     """Waits for rounds to close for one node (see the module docstring). Not thread-safe: the
     join loop calls it under the handler's lock."""
 
-    def __init__(self, settings: RendezvousSettings, backend: KVBackend, keys: RendezvousKeys, node_id: str,
-                 membership: Membership, clock: Callable[[], float], closer: Closer) -> None:
-        self._settings = settings
-        self._backend = backend
-        self._keys = keys
-        self._node_id = node_id
-        self._membership = membership
-        self._clock = clock
+    def __init__(self, ctx: RendezvousContext, closer: Closer) -> None:
+        self._ctx = ctx
         self._closer = closer
 
     def wait(self, join: Joining, attempt: JoinAttempt, state: StateView, deadline: float) -> ClosedRound:
@@ -68,7 +61,7 @@ class RoundWait:
             JoinKeyLost, RendezvousClosedError: from ``join.check_still_joined``.
             BackendError: the store failed.
         """
-        forming, claim_key = attempt.forming, self._keys.closer(attempt.forming)
+        forming, claim_key = attempt.forming, self._ctx.keys.closer(attempt.forming)
         while True:
             if attempt.claim is Claim.HELD:
                 closed = self._closer.close_round(forming, state, deadline, join)
@@ -80,12 +73,13 @@ class RoundWait:
                 return closed
             # The closer's claim vanished (its lease lapsed, or it left): claim it ourselves.
             join.check_still_joined()
-            result = self._backend.put_if(claim_key, attempt.value, ABSENT, lease=self._membership.lease().lease_id)
+            lease = self._ctx.membership.lease().lease_id
+            result = self._ctx.backend.put_if(claim_key, attempt.value, ABSENT, lease=lease)
             if result.current is None:
                 continue  # the winner is already gone too: try again
             join.attempt = attempt = attempt.seen_closer(result.current, self._is_mine(result.current))
             log.info("Rendezvous %s: the closer of round %d left; node %s now closes it",
-                     self._settings.run_id, forming, joiner_of(result.current).node_id)
+                     self._ctx.settings.run_id, forming, joiner_of(result.current).node_id)
 
     def _await_close_or_closer_loss(self, join: Joining, attempt: JoinAttempt, read_revision: int,
                                     deadline: float) -> ClosedRound | None:
@@ -94,22 +88,22 @@ class RoundWait:
         Events at or below ``read_revision`` are skipped: the state read already reflected them.
         Events after the close in the same batch are handed back to the watch, for the monitor.
         """
-        forming, claim_key, watch = attempt.forming, self._keys.closer(attempt.forming), self._membership.state
+        forming, claim_key, watch = attempt.forming, self._ctx.keys.closer(attempt.forming), self._ctx.membership.state
         held_since = attempt.closer.create_revision
         while True:
-            now = self._clock()
+            now = self._ctx.clock()
             if now >= deadline:
                 raise join.timeout(forming)
             if join.line_due():  # only the closer watches the joins: read them when a line is due
                 # The last round's keys first: a member that rejoins in between is then among the joiners.
-                alive = read_alive(self._backend, self._keys, join.last.record) if join.last else None
-                join.note_wait(forming, read_joiners(self._backend, self._keys, forming)[0], deadline, alive)
+                alive = read_alive(self._ctx.backend, self._ctx.keys, join.last.record) if join.last else None
+                join.note_wait(forming, read_joiners(self._ctx.backend, self._ctx.keys, forming)[0], deadline, alive)
             wake = min(deadline, join.next_line_due())
-            batch = watch.get(timeout=max(min(wake - now, self._settings.lease_ttl), 0.0))
+            batch = watch.get(timeout=max(min(wake - now, self._ctx.settings.lease_ttl), 0.0))
             for index, event in enumerate(batch):
                 if event.revision <= read_revision:
                     continue
-                closed = closed_round_from(self._keys, self._settings.run_id, event, forming)
+                closed = closed_round_from(self._ctx.keys, self._ctx.settings.run_id, event, forming)
                 if closed is not None:
                     watch.hand_back(batch[index + 1:])
                     return closed
@@ -121,4 +115,4 @@ class RoundWait:
             join.check_still_joined()
 
     def _is_mine(self, claim: KeyValue) -> bool:
-        return claim_is_mine(claim, self._membership, self._node_id)
+        return claim_is_mine(claim, self._ctx.membership, self._ctx.node_id)

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from importlib.machinery import SourceFileLoader
 from typing import Any, Callable, NoReturn
 
-from elastic.agent.lifeline.pdeathsig import load_prctl
+from elastic.agent.pdeathsig import load_prctl
 from elastic.agent.prewarm.check import judge_template, probe_template
 from elastic.agent.prewarm.wire import FrameReader, TemplateWireError, WorkerJob, encode, read_fork_request
 
