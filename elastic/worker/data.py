@@ -126,8 +126,8 @@ class ElasticLoader:
         shuffle: a new permutation each epoch (the same on every rank), else the dataset's order.
         seed: the seed of the first position; afterwards the position's seed rules (a joiner
             takes its peers' with the position).
-        num_workers, persistent_workers, **dataloader_kwargs: the ``DataLoader``'s (workers
-            persist by default); ``sampler``, ``batch_sampler``, ``drop_last`` and
+        num_workers, **dataloader_kwargs: the ``DataLoader``'s (``persistent_workers`` is on by
+            default with workers); ``sampler``, ``batch_sampler``, ``drop_last`` and
             ``in_order=False`` are refused.
 
     Raises (on construction):
@@ -137,7 +137,7 @@ class ElasticLoader:
 
     def __init__(self, dataset: tud.Dataset, batch_size: int, *, accumulation: int | None = None,
                  global_batch: int | None = None, shuffle: bool = True, seed: int = 0,
-                 num_workers: int = 0, persistent_workers: bool | None = None, **dataloader_kwargs: Any) -> None:
+                 num_workers: int = 0, **dataloader_kwargs: Any) -> None:
         self.batching = Batching(batch_size, accumulation, global_batch)
         if isinstance(dataset, tud.IterableDataset) or not hasattr(dataset, "__len__"):
             raise DataPlanError("ElasticLoader deals samples by index: it needs a map-style dataset "
@@ -150,10 +150,9 @@ class ElasticLoader:
         self._position = DataPosition(0, 0, seed)
         self._sampler = ElasticBatchSampler(len(dataset), self.batching, shuffle)
         self._sampler.plan(self._position, 0, 1, 1)  # refuses an empty dataset now
-        if persistent_workers is None:
-            persistent_workers = num_workers > 0
+        dataloader_kwargs.setdefault("persistent_workers", num_workers > 0)
         self._loader = tud.DataLoader(dataset, batch_sampler=self._sampler, num_workers=num_workers,
-                                      persistent_workers=persistent_workers, **dataloader_kwargs)
+                                      **dataloader_kwargs)
         self._world: tuple[int, int] | None = None
         self._step: Step | None = None
         self._batches: Iterator[Any] | None = None
