@@ -56,7 +56,13 @@ class UnsupportedBackendError(LiveRecoveryError, SystemExit):
 
 class StateTransferError(LiveRecoveryError):
     """A state could not be encoded (an unsupported value in ``state_dict()``) or a received
-    header is malformed or over its bounds; the message names the entry or the bound."""
+    header is malformed or over its bounds; the message names the entry or the bound. Also a
+    received state or a checkpoint that is not a LiveTraining state, or that an object refused."""
+
+
+class TrainingStateError(LiveRecoveryError, ValueError):
+    """The training state given to ``LiveTraining`` is malformed: both or neither of ``state=``
+    and the ``state_dict``/``load_state_dict`` pair, or an object without both methods."""
 
 
 class GroupLost(LiveRecoveryError):
