@@ -14,8 +14,9 @@ still used exactly once::
     opt.step()
     loader.commit()                              # once the step is committed on every rank
 
-Under ``LiveTraining`` commit after ``train_step()``'s block, when ``live.step`` moved on (see
-docs/live-recovery.md): a body can return from a step that is not committed.
+Under ``LiveTraining`` give it to ``live.run(fn, data=loader)``, which does all of this (see
+:mod:`elastic.worker.steps`); around ``train_step()`` commit only when the scope says
+``committed``: a body can return from a step that is not committed.
 
 The worker processes load ahead (``prefetch_factor`` micro-batches each) on the assumption that
 every step is committed in the same world. A new world, a new position, or a retried step in a
