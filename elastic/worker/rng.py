@@ -48,11 +48,12 @@ def sample_seed(seed: int, epoch: int, index: int) -> int:
 
 
 def seed_generators(seed: int, devices: bool = True) -> None:
-    """Seed torch's CPU generator (and, with ``devices``, every CUDA device's), ``random``, and
-    numpy's global generator if numpy is imported, from one 64-bit ``seed``."""
+    """Seed torch's CPU generator (and, with ``devices``, every CUDA device's once CUDA is
+    initialised), ``random``, and numpy's global generator if numpy is imported, from one 64-bit
+    ``seed``."""
     seed &= _MASK64
     torch.default_generator.manual_seed(seed)
-    if devices and torch.cuda.is_available():  # before CUDA is initialised torch queues it
+    if devices and torch.cuda.is_initialized():  # before, torch would queue it with a stack trace (0.3 ms)
         torch.cuda.manual_seed_all(seed)
     random.seed(seed)
     numpy = sys.modules.get("numpy")
