@@ -93,11 +93,11 @@ class Steps:
         self._recoverer.before_step()
         return self._live.step
 
-    def seed(self, step: int) -> int | None:
-        """Seed the generators for an attempt of ``step`` on the live rank; the seed used."""
+    def seed(self, step: int, rank: int) -> int | None:
+        """Seed the generators for an attempt of ``step`` on live rank ``rank``; the seed used."""
         if self._training.seed is None:
             return None
-        seed = step_seed(self._training.seed, step, self._live.rank)
+        seed = step_seed(self._training.seed, step, rank)
         seed_generators(seed)
         return seed
 
@@ -128,7 +128,7 @@ class Steps:
             if data is not None:
                 data.set_world(rank, world_size)
                 batches = data.next_step()
-            attempt = StepAttempt(step, attempts, rank, world_size, self.seed(step), batches)
+            attempt = StepAttempt(step, attempts, rank, world_size, self.seed(step, rank), batches)
             try:
                 result = fn(attempt)
             except BaseException as error:
@@ -165,7 +165,7 @@ class StepScope:
 
     def __enter__(self) -> StepScope:
         self.step = self._steps.begin("train_step()")
-        self.seed = self._steps.seed(self.step)
+        self.seed = self._steps.seed(self.step, self._live.rank)
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> bool:
