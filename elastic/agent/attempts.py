@@ -229,12 +229,13 @@ class Attempts:
     def _use_agent_store(self, info: RendezvousInfo) -> bool:
         """Whether workers use an agent-hosted store (``TORCHELASTIC_USE_AGENT_STORE``).
 
-        On the master node the store helper serves the master port the round record names, on
-        the socket that has listened since the join; workers everywhere connect as clients.
-        Without a helper (static rendezvous, or one that failed before) rank 0's worker hosts it.
+        On the master node the store helper serves the master port the round names, on the
+        socket that has listened since the join (the static rendezvous: since set-up); workers
+        everywhere connect as clients. Without a helper (one that failed before) rank 0's worker
+        hosts it.
         """
         if info.master_listener is None:  # another node hosts (or nobody can: then rank 0's worker does)
-            return info.group_rank != 0 and info.agreed and self._store_host is not None
+            return info.group_rank != 0 and self._store_host is not None
         return self._store_host is not None and not self._store_host_failed
 
     def _hand_over(self, listener: socket.socket, info: RendezvousInfo) -> None:

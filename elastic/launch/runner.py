@@ -42,7 +42,7 @@ from elastic.agent.worker_env import omp_threads_notice, python_executable
 from elastic.config import LaunchConfig
 from elastic.rendezvous.api import Rendezvous
 from elastic.rendezvous.errors import RendezvousError
-from elastic.rendezvous.backend_spec import StandaloneSpec, StaticSpec
+from elastic.rendezvous.backend_spec import StandaloneSpec
 from elastic.rendezvous.registry import create_handler
 from elastic.rendezvous.secret_sources import hide_inline_secrets
 
@@ -86,10 +86,8 @@ def run(config: LaunchConfig, *, watchdog: Watchdog | None = None) -> int:
             if notice:  # about the workers: not before a set-up or rendezvous error, then the only line
                 events.listen(_say_once_joined(notice))
             metrics = _new_metrics(config, handler)
-            store_host = (StoreHost(python_executable(os.environ), os.environ)
-                          if not isinstance(config.backend, StaticSpec) else None)
-            if store_host is not None:
-                cleanup.callback(store_host.close)  # started when first needed (elastic.agent.attempts)
+            store_host = StoreHost(python_executable(os.environ), os.environ)
+            cleanup.callback(store_host.close)  # started when first needed (elastic.agent.attempts)
             templates = _start_templates(config, cleanup)
             lifeline = _open_lifeline(config, cleanup, watchdog)
             exclusion = (ExclusionPolicy(settings.max_node_failures, settings.exclusion_cooldown, settings.min_nodes)

@@ -102,6 +102,14 @@ def test_a_node_that_does_not_host_starts_no_helper_unless_templates_need_it_war
     assert warm_log == ["workers", "warm"]  # a master move later forks at once: the helper must be ready
 
 
+def test_a_static_node_that_does_not_host_has_its_workers_use_the_masters_agent_store(attempts_of):
+    log: list[str] = []
+    attempts, _ = attempts_of(FakeHelper(log), log=log)
+    static = dataclasses.replace(round_info(1, None), layout=None)  # no round record: nothing agreed
+    assert attempts.start(static, 0).use_agent_store  # as torchrun's static rendezvous, on every node
+    assert log == ["workers"]
+
+
 def test_a_helper_that_cannot_take_the_store_leaves_rank_0_to_host_it_from_the_next_attempt(attempts_of):
     log: list[str] = []
     attempts, _ = attempts_of(FakeHelper(log, fail=True), log=log)
