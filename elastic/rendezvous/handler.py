@@ -32,7 +32,8 @@ Protocol (DESIGN §3), per round ``r`` of one run:
 
 This module is the facade; each job has its module: :mod:`~elastic.rendezvous.membership`
 (the session, the ``state/`` watch, the master port), :mod:`~elastic.rendezvous.joining`
-(steps 2 and 4; the wait for the close is :mod:`~elastic.rendezvous.round_wait`),
+(steps 2 and 4; the wait for the close is :mod:`~elastic.rendezvous.round_wait`, the writes of
+the join key and closer claim :mod:`~elastic.rendezvous.join_writer`),
 :mod:`~elastic.rendezvous.closing` (step 3), :mod:`~elastic.rendezvous.monitor` (step 5 and the
 other changes of a running round) and :mod:`~elastic.rendezvous.barrier` (the exit barrier);
 what they share (settings, store, keys, node, membership, clock) is one
