@@ -9,12 +9,12 @@ own. As torch's ``_RendezvousContext`` does for its dynamic rendezvous.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 from backends.api import KVBackend
-from elastic.rendezvous.membership import Membership
-from elastic.rendezvous.records import RendezvousKeys
+from elastic.rendezvous.membership import Membership, default_node_id
+from elastic.rendezvous.records import DEFAULT_ROLE, RendezvousKeys
 from elastic.rendezvous.settings import RendezvousSettings
 
 __all__ = ["NodeSpec", "RendezvousContext"]
@@ -22,12 +22,28 @@ __all__ = ["NodeSpec", "RendezvousContext"]
 
 @dataclass(frozen=True)
 class NodeSpec:
-    """What this node publishes with every join."""
+    """What this node publishes with every join.
 
-    node_id: str
+    Attributes:
+        addr: the address other nodes use to reach this one (rank 0's becomes MASTER_ADDR).
+        node_id: unique per handler (default: host, pid and a random suffix).
+        local_world_size, role: this node's workers, so the round record places every worker
+            of every node.
+
+    Raises (from the constructor):
+        ValueError: the local world size is below 1, or the role is empty.
+    """
+
     addr: str
-    local_world_size: int
-    role: str
+    node_id: str = field(default_factory=default_node_id)
+    local_world_size: int = 1
+    role: str = DEFAULT_ROLE
+
+    def __post_init__(self) -> None:
+        if self.local_world_size < 1:
+            raise ValueError(f"The local world size ({self.local_world_size}) must be at least 1.")
+        if not self.role:
+            raise ValueError("The role must not be empty.")
 
 
 @dataclass(frozen=True)

@@ -292,7 +292,7 @@ def create_handler(
             or (static, node rank 0) a master port this node cannot listen on.
         RendezvousConnectionError: the backend could not be reached.
     """
-    from elastic.rendezvous.handler import RendezvousHandler
+    from elastic.rendezvous.handler import NodeSpec, RendezvousHandler
 
     if isinstance(spec, StaticSpec):
         from elastic.rendezvous.static import StaticRendezvousHandler, master_port_problem
@@ -310,8 +310,8 @@ def create_handler(
     opened = open_backend(spec, StoreWait(settings.run_id, node_addr, settings.join_timeout),
                           keys=RendezvousKeys(settings.namespace, settings.run_id))
     settings = _fit_lease(settings, opened, node_addr)
-    return RendezvousHandler(settings, opened.backend, node_addr, release=opened.release,
-                             local_world_size=local_world_size, role=role)
+    node = NodeSpec(node_addr, local_world_size=local_world_size, role=role)
+    return RendezvousHandler(settings, opened.backend, node, release=opened.release)
 
 
 def _fit_lease(settings: RendezvousSettings, opened: OpenedBackend, node_addr: str) -> RendezvousSettings:
