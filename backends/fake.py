@@ -30,7 +30,7 @@ from backends.api import (
     WriteResult,
 )
 from backends.errors import BackendAuthError, BackendClosedError, BackendConnectionError
-from backends.kvstate import DEFAULT_HISTORY_LIMIT, DEFAULT_MAX_VALUE_BYTES, KVState, Outcome
+from backends.kvstate import DEFAULT_HISTORY_LIMIT, DEFAULT_MAX_VALUE_BYTES, KVState, Outcome, StateLimits
 from backends.txn import Txn, TxnResult
 
 
@@ -54,7 +54,7 @@ class InMemoryStore:
         auto_expire: bool = True,
     ) -> None:
         self.token = token
-        self.state = KVState(clock=clock, max_value_bytes=max_value_bytes, history_limit=history_limit)
+        self.state = KVState(clock=clock, limits=StateLimits(max_value_bytes=max_value_bytes, history_limit=history_limit))
         self._clock = clock
         self._lock = threading.Condition()
         self._watches: list[tuple[str, QueueWatch]] = []

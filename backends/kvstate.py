@@ -55,6 +55,7 @@ __all__ = [
     "KEY_OVERHEAD_BYTES",
     "KVState",
     "Outcome",
+    "StateLimits",
 ]
 
 T = TypeVar("T")
@@ -71,6 +72,39 @@ most; a rendezvous of a thousand nodes holds well under a megabyte."""
 
 
 @dataclass(frozen=True)
+class StateLimits:
+    """What one :class:`KVState` holds at most: what a peer holding the store's token can make it keep.
+
+    Attributes:
+        max_value_bytes: writes of larger values raise :class:`ValueTooLargeError`.
+        max_key_bytes: writes of longer keys (in UTF-8) raise :class:`ValueTooLargeError`.
+        max_live_bytes: writes that would make the live keys and values (plus
+            :data:`KEY_OVERHEAD_BYTES` per key) exceed it raise :class:`LimitExceededError`.
+        max_leases: a grant beyond this many live leases raises :class:`LimitExceededError`.
+        history_limit: events kept for replay; the oldest revisions are compacted beyond it.
+        history_bytes: bytes of keys and values kept for replay; the oldest revisions (but
+            never the newest) are compacted beyond it.
+
+    Raises (from the constructor):
+        ValueError: a limit is not positive.
+    """
+
+    max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES
+    max_key_bytes: int = DEFAULT_MAX_KEY_BYTES
+    max_live_bytes: int = DEFAULT_MAX_LIVE_BYTES
+    max_leases: int = DEFAULT_MAX_LEASES
+    history_limit: int = DEFAULT_HISTORY_LIMIT
+    history_bytes: int = DEFAULT_HISTORY_BYTES
+
+    def __post_init__(self) -> None:
+        for name, value in (("value size limit", self.max_value_bytes), ("history limit", self.history_limit),
+                            ("history size limit", self.history_bytes), ("key size limit", self.max_key_bytes),
+                            ("live size limit", self.max_live_bytes), ("lease limit", self.max_leases)):
+            if value < 1:
+                raise ValueError(f"The {name} ({value}) must be positive.")
+
+
+@dataclass(frozen=True)
 class Outcome(Generic[T]):
     """What a mutating call returned, and the watch events it produced, in revision order."""
 
@@ -83,46 +117,26 @@ class KVState:
 
     Args:
         clock: monotonic clock in seconds (injectable for tests).
-        max_value_bytes: writes of larger values raise :class:`ValueTooLargeError`.
-        history_limit: events kept for replay; the oldest revisions are compacted beyond it.
-        history_bytes: bytes of keys and values kept for replay; the oldest revisions (but
-            never the newest) are compacted beyond it.
-        max_key_bytes: writes of longer keys (in UTF-8) raise :class:`ValueTooLargeError`.
-        max_live_bytes: writes that would make the live keys and values (plus
-            :data:`KEY_OVERHEAD_BYTES` per key) exceed it raise :class:`LimitExceededError`.
-        max_leases: a grant beyond this many live leases raises :class:`LimitExceededError`.
+        limits: what this state holds at most (:class:`StateLimits`).
         store_id: identifies this state; a host reports it so clients can tell a restarted
             store with fresh state from a reconnect to the same one. Random by default.
         rng: source of lease ids (injectable for tests).
-
-    Raises:
-        ValueError: a limit is not positive.
     """
 
     def __init__(
         self,
         *,
         clock: Callable[[], float] = time.monotonic,
-        max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
-        history_limit: int = DEFAULT_HISTORY_LIMIT,
-        history_bytes: int = DEFAULT_HISTORY_BYTES,
-        max_key_bytes: int = DEFAULT_MAX_KEY_BYTES,
-        max_live_bytes: int = DEFAULT_MAX_LIVE_BYTES,
-        max_leases: int = DEFAULT_MAX_LEASES,
+        limits: StateLimits = StateLimits(),
         store_id: str | None = None,
         rng: random.Random | None = None,
     ) -> None:
-        for name, value in (("value size limit", max_value_bytes), ("history limit", history_limit),
-                            ("history size limit", history_bytes), ("key size limit", max_key_bytes),
-                            ("live size limit", max_live_bytes), ("lease limit", max_leases)):
-            if value < 1:
-                raise ValueError(f"The {name} ({value}) must be positive.")
-        self._keys = KeySpace(max_key_bytes, max_value_bytes, max_live_bytes)
+        self._keys = KeySpace(limits.max_key_bytes, limits.max_value_bytes, limits.max_live_bytes)
         self.store_id = store_id or uuid.uuid4().hex
         self.clock = clock
         self._revision = 1
-        self._leases = LeaseTable(clock, max_leases, rng or random.Random())
-        self._history = EventHistory(history_limit, history_bytes)
+        self._leases = LeaseTable(clock, limits.max_leases, rng or random.Random())
+        self._history = EventHistory(limits.history_limit, limits.history_bytes)
 
     # -- state --------------------------------------------------------------------------------
     @property

@@ -9,7 +9,7 @@ kill   each repetition runs ``--standalone --nproc-per-node=N workers/grandchild
        is gone (polled every 2 ms; zombies count as gone), giving up after ``--linger`` seconds.
 spawn  in this process (with the agent's modules imported, so the address space resembles the
        agent's), the median ``Popen`` call of ``/bin/true`` with and without
-       :func:`elastic.agent.lifeline.keeper.parent_death_preexec` (a ``preexec_fn`` turns CPython's
+       :func:`elastic.agent.pdeathsig.parent_death_preexec` (a ``preexec_fn`` turns CPython's
        vfork into a fork); then the same spawns again while 4 threads churn logging, JSON and
        allocation, counting spawns that hang (a faulthandler timer aborts the run on a hang).
 """
@@ -89,7 +89,7 @@ def _running(proc: psutil.Process) -> bool:
 def spawn_costs(spawns: int) -> dict[str, float]:
     """Median Popen() seconds without and with the preexec_fn, then hangs under thread churn."""
     import elastic.launch.runner  # noqa: F401 - the agent's address space
-    from elastic.agent.lifeline.keeper import parent_death_preexec
+    from elastic.agent.pdeathsig import parent_death_preexec
 
     def popen_s(preexec: bool) -> float:
         started = time.perf_counter()

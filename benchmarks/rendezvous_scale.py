@@ -141,14 +141,15 @@ class _OurNodes:
 
     def make(self, spec: dict[str, Any], index: int) -> Any:
         from backends.counting import CountingBackend
-        from elastic.rendezvous.handler import RendezvousHandler
+        from elastic.rendezvous.handler import NodeSpec, RendezvousHandler
         from elastic.rendezvous.settings import RendezvousSettings
 
         settings = RendezvousSettings(
             spec["run_id"], spec["nodes"], spec["nodes"], join_timeout=spec["budget"],
             lease_ttl=LEASE_TTL, namespace=spec["namespace"],
         )
-        return RendezvousHandler(settings, CountingBackend(self.backend), "127.0.0.1", node_id=f"node{index:05d}")
+        node = NodeSpec("127.0.0.1", node_id=f"node{index:05d}")
+        return RendezvousHandler(settings, CountingBackend(self.backend), node)
 
     def rendezvous(self, handler: Any) -> tuple[int, int, int, int]:
         info = handler.next_rendezvous()
@@ -174,7 +175,7 @@ class _PluginNodes:
 
         from backends.counting import CountingBackend
         from backends.etcd import EtcdBackend, EtcdConfig
-        from elastic.rendezvous.handler import RendezvousHandler
+        from elastic.rendezvous.handler import NodeSpec, RendezvousHandler
         from elastic.rendezvous.torchrun_plugin import TorchrunRendezvousHandler, settings_from_params
 
         params = RendezvousParameters(
@@ -185,7 +186,7 @@ class _PluginNodes:
         backend = CountingBackend(EtcdBackend(EtcdConfig(self.endpoint, request_timeout=REQUEST_TIMEOUT)),
                                   owns_inner=True)
         backend.get("/")  # connect before the clock starts
-        ours = RendezvousHandler(settings_from_params(params), backend, "127.0.0.1", owns_backend=True)
+        ours = RendezvousHandler(settings_from_params(params), backend, NodeSpec("127.0.0.1"), owns_backend=True)
         return TorchrunRendezvousHandler(ours, "127.0.0.1")
 
     def rendezvous(self, handler: Any) -> tuple[int, int, int, int]:

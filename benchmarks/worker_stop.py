@@ -27,7 +27,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, REPO)
 
-from elastic.agent.processes.workers import WorkerGroup  # noqa: E402
+from elastic.agent.processes.workers import GroupSettings, WorkerGroup  # noqa: E402
 from elastic.config import Entrypoint, LaunchConfig  # noqa: E402
 from elastic.rendezvous.api import RendezvousInfo  # noqa: E402
 
@@ -51,7 +51,7 @@ def stop_once(workdir: str, attempt: int, nproc: int, grace: float) -> tuple[flo
                           entrypoint=Entrypoint("script", script, (marks,)))
     info = RendezvousInfo(run_id="bench", round=0, group_rank=0, group_world_size=1,
                           master_addr="127.0.0.1", master_port=29999, members=())
-    group = WorkerGroup(config, info, attempt=attempt, log_root=os.path.join(workdir, "logs"))
+    group = WorkerGroup(config, info, attempt=attempt, settings=GroupSettings(log_root=os.path.join(workdir, "logs")))
     group.start()
     try:
         deadline = time.monotonic() + START_TIMEOUT_S

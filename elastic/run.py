@@ -149,7 +149,9 @@ Differences from torchrun
   workers' interpreter (``$PYTHON_EXEC``), since the launcher does not import torch; the launch
   waits for that helper's torch import before joining the rendezvous. The name is checked
   against the launcher's own installed packages, the class loaded from the workers'.
-* ``--nproc-per-node`` detects NVIDIA GPUs only; give XPU and other accelerators a number.
+* ``--nproc-per-node`` counts NVIDIA GPUs without torch, and XPUs by asking torch in the
+  workers' interpreter (for ``xpu``, and for ``auto`` on a host with an Intel GPU); give other
+  accelerators (MPS, out-of-tree devices) a number.
 * A bad command line prints one line, ``elasticrun: error: <flag>: <what is accepted>``, and
   exits with status 2.
 * Workers die with the agent even when it is SIGKILLed or OOM-killed (on Linux by the

@@ -21,6 +21,7 @@ from backends.kvstate import (
     DEFAULT_MAX_LIVE_BYTES,
     DEFAULT_MAX_VALUE_BYTES,
     KVState,
+    StateLimits,
 )
 from backends.tcp.limits import StoreLimits
 from backends.tcp.protocol import (
@@ -136,8 +137,9 @@ def start_server(
         ValueError: a limit is invalid.
     """
     if state is None:
-        state = KVState(max_value_bytes=max_value_bytes, history_limit=history_limit, history_bytes=history_bytes,
-                        max_key_bytes=max_key_bytes, max_live_bytes=max_live_bytes, max_leases=max_leases)
+        state = KVState(limits=StateLimits(max_value_bytes=max_value_bytes, max_key_bytes=max_key_bytes,
+                                           max_live_bytes=max_live_bytes, max_leases=max_leases,
+                                           history_limit=history_limit, history_bytes=history_bytes))
     server = StoreServer(state, token=token, max_frame_bytes=max_frame_bytes, handshake_timeout=handshake_timeout,
                          limits=limits)
     loop = asyncio.new_event_loop()

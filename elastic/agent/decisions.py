@@ -8,8 +8,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from elastic.agent.processes.group_state import GroupStatus
-from elastic.rendezvous.api import MembershipChange
+from elastic.agent.processes.group_state import GroupState, GroupStatus, WorkersView
+from elastic.rendezvous.api import MembershipChange, MembershipStatus
 
 
 class AgentAction(enum.Enum):
@@ -62,7 +62,7 @@ class AgentAction(enum.Enum):
 class AgentView:
     """One look at the node: its workers, the membership signal, the restart budget."""
 
-    group: GroupStatus
+    workers: WorkersView
     membership: MembershipChange | None
     restarts_used: int
     max_restarts: int
@@ -73,11 +73,21 @@ class AgentView:
     """Whether the store is not answering, or stopped answering within the grace period."""
     rejoin_pending: bool = False
     """Only members of this round wait (their workers failed, they rejoined) and the rejoin grace
-    (:data:`REJOIN_GRACE_S`) runs: this node's workers get it to show their own outcome first."""
-    unanswered: bool = False
-    """A live worker left the round published to it unanswered past ``--live-recovery-timeout``."""
-    broken: bool = False
-    """A live worker reported the group of the round this node joined last as lost."""
+    (:data:`REJOIN_GRACE_S`) runs: this node's workers get it to show their own outcome first
+    (see :func:`rejoin_waits`)."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What one watch of the workers decided, with what it saw."""
+
+    action: AgentAction
+    workers: WorkersView
+    membership: MembershipStatus
+
+    @property
+    def state(self) -> GroupState:
+        return self.workers.state
 
 
 REJOIN_GRACE_S = 3.0
@@ -95,21 +105,22 @@ def decide(view: AgentView) -> AgentAction:
     that coincides with a store outage, whether or not restarts remain. Once a peer finished the
     job, running workers may finish too, and a failure is the job's end, never a restart.
     """
-    if view.group is GroupStatus.SUCCEEDED:
+    group = view.workers.status
+    if group is GroupStatus.SUCCEEDED:
         return AgentAction.FINISH
     if view.membership is MembershipChange.STORE_UNREACHABLE:
         return AgentAction.STOP_BLIND
     if view.membership is MembershipChange.JOB_FINISHED_ELSEWHERE:
         return AgentAction.STOP_FINISHED
     if view.membership is MembershipChange.JOB_FINISHED:  # a peer of this round finished the job
-        return AgentAction.KEEP_RUNNING if view.group is GroupStatus.RUNNING else AgentAction.STOP_FINISHED
-    if view.group in (GroupStatus.FAILED, GroupStatus.STOPPED):
+        return AgentAction.KEEP_RUNNING if group is GroupStatus.RUNNING else AgentAction.STOP_FINISHED
+    if group in (GroupStatus.FAILED, GroupStatus.STOPPED):
         if view.membership is MembershipChange.CLOSED:
             return AgentAction.STOP_CLOSED
-        if view.store_outage and view.group is GroupStatus.FAILED and view.membership is None:
+        if view.store_outage and group is GroupStatus.FAILED and view.membership is None:
             return AgentAction.RESTART_FOR_OUTAGE
         # Peers rejoining (their workers failed on ours) do not clear us; a lost member would.
-        if view.exclude and view.group is GroupStatus.FAILED and view.membership in (None, MembershipChange.NODES_WAITING):
+        if view.exclude and group is GroupStatus.FAILED and view.membership in (None, MembershipChange.NODES_WAITING):
             return AgentAction.EXCLUDE if view.grace_over else AgentAction.AWAIT_MEMBERSHIP
         if view.membership is not None:
             return AgentAction.RESTART_FOR_MEMBERSHIP
@@ -120,13 +131,22 @@ def decide(view: AgentView) -> AgentAction:
         return AgentAction.STOP_CLOSED
     if view.membership is MembershipChange.NODES_WAITING and view.rejoin_pending:
         return AgentAction.AWAIT_MEMBERSHIP
-    if view.unanswered:
+    if view.workers.unanswered:
         return AgentAction.RESTART_UNANSWERED
     if view.membership is not None:
         return AgentAction.RESTART_FOR_MEMBERSHIP
-    if view.broken:
+    if view.workers.broken:
         return AgentAction.REJOIN_BROKEN
     return AgentAction.KEEP_RUNNING
+
+
+def rejoin_waits(workers: WorkersView, membership: MembershipStatus) -> bool:
+    """Whether the rejoin grace applies: only members rejoined (their workers failed, no newcomer
+    waits) while this node's workers run, and these may still end on their own (their peers'
+    failure breaks their collectives, or they just finished the job). Not for workers that follow
+    rounds: they neither end nor fail with their peers, they wait for the next round."""
+    return (membership.change is MembershipChange.NODES_WAITING and workers.status is GroupStatus.RUNNING
+            and 0 < membership.waiting <= membership.rejoining and not workers.follows_rounds)
 
 
 def should_exclude(failures_in_a_row: int, max_node_failures: int, group_world_size: int, min_nodes: int) -> bool:

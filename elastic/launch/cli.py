@@ -33,7 +33,7 @@ from typing import Any, Callable, Mapping, Sequence, TextIO
 
 from elastic.agent.processes.log_dir import log_dir_problem
 from elastic.config import Entrypoint, LaunchConfig, Std, StdMask
-from elastic.launch.devices import DeviceProbe, HostDevices
+from elastic.launch.devices import DeviceCountError, DeviceProbe, HostDevices
 from elastic.launch.flags import (
     COMPAT, LOG_LINE_PREFIX_TEMPLATE_ENV, NUMA_MODES, OPTIONS, PROG, SHUTDOWN_TIMEOUT_ENV, START_METHODS,
 )
@@ -67,11 +67,14 @@ def _nnodes(text: str | None, where: str) -> tuple[int, int]:
 
 
 def _nproc(text: str | None, where: str, devices: DeviceProbe) -> tuple[int, str]:
-    """The worker count and how it was decided (``"2"``, ``"auto: 4 GPUs"``, ``"cpu: 8 cores"``)."""
+    """The worker count and how it was decided (``"2"``, ``"auto: 4 GPUs"``, ``"cpu: 8 cores"``).
+
+    ``auto`` takes NVIDIA GPUs, else XPUs, else CPUs, as torchrun's ``torch.accelerator`` does.
+    """
     word = (text or "").strip().lower()
     if re.fullmatch(r"[0-9]+", word):
         if int(word) < 1:
-            raise fail(where, f"{text!r} is not a positive number, auto, cpu or gpu")
+            raise fail(where, f"{text!r} is not a positive number, auto, cpu, gpu or xpu")
         return int(word), str(int(word))
     if word == "cpu":
         cores = devices.cpu_count()
@@ -83,11 +86,37 @@ def _nproc(text: str | None, where: str, devices: DeviceProbe) -> tuple[int, str
         if word == "gpu":
             raise fail(where, "'gpu' needs an NVIDIA GPU and none is visible (driver, nvidia-smi, "
                               "CUDA_VISIBLE_DEVICES); give a number, auto or cpu")
+        xpus = _auto_xpus(devices)
+        if xpus > 0:
+            return xpus, f"auto: {xpus} XPU{'s' if xpus != 1 else ''}"
         cores = devices.cpu_count()
         return cores, f"auto: no GPU, {cores} cores"
     if word == "xpu":
-        raise fail(where, "'xpu' is not detected by elasticrun (NVIDIA GPUs only); give a number")
-    raise fail(where, f"{text!r} is not a positive number, auto, cpu or gpu")
+        xpus = _xpus(where, devices)
+        if xpus > 0:
+            return xpus, f"xpu: {xpus} XPU{'s' if xpus != 1 else ''}"
+        raise fail(where, "'xpu' needs an Intel XPU and torch sees none (torch.xpu.is_available() is False); "
+                          "give a number, auto or cpu")
+    raise fail(where, f"{text!r} is not a positive number, auto, cpu, gpu or xpu")
+
+
+def _xpus(where: str, devices: DeviceProbe) -> int:
+    try:
+        return devices.xpu_count()
+    except DeviceCountError as error:
+        raise fail(where, f"{error}; give a number") from None
+
+
+def _auto_xpus(devices: DeviceProbe) -> int:
+    """``auto``'s XPUs: none unless the host may have some and torch counts them (a worker
+    interpreter without torch, say for ``--no-python`` workers, runs on the CPUs)."""
+    if not devices.may_have_xpus():
+        return 0
+    try:
+        return devices.xpu_count()
+    except DeviceCountError as error:
+        log.info("--nproc-per-node auto: %s; counting CPU cores", error)
+        return 0
 
 
 _STD_FORMS = "0-3 (0 none, 1 stdout, 2 stderr, 3 both) or LOCAL_RANK:0-3,... such as 0:1,1:2"

@@ -91,9 +91,10 @@ OPTIONS: tuple[Option, ...] = (
     _option("--nnodes", NODES, "Number of nodes, or the range MIN:MAX an elastic job may run on "
             "(the static backend needs a fixed N).", metavar="N|MIN:MAX", default="1:1"),
     _option("--nproc-per-node", NODES, "Workers per node: a number; gpu (one per visible NVIDIA GPU, an "
-            "error when there is none); cpu (one per CPU this process may use); auto (gpu when a GPU is "
-            "visible, else cpu). XPU and other accelerators are not detected: give a number.",
-            metavar="N|auto|cpu|gpu", default="1"),
+            "error when there is none); xpu (one per Intel XPU torch sees, an error when there is none); "
+            "cpu (one per CPU this process may use); auto (gpu when a GPU is visible, else xpu when torch "
+            "sees an XPU, else cpu). Other accelerators are not detected: give a number.",
+            metavar="N|auto|cpu|gpu|xpu", default="1"),
     _option("--rdzv-backend", RENDEZVOUS, "etcd or etcd-v3 (an etcd v3 cluster); tcp (a running "
             "elastic-store); c10d (the built-in store, hosted by the node whose address is the endpoint); "
             "static (fixed --node-rank, no elasticity). A single static node without --master-port runs "

@@ -25,8 +25,10 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 from backends.endpoints import Endpoint
 from elastic import console
 from elastic.agent.agent import ElasticAgent
+from elastic.agent.attempts import NodeHelpers
 from elastic.agent.exclusion import ExclusionPolicy
 from elastic.agent.observe.events import Event, EventLog
+from elastic.agent.observe.report import AgentReport
 from elastic.agent.lifeline.keeper import Lifeline, state_dir
 from elastic.agent.errors import AgentError
 from elastic.agent.observe.summary import RunTally, summary_lines
@@ -36,11 +38,11 @@ from elastic.agent.processes.log_dir import create_log_dir
 from elastic.agent.processes.store_host import StoreHost
 from elastic.agent.prewarm.pool import TemplatePool
 from elastic.agent.waking import Waker
-from elastic.agent.processes.worker_env import omp_threads_notice, python_executable
+from elastic.agent.worker_env import omp_threads_notice, python_executable
 from elastic.config import LaunchConfig
 from elastic.rendezvous.api import Rendezvous
 from elastic.rendezvous.errors import RendezvousError
-from elastic.rendezvous.backend_spec import StandaloneSpec, StaticSpec
+from elastic.rendezvous.backend_spec import StandaloneSpec
 from elastic.rendezvous.registry import create_handler
 from elastic.rendezvous.secret_sources import hide_inline_secrets
 
@@ -84,19 +86,19 @@ def run(config: LaunchConfig, *, watchdog: Watchdog | None = None) -> int:
             if notice:  # about the workers: not before a set-up or rendezvous error, then the only line
                 events.listen(_say_once_joined(notice))
             metrics = _new_metrics(config, handler)
-            store_host = (StoreHost(python_executable(os.environ), os.environ)
-                          if not isinstance(config.backend, StaticSpec) else None)
-            if store_host is not None:
-                cleanup.callback(store_host.close)  # started when first needed (elastic.agent.attempts)
+            store_host = StoreHost(python_executable(os.environ), os.environ)
+            cleanup.callback(store_host.close)  # started when first needed (elastic.agent.attempts)
             templates = _start_templates(config, cleanup)
             lifeline = _open_lifeline(config, cleanup, watchdog)
             exclusion = (ExclusionPolicy(settings.max_node_failures, settings.exclusion_cooldown, settings.min_nodes)
                          if settings.max_node_failures else None)
             waker = Waker()
             cleanup.callback(waker.close)
-            agent = ElasticAgent(config, handler, host=socket.gethostname(), events=events, metrics=metrics,
-                                 lease_ttl=settings.lease_ttl, store_host=store_host, lifeline=lifeline,
-                                 exclusion=exclusion, templates=templates, logs_specs=logs_specs, waker=waker)
+            # Forked or kept workers need no import at a restart that moves the master here: nor should its store.
+            helpers = NodeHelpers(store_host, lifeline, templates, logs_specs,
+                                  warm_store_host=templates is not None or config.live_recovery)
+            report = AgentReport(events, metrics, None, run_id=handler.run_id, host=socket.gethostname())
+            agent = ElasticAgent(config, handler, report, helpers=helpers, exclusion=exclusion, waker=waker)
             if metrics is not None:
                 _serve_metrics(config, metrics, _looker(agent, handler), cleanup)
             if logs_specs is not None:

@@ -10,9 +10,10 @@ too (:meth:`Closer.try_close`), without watching. Deciding is the pure functions
 from __future__ import annotations
 
 import logging
-from typing import Callable, Protocol
+from typing import Protocol
 
-from backends.api import EventType, KVBackend, WatchEvent
+from backends.api import EventType, WatchEvent
+from elastic.rendezvous.context import RendezvousContext
 from elastic.rendezvous import records
 from elastic.rendezvous.attempt import ClosedRound, StateView
 from elastic.rendezvous.decisions import (
@@ -30,11 +31,9 @@ from elastic.rendezvous.decisions import (
     round_is_full,
 )
 from elastic.rendezvous.errors import RendezvousError, RendezvousTimeoutError
-from elastic.rendezvous.membership import Membership
 from elastic.rendezvous.job import decode_finished
 from elastic.rendezvous.reads import closed_round_from, finished_error, joiner_of, read_alive, read_joiners
-from elastic.rendezvous.records import RendezvousKeys, RoundRecord
-from elastic.rendezvous.settings import RendezvousSettings
+from elastic.rendezvous.records import RoundRecord
 from elastic.rendezvous.transactions import close_txn, read_close
 
 __all__ = ["Closer", "JoinKeyLost", "Waiter"]
@@ -67,14 +66,8 @@ class Waiter(Protocol):
 class Closer:
     """Closes rounds for one node (see the module docstring)."""
 
-    def __init__(self, settings: RendezvousSettings, backend: KVBackend, keys: RendezvousKeys, node_id: str,
-                 membership: Membership, clock: Callable[[], float]) -> None:
-        self._settings = settings
-        self._backend = backend
-        self._keys = keys
-        self._node_id = node_id
-        self._membership = membership
-        self._clock = clock
+    def __init__(self, ctx: RendezvousContext) -> None:
+        self._ctx = ctx
 
     def close_round(self, forming: int, state: StateView, deadline: float, waiter: Waiter) -> ClosedRound:
         """The closer's loop: watch the joins of ``forming``, decide, and close it.
@@ -86,18 +79,18 @@ class Closer:
             JoinKeyLost: this node's join key vanished.
             BackendError: the store failed (the join starts over).
         """
-        settings, previous = self._settings, state.round
-        with self._membership.watch(self._keys.root) as watch:  # from now, then read: no gap
-            joined, seen_revision = read_joiners(self._backend, self._keys, forming)
-            alive = read_alive(self._backend, self._keys, previous)
-            already = self._backend.get(self._keys.round).kv  # the join that filled it may have closed it
+        settings, previous = self._ctx.settings, state.round
+        with self._ctx.membership.watch(self._ctx.keys.root) as watch:  # from now, then read: no gap
+            joined, seen_revision = read_joiners(self._ctx.backend, self._ctx.keys, forming)
+            alive = read_alive(self._ctx.backend, self._ctx.keys, previous)
+            already = self._ctx.backend.get(self._ctx.keys.round).kv  # the join that filled it may have closed it
             if already is not None and (record := records.decode_round(already.key, already.value)).round >= forming:
                 return ClosedRound(record, already.mod_revision)
             last_call: float | None = None
             rejoin: float | None = None
             full_since: float | None = None
             while True:
-                now = self._clock()
+                now = self._ctx.clock()
                 if holds_for_members(previous, joined, alive, settings.max_nodes):
                     last_call = full_since = window = None
                     decision = CloseDecision(CloseAction.WAIT, reason="every member of the full round is alive")
@@ -117,8 +110,8 @@ class Closer:
                     closed = self.try_close(forming, state)
                     if closed is not None:
                         return closed
-                    joined, seen_revision = read_joiners(self._backend, self._keys, forming)
-                    alive = read_alive(self._backend, self._keys, previous)
+                    joined, seen_revision = read_joiners(self._ctx.backend, self._ctx.keys, forming)
+                    alive = read_alive(self._ctx.backend, self._ctx.keys, previous)
                     continue
                 if now >= deadline:
                     raise waiter.timeout(forming)
@@ -128,13 +121,13 @@ class Closer:
                 for event in watch.get(timeout=max(wait_until - now, 0.0)):
                     if event.revision <= seen_revision:
                         continue  # reflected in the read
-                    closed = closed_round_from(self._keys, settings.run_id, event, forming)
+                    closed = closed_round_from(self._ctx.keys, settings.run_id, event, forming)
                     if closed is not None:
                         return closed
                     self._apply_join(joined, forming, event)
                     self._apply_alive(alive, previous, event)
                 waiter.check_still_joined()
-                if self._node_id not in joined:
+                if self._ctx.node_id not in joined:
                     raise JoinKeyLost("our key vanished (the lease expired)")
 
     def try_close(self, forming: int, state: StateView) -> ClosedRound | None:
@@ -148,39 +141,40 @@ class Closer:
             BackendError: the store failed.
         """
         previous = state.round
-        read = self._backend.get_prefix(self._keys.nodes_prefix(forming))
+        read = self._ctx.backend.get_prefix(self._ctx.keys.nodes_prefix(forming))
         joiners = [joiner_of(kv) for kv in read.kvs]
-        members, spares = assign_ranks(previous, joiners, self._settings.max_nodes)
-        if len(members) < self._settings.min_nodes:
+        members, spares = assign_ranks(previous, joiners, self._ctx.settings.max_nodes)
+        if len(members) < self._ctx.settings.min_nodes:
             return None
-        if round_is_full(previous, self._settings.max_nodes) and holds_for_members(  # the read only then
-                previous, (j.node_id for j in joiners), read_alive(self._backend, self._keys, previous),
-                self._settings.max_nodes):
+        if round_is_full(previous, self._ctx.settings.max_nodes) and holds_for_members(  # the read only then
+                previous, (j.node_id for j in joiners), read_alive(self._ctx.backend, self._ctx.keys, previous),
+                self._ctx.settings.max_nodes):
             return None  # a spare must not take a live member's place; the closer waits for a change
         member_ids = {member.node_id for member in members}
         included = [j for j in joiners if j.node_id in member_ids]
         record = RoundRecord(forming, members, read.revision, agreed_restart_count(previous, included),
                              failure_culprit(previous, included))
         expected = state.last.revision if state.last is not None else 0
-        result = read_close(self._backend.txn(close_txn(self._keys, forming, records.encode_round(record), expected)))
+        txn = close_txn(self._ctx.keys, forming, records.encode_round(record), expected)
+        result = read_close(self._ctx.backend.txn(txn))
         if result.applied:
-            log.info("Rendezvous %s: node %s closed round %d with %d member%s (%d spares)", self._settings.run_id,
-                     self._node_id, forming, len(members), "" if len(members) == 1 else "s", len(spares))
+            log.info("Rendezvous %s: node %s closed round %d with %d member%s (%d spares)", self._ctx.settings.run_id,
+                     self._ctx.node_id, forming, len(members), "" if len(members) == 1 else "s", len(spares))
             return ClosedRound(record, result.revision)
         if result.finished is not None:  # a node's workers all succeeded meanwhile: no round forms
-            raise finished_error(self._settings.run_id, self._node_id,
+            raise finished_error(self._ctx.settings.run_id, self._ctx.node_id,
                                  decode_finished(result.finished.key, result.finished.value))
         if result.current is None:
-            raise RendezvousError(f"The round record {self._keys.round} vanished while closing round {forming}.")
-        current = records.decode_round(self._keys.round, result.current.value)
+            raise RendezvousError(f"The round record {self._ctx.keys.round} vanished while closing round {forming}.")
+        current = records.decode_round(self._ctx.keys.round, result.current.value)
         if current.round >= forming:
             return ClosedRound(current, result.current.mod_revision)
         raise RendezvousError(
-            f"The round record {self._keys.round} changed to round {current.round} while closing round {forming}."
+            f"The round record {self._ctx.keys.round} changed to round {current.round} while closing round {forming}."
         )
 
     def _apply_join(self, joined: dict[str, Joiner], forming: int, event: WatchEvent) -> None:
-        parsed = self._keys.parse_node_key(event.kv.key)
+        parsed = self._ctx.keys.parse_node_key(event.kv.key)
         if parsed is None or parsed[0] != forming:
             return
         if event.type is EventType.DELETE:
@@ -189,7 +183,7 @@ class Closer:
             joined[parsed[1]] = joiner_of(event.kv)
 
     def _apply_alive(self, alive: set[str], previous: RoundRecord | None, event: WatchEvent) -> None:
-        parsed = self._keys.parse_node_key(event.kv.key)
+        parsed = self._ctx.keys.parse_node_key(event.kv.key)
         if previous is None or parsed is None or parsed[0] != previous.round:
             return
         (alive.add if event.type is EventType.PUT else alive.discard)(parsed[1])

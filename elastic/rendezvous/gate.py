@@ -10,13 +10,12 @@ node of another job never writes a key that the running job would see.
 
 from __future__ import annotations
 
-from backends.api import ABSENT, KVBackend
+from backends.api import ABSENT
+from elastic.rendezvous.context import RendezvousContext
 from elastic.rendezvous.attempt import OwnedJob, StateView
 from elastic.rendezvous.errors import JobMismatchError, RendezvousClosedError, RendezvousError
 from elastic.rendezvous.job import decode_job, encode_job
 from elastic.rendezvous.reads import finished_error
-from elastic.rendezvous.records import RendezvousKeys
-from elastic.rendezvous.settings import RendezvousSettings
 
 __all__ = ["JoinGate"]
 
@@ -24,11 +23,8 @@ __all__ = ["JoinGate"]
 class JoinGate:
     """The checks every join of one node passes first (see the module docstring)."""
 
-    def __init__(self, settings: RendezvousSettings, backend: KVBackend, keys: RendezvousKeys, node_id: str) -> None:
-        self._settings = settings
-        self._backend = backend
-        self._keys = keys
-        self._node_id = node_id
+    def __init__(self, ctx: RendezvousContext) -> None:
+        self._ctx = ctx
         self._job: OwnedJob | None = None  # the job record this node checked its identity against
 
     @property
@@ -47,12 +43,12 @@ class JoinGate:
             RendezvousStateError: a record is corrupt.
         """
         if state.finished is not None:
-            raise finished_error(self._settings.run_id, self._node_id, state.finished, joined)
+            raise finished_error(self._ctx.settings.run_id, self._ctx.node_id, state.finished, joined)
         if state.closed:
             raise RendezvousClosedError(
-                f"The rendezvous {self._settings.run_id} is closed; no new round will form", state.closed_reason
+                f"The rendezvous {self._ctx.settings.run_id} is closed; no new round will form", state.closed_reason
             )
-        if self._settings.job is not None and (state.job is None or state.job != self._job):
+        if self._ctx.settings.job is not None and (state.job is None or state.job != self._job):
             self.check_job(state.job)
 
     def check_job(self, seen: OwnedJob | None) -> None:
@@ -64,18 +60,18 @@ class JoinGate:
             RendezvousStateError: its record is corrupt.
             BackendError: the store failed.
         """
-        ours = self._settings.job
+        ours = self._ctx.settings.job
         if ours is None:
             return
         if seen is None:
-            result = self._backend.put_if(self._keys.job, encode_job(ours), ABSENT)
+            result = self._ctx.backend.put_if(self._ctx.keys.job, encode_job(ours), ABSENT)
             if result.current is None:
-                raise RendezvousError(f"Rendezvous {self._settings.run_id}: the store returned no job record.")
+                raise RendezvousError(f"Rendezvous {self._ctx.settings.run_id}: the store returned no job record.")
             seen = OwnedJob(decode_job(result.current.key, result.current.value), result.current.create_revision)
         if not seen.identity.matches(ours):
             raise JobMismatchError(
-                f"Rendezvous {self._settings.run_id}: node {self._node_id} is refused: this --rdzv-id belongs to "
-                f"another job ({seen.identity.command!r}, fingerprint {seen.identity.fingerprint}); this node runs "
+                f"Rendezvous {self._ctx.settings.run_id}: node {self._ctx.node_id} is refused: this --rdzv-id "
+                f"belongs to another job ({seen.identity.command!r}, fingerprint {seen.identity.fingerprint}); this node runs "
                 f"{ours.command!r} (fingerprint {ours.fingerprint}). Use another --rdzv-id, or give every node of "
                 f"one job the same --rdzv-conf job_fingerprint=NAME.")
         self._job = seen

@@ -32,9 +32,12 @@ Protocol (DESIGN §3), per round ``r`` of one run:
 
 This module is the facade; each job has its module: :mod:`~elastic.rendezvous.membership`
 (the session, the ``state/`` watch, the master port), :mod:`~elastic.rendezvous.joining`
-(steps 2 and 4; the wait for the close is :mod:`~elastic.rendezvous.round_wait`),
+(steps 2 and 4; the wait for the close is :mod:`~elastic.rendezvous.round_wait`, the writes of
+the join key and closer claim :mod:`~elastic.rendezvous.join_writer`),
 :mod:`~elastic.rendezvous.closing` (step 3), :mod:`~elastic.rendezvous.monitor` (step 5 and the
-other changes of a running round) and :mod:`~elastic.rendezvous.barrier` (the exit barrier).
+other changes of a running round) and :mod:`~elastic.rendezvous.barrier` (the exit barrier);
+what they share (settings, store, keys, node, membership, clock) is one
+:class:`~elastic.rendezvous.context.RendezvousContext`.
 The decisions are the pure functions of :mod:`elastic.rendezvous.decisions` (forming a round),
 :mod:`~elastic.rendezvous.round_events` (changes under a closed round) and
 :mod:`~elastic.rendezvous.reconcile` (after a compacted watch).
@@ -55,20 +58,21 @@ from backends.retry import RetryPolicy
 from elastic.rendezvous import records
 from elastic.rendezvous.api import MembershipChange, MembershipStatus, Rendezvous, RendezvousInfo
 from elastic.rendezvous.barrier import ExitBarrier
+from elastic.rendezvous.context import NodeSpec, RendezvousContext
 from elastic.rendezvous.round_events import RoundView
 from elastic.rendezvous.departures import Departure
 from elastic.rendezvous.errors import RendezvousClosedError, RendezvousConnectionError, RendezvousStateError
 from elastic.rendezvous.job import FinishedRecord, encode_finished
-from elastic.rendezvous.joining import JOIN_RETRY, JoinLoop, NodeSpec
+from elastic.rendezvous.joining import JOIN_RETRY, JoinLoop
 from elastic.rendezvous.membership import Membership, default_node_id
 from elastic.rendezvous.monitor import MembershipMonitor
 from elastic.rendezvous.ports import PortReservation, reserve_port
 from elastic.rendezvous.progress import WaitSnapshot
 from elastic.rendezvous.reads import read_state
-from elastic.rendezvous.records import DEFAULT_ROLE, RendezvousKeys
+from elastic.rendezvous.records import RendezvousKeys
 from elastic.rendezvous.settings import RendezvousSettings
 
-__all__ = ["JOIN_RETRY", "RendezvousHandler", "default_node_id"]
+__all__ = ["JOIN_RETRY", "NodeSpec", "RendezvousHandler", "default_node_id"]
 
 log = logging.getLogger(__name__)
 
@@ -79,9 +83,8 @@ class RendezvousHandler(Rendezvous):
     Args:
         settings: the run's settings. backend: an open key-value backend, closed on
             :meth:`shutdown` only if ``owns_backend``. release: called once on :meth:`shutdown`.
-        node_addr: the address other nodes use to reach this one (rank 0's becomes MASTER_ADDR).
-        local_world_size, role: this node's workers, published with every join so the round
-            record places every worker of every node.
+        node: this node: its address, id and workers (:class:`~elastic.rendezvous.context.NodeSpec`),
+            published with every join.
         clock: monotonic clock; port_reserver: listens on the master port a join publishes
             (:mod:`elastic.rendezvous.ports`); retry: the backoff between tries of a step the
             store interrupted (the join timeout bounds them).
@@ -97,27 +100,17 @@ class RendezvousHandler(Rendezvous):
         self,
         settings: RendezvousSettings,
         backend: KVBackend,
-        node_addr: str,
+        node: NodeSpec,
         *,
-        node_id: str | None = None,
         owns_backend: bool = False,
         release: Callable[[], None] | None = None,
-        local_world_size: int = 1,
-        role: str = DEFAULT_ROLE,
         clock: Callable[[], float] = time.monotonic,
         port_reserver: Callable[[str], PortReservation] = reserve_port,
         retry: RetryPolicy = JOIN_RETRY,
     ) -> None:
-        if local_world_size < 1:
-            raise ValueError(f"The local world size ({local_world_size}) must be at least 1.")
-        if not role:
-            raise ValueError("The role must not be empty.")
         self.settings = settings
-        self._node_id = node_id or default_node_id()
-        self.node_addr = node_addr
+        self.node = node
         self.keys = RendezvousKeys(settings.namespace, settings.run_id)
-        self.local_world_size = local_world_size
-        self.role = role
         self._backend = backend
         self._owns_backend = owns_backend
         self._release = release
@@ -125,11 +118,11 @@ class RendezvousHandler(Rendezvous):
         self._lock = threading.RLock()
         self._monitor: MembershipMonitor | None = None
         self._change_callbacks: list[Callable[[], None]] = []
-        self._membership = Membership(settings, backend, self.keys.state_prefix, self._node_id, node_addr,
+        self._membership = Membership(settings, backend, self.keys.state_prefix, node.node_id, node.addr,
                                       port_reserver, self._signal)
-        node = NodeSpec(self._node_id, node_addr, local_world_size, role)
-        self._joining = JoinLoop(settings, backend, self.keys, node, self._membership, clock, retry)
-        self._barrier = ExitBarrier(backend, self.keys, self._node_id, self._membership, clock)
+        ctx = RendezvousContext(settings, backend, self.keys, node, self._membership, clock)
+        self._joining = JoinLoop(ctx, retry)
+        self._barrier = ExitBarrier(ctx)
         self._finished = False  # this node's workers finished (it went through the exit barrier)
         self._closed_it = False  # this node closed the rendezvous: nobody waits for it any more
 
@@ -140,7 +133,7 @@ class RendezvousHandler(Rendezvous):
 
     @property
     def node_id(self) -> str:
-        return self._node_id
+        return self.node.node_id
 
     @property
     def supports_exclusion(self) -> bool:

@@ -2,7 +2,8 @@
 :mod:`elastic.rendezvous.handler`).
 
 One :meth:`JoinLoop.join` joins with one transaction (the first one optimistic and guarded:
-the round expected next, in the same step as the read of ``state/``), waits on the
+the round expected next, in the same step as the read of ``state/``; the writes are
+:class:`~elastic.rendezvous.join_writer.JoinWriter`'s), waits on the
 ``state/`` watch for the round to close (closing it itself when it holds the closer claim,
 through :class:`~elastic.rendezvous.closing.Closer`; the wait is
 :class:`~elastic.rendezvous.round_wait.RoundWait`), and joins the next round when one closed
@@ -15,31 +16,26 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
 from typing import Callable
 
-from backends.api import KeyValue, KVBackend
-from backends.errors import BackendError, CompactedError, LeaseNotFoundError, StoreFullError
+from backends.errors import CompactedError, StoreFullError
 from backends.retry import RETRYABLE_ERRORS, RetryPolicy
 from backends.session import OUTAGE_LOG_INTERVAL
 from elastic.console import CONSOLE
-from elastic.rendezvous import records
-from elastic.rendezvous.attempt import Claim, ClosedRound, FailureReport, Included, JoinAttempt, StateView
+from elastic.rendezvous.context import RendezvousContext
+from elastic.rendezvous.attempt import ClosedRound, FailureReport, Included, JoinAttempt, StateView
 from elastic.rendezvous.closing import Closer, JoinKeyLost
 from elastic.rendezvous.decisions import Joiner, is_spare, join_fills_round
-from elastic.rendezvous.departures import Departure, DepartureRecord, LostNodes, say_departure
+from elastic.rendezvous.departures import Departure, LostNodes
 from elastic.rendezvous.errors import RendezvousClosedError, RendezvousError, RendezvousTimeoutError
 from elastic.rendezvous.gate import JoinGate
-from elastic.rendezvous.membership import Membership
+from elastic.rendezvous.join_writer import JoinWriter
 from elastic.rendezvous.progress import ProgressReporter, WaitSnapshot
-from elastic.rendezvous.reads import read_state, state_from
-from elastic.rendezvous.records import JoinRecord, RendezvousKeys
-from elastic.rendezvous.round_wait import RoundWait, claim_is_mine
-from elastic.rendezvous.settings import RendezvousSettings
+from elastic.rendezvous.reads import read_state
+from elastic.rendezvous.round_wait import RoundWait
 from elastic.rendezvous.store_full import check_writable
-from elastic.rendezvous.transactions import JoinOutcome, join_txn, read_join
 
-__all__ = ["JOIN_RETRY", "JoinLoop", "NodeSpec", "START_OVER"]
+__all__ = ["JOIN_RETRY", "JoinLoop", "START_OVER"]
 
 log = logging.getLogger(__name__)
 
@@ -51,49 +47,28 @@ START_OVER = (*RETRYABLE_ERRORS, CompactedError)
 """Errors after which a join starts over from a fresh read."""
 
 
-@dataclass(frozen=True)
-class NodeSpec:
-    """What this node publishes with every join."""
-
-    node_id: str
-    addr: str
-    local_world_size: int
-    role: str
-
-
 class JoinLoop:
     """Joins rounds for one node (see the module docstring). Not thread-safe: the handler
     calls it under its lock.
 
     Attributes:
         last: the round this node was last included in (None before its first).
-        failure: this node's failure report, sent with its next join (None: none).
-        attempt: the join of the round this node is in or joining (None: no key written).
         progress: what this node knows of the round it waits for (None when not waiting).
     """
 
-    def __init__(self, settings: RendezvousSettings, backend: KVBackend, keys: RendezvousKeys, node: NodeSpec,
-                 membership: Membership, clock: Callable[[], float], retry: RetryPolicy) -> None:
-        self._settings = settings
-        self._backend = backend
-        self._keys = keys
-        self._node = node
-        self._membership = membership
-        self._clock = clock
+    def __init__(self, ctx: RendezvousContext, retry: RetryPolicy) -> None:
+        self._ctx = ctx
         self._retry = retry
-        self._closer = Closer(settings, backend, keys, node.node_id, membership, clock)
-        self._round_wait = RoundWait(settings, backend, keys, node.node_id, membership, clock, self._closer)
-        self._reporter = ProgressReporter(_progress_line, clock=clock)
-        self._lost = LostNodes(backend, keys)
+        self._gate = JoinGate(ctx)
+        self._writer = JoinWriter(ctx, self._gate)
+        self._closer = Closer(ctx)
+        self._round_wait = RoundWait(ctx, self._closer, self._writer)
+        self._reporter = ProgressReporter(_progress_line, clock=ctx.clock)
+        self._lost = LostNodes(ctx.backend, ctx.keys)
         self._progress_callbacks: list[Callable[[WaitSnapshot | None], None]] = []
         self._spare_of: int | None = None  # the full round this node last logged it is a spare of
         self.last: ClosedRound | None = None
-        self.failure: FailureReport | None = None
-        self.attempt: JoinAttempt | None = None
         self.progress: WaitSnapshot | None = None
-        self.joined_any = False
-        """Whether a join of this node ever applied (its key was written in some round)."""
-        self._gate = JoinGate(settings, backend, keys, node.node_id)
 
     # -- public ---------------------------------------------------------------------------
     def join(self) -> Included:
@@ -103,8 +78,8 @@ class JoinLoop:
             RendezvousClosedError, RendezvousTimeoutError, RendezvousStateError, RendezvousError.
             BackendError: the store failed for the whole join timeout, or refused.
         """
-        deadline = self._clock() + self._settings.join_timeout
-        self._reporter = ProgressReporter(_progress_line, clock=self._clock)
+        deadline = self._ctx.clock() + self._ctx.settings.join_timeout
+        self._reporter = ProgressReporter(_progress_line, clock=self._ctx.clock)
         self._lost.reset()
         try:
             return self._join_with_retries(deadline)
@@ -117,31 +92,14 @@ class JoinLoop:
     def report_failure(self, at: float) -> None:
         """This node's workers failed in the round it was last included in (first exit at ``at``)."""
         if self.last is not None:
-            self.failure = FailureReport(self.last.record.round, at)
+            self._writer.failure = FailureReport(self.last.record.round, at)
 
     def on_progress(self, callback: Callable[[WaitSnapshot | None], None]) -> None:
         self._progress_callbacks.append(callback)
 
     def leave(self, why: Departure | None, detail: str = "") -> None:
-        """Drop this node's join key, its claim and its port. Best effort: they go with its lease.
-
-        ``why``: the departure note left first, so the others can say why this node is gone
-        (None: none, e.g. the rendezvous is closed and nobody waits for it).
-        """
-        self._membership.drop_port()
-        self.release_claim()
-        attempt, self.attempt = self.attempt, None
-        if attempt is not None:
-            if why is not None:
-                say_departure(self._backend, self._keys, self._node.node_id, DepartureRecord(attempt.forming, why, detail))
-            self._delete(attempt.key, "on leave")
-
-    def release_claim(self) -> None:
-        """Delete the closer claim this node still holds (a round closed past it, or it leaves)."""
-        attempt = self.attempt
-        if attempt is not None and attempt.claim is Claim.HELD:
-            self.attempt = attempt.release()
-            self._delete(self._keys.closer(attempt.forming), "(it goes with our lease)")
+        """Drop this node's join key, its claim and its port (see :meth:`JoinWriter.leave`)."""
+        self._writer.leave(why, detail)
 
     # -- the Waiter protocol of closing.Closer -------------------------------------------------
     def note_wait(self, forming: int, joined: int | dict[str, Joiner] | None, deadline: float,
@@ -153,10 +111,11 @@ class JoinLoop:
         expected, lost = None, ()
         if self.last is not None and isinstance(joined, dict):
             expected, lost = self._lost.split(self.last.record, forming, joined, alive)
-        now = self._clock()
-        snapshot = WaitSnapshot(self._settings.run_id, self._node.node_id, forming, count, self._settings.min_nodes,
-                                self._settings.max_nodes, expected, deadline - now, lost,
-                                None if closes_at is None else closes_at - now, self._settings.last_call_timeout)
+        now = self._ctx.clock()
+        settings = self._ctx.settings
+        snapshot = WaitSnapshot(settings.run_id, self._ctx.node_id, forming, count, settings.min_nodes,
+                                settings.max_nodes, expected, deadline - now, lost,
+                                None if closes_at is None else closes_at - now, settings.last_call_timeout)
         self._set_progress(snapshot)
         self._reporter.update(snapshot)
 
@@ -168,18 +127,18 @@ class JoinLoop:
         return self._reporter.due()
 
     def timeout(self, forming: int) -> RendezvousTimeoutError:
-        last, settings = self._reporter.last, self._settings
+        last, settings = self._reporter.last, self._ctx.settings
         seen = f" (last seen: {last.counts_text()} joined)" if last is not None and last.round == forming else ""
         return RendezvousTimeoutError(
-            f"Rendezvous {settings.run_id}: round {forming} did not include node {self._node.node_id} within the "
+            f"Rendezvous {settings.run_id}: round {forming} did not include node {self._ctx.node_id} within the "
             f"join timeout ({settings.join_timeout:g}s); need at least {settings.min_nodes} nodes{seen}. "
             f"Start more nodes or raise --rdzv-conf join_timeout."
         )
 
     def check_still_joined(self) -> None:
-        if self._membership.interrupted.is_set():
-            raise RendezvousClosedError(f"Node {self._node.node_id} was shut down while joining.")
-        if not self._membership.alive:
+        if self._ctx.membership.interrupted.is_set():
+            raise RendezvousClosedError(f"Node {self._ctx.node_id} was shut down while joining.")
+        if not self._ctx.membership.alive:
             raise JoinKeyLost("our lease was lost")
 
     # -- joining --------------------------------------------------------------------------
@@ -187,27 +146,27 @@ class JoinLoop:
         """:meth:`_join_until_included`, started over after each transient store failure (or a
         compacted ``state/`` watch) until ``deadline``."""
         failures, logged = 0, -math.inf
-        interrupted = self._membership.interrupted
+        interrupted = self._ctx.membership.interrupted
         while True:
             try:
                 included = self._join_checking_space(deadline, resumed=failures > 0)
             except START_OVER as error:
                 failures += 1
                 if isinstance(error, StoreFullError):  # an outage for writes: see elastic.rendezvous.store_full
-                    deadline = self._membership.refusals.refused(error, deadline)
+                    deadline = self._ctx.membership.refusals.refused(error, deadline)
                 pause = self._retry.backoff(failures)
-                now = self._clock()
+                now = self._ctx.clock()
                 if interrupted.is_set() or now + pause >= deadline:
                     raise
                 if not isinstance(error, StoreFullError) and now - logged >= OUTAGE_LOG_INTERVAL:
                     logged = now
                     log.warning("Rendezvous %s: node %s: the store failed during the join (%s); starting over until "
-                                "it answers (%.0fs of the join timeout left)", self._settings.run_id,
-                                self._node.node_id, error, deadline - now)
+                                "it answers (%.0fs of the join timeout left)", self._ctx.settings.run_id,
+                                self._ctx.node_id, error, deadline - now)
                 if interrupted.wait(pause):
                     raise
             else:
-                self._membership.refusals.cleared()
+                self._ctx.membership.refusals.cleared()
                 return included
 
     def _join_checking_space(self, deadline: float, resumed: bool) -> Included:
@@ -217,7 +176,7 @@ class JoinLoop:
             return self._join_until_included(deadline, resumed)
         except RendezvousTimeoutError as timeout:
             try:
-                check_writable(self._backend, self._keys.state_prefix + "space-probe")
+                check_writable(self._ctx.backend, self._ctx.keys.state_prefix + "space-probe")
             except StoreFullError as full:
                 raise full from timeout
             raise
@@ -227,22 +186,22 @@ class JoinLoop:
         read the state first: a close it sent may have applied (then this node is in)."""
         # Watch first, then read: the watch (from now) is live at once, and the read is taken at
         # its start revision or later, so nothing falls between them (see KVBackend.watch_prefix).
-        self._membership.state.open()
+        self._ctx.membership.state.open()
         attempt: JoinAttempt | None
         if resumed:
-            state, attempt = read_state(self._backend, self._keys), None
+            state, attempt = read_state(self._ctx.backend, self._ctx.keys), None
             closed = self._closed_with_us(state)
             if closed is not None:
                 return self._included(closed)
         else:
             if self._gate.job_created is None:  # once: later joins compare the record checked
                 self._gate.check_job(None)
-            state, attempt = self._join_expected_round()
+            state, attempt = self._writer.join_expected(self.last)
         while True:
-            self._gate.check_open(state, self.joined_any)
+            self._gate.check_open(state, self._writer.joined_any)
             forming = state.forming
             if attempt is None:
-                attempt, refused = self._join(forming)
+                attempt, refused = self._writer.join(forming)
                 if refused is not None:
                     state = refused  # closed, finished or another job meanwhile: decide from that read
                     continue
@@ -251,140 +210,60 @@ class JoinLoop:
             self.note_wait(forming, attempt.count, wait_deadline)
             try:
                 closed = None
-                if join_fills_round(attempt.count, self._settings.max_nodes):
+                if join_fills_round(attempt.count, self._ctx.settings.max_nodes):
                     closed = self._closer.try_close(forming, state)  # our join filled the round: close it now
                 if closed is None:
                     closed = self._round_wait.wait(self, attempt, state, wait_deadline)
             except JoinKeyLost as lost:
                 log.warning("Rendezvous %s: node %s lost its join key for round %d (%s); joining again",
-                            self._settings.run_id, self._node.node_id, forming, lost)
-                state, attempt = read_state(self._backend, self._keys), None
+                            self._ctx.settings.run_id, self._ctx.node_id, forming, lost)
+                state, attempt = read_state(self._ctx.backend, self._ctx.keys), None
                 continue
-            if self.attempt is not None:
-                self.attempt = self.attempt.after_close(closed)
-            if closed.record.rank_of(self._node.node_id) is not None:
+            if self._writer.attempt is not None:
+                self._writer.attempt = self._writer.attempt.after_close(closed)
+            if closed.record.rank_of(self._ctx.node_id) is not None:
                 return self._included(closed)
-            log.info("Rendezvous %s: round %d closed without node %s; waiting for round %d", self._settings.run_id,
-                     closed.record.round, self._node.node_id, closed.record.round + 1, extra=CONSOLE)
-            state, attempt = read_state(self._backend, self._keys), None
+            log.info("Rendezvous %s: round %d closed without node %s; waiting for round %d", self._ctx.settings.run_id,
+                     closed.record.round, self._ctx.node_id, closed.record.round + 1, extra=CONSOLE)
+            state, attempt = read_state(self._ctx.backend, self._ctx.keys), None
 
     def _included(self, closed: ClosedRound) -> Included:
-        rank = closed.record.rank_of(self._node.node_id)
+        rank = closed.record.rank_of(self._ctx.node_id)
         if rank is None:
-            raise RendezvousError(f"Rendezvous {self._settings.run_id}: round {closed.record.round} does not include "
-                                  f"node {self._node.node_id}.")
-        self.last, self.failure = closed, None  # the failure report went with the join
+            raise RendezvousError(f"Rendezvous {self._ctx.settings.run_id}: round {closed.record.round} does not "
+                                  f"include node {self._ctx.node_id}.")
+        self.last, self._writer.failure = closed, None  # the failure report went with the join
         return Included(closed, rank)
 
     def _is_spare(self, state: StateView) -> bool:
         """Whether this node waits as a spare now; says so once per full round."""
         record = state.round
-        if record is None or not is_spare(record, self._node.node_id, self._settings.max_nodes):
+        if record is None or not is_spare(record, self._ctx.node_id, self._ctx.settings.max_nodes):
             return False
         if self._spare_of != record.round:
             self._spare_of = record.round
             log.info("Rendezvous %s: node %s waits as a spare: round %d is full (%d of at most %d nodes) and every "
                      "member is alive; it joins the first round with room (when a member is lost)",
-                     self._settings.run_id, self._node.node_id, record.round, record.group_world_size,
-                     self._settings.max_nodes, extra=CONSOLE)
+                     self._ctx.settings.run_id, self._ctx.node_id, record.round, record.group_world_size,
+                     self._ctx.settings.max_nodes, extra=CONSOLE)
         return True
 
     def _closed_with_us(self, state: StateView) -> ClosedRound | None:
         """The round in ``state`` if it is the one this node's pending join was for and it includes us."""
-        attempt, closed = self.attempt, state.last
+        attempt, closed = self._writer.attempt, state.last
         if attempt is None or closed is None or closed.record.round != attempt.forming:
             return None
         if self.last is not None and closed.record.round <= self.last.record.round:
             return None
-        if closed.record.rank_of(self._node.node_id) is None or not self._membership.alive:
+        if closed.record.rank_of(self._ctx.node_id) is None or not self._ctx.membership.alive:
             return None
         return closed
-
-    def _join_expected_round(self) -> tuple[StateView, JoinAttempt | None]:
-        """Join the round expected to form next if the round record is the one we expect, and read ``state/``.
-
-        The expectation is the round this node was last in (its mod revision), or no round at
-        all for a node that never joined. Returns the state and the new attempt; None when the
-        expectation was wrong, in which case nothing was written.
-        """
-        forming, expected = (0, 0) if self.last is None else (self.last.record.round + 1, self.last.revision)
-        outcome, attempt = self._send_join(forming, expected)
-        if outcome.state is None:
-            raise RendezvousError(f"Rendezvous {self._settings.run_id}: the store returned no state/ read for a "
-                                  f"guarded join.")
-        return state_from(self._keys, outcome.state), attempt
-
-    def _join(self, forming: int) -> tuple[JoinAttempt | None, StateView | None]:
-        """Join round ``forming`` and claim its closer if unclaimed (see :func:`join_txn`); when a
-        guard refused the join (nothing written), no attempt and the ``state/`` read that says why."""
-        outcome, attempt = self._send_join(forming, None)
-        if attempt is not None:
-            return attempt, None
-        if outcome.state is None:
-            raise RendezvousError(f"Rendezvous {self._settings.run_id}: the store returned no state/ read for a "
-                                  f"refused join.")
-        return None, state_from(self._keys, outcome.state)
-
-    def _send_join(self, forming: int, expected_round: int | None) -> tuple[JoinOutcome, JoinAttempt | None]:
-        """Send the join transaction of round ``forming`` on a live lease; a join that applied
-        becomes :attr:`attempt` (the previous attempt's key is deleted in the same step)."""
-        node = self._node
-        port = self._membership.reserve_port()
-        value = b""
-
-        def send() -> JoinOutcome:
-            nonlocal value
-            grant = self._membership.lease()
-            if grant.new_session:
-                self.attempt = None  # its keys went with the old lease
-            if grant.after_loss and self.failure is not None:
-                # This node's membership ended with its lease, and its workers' failure that
-                # followed is that loss's consequence (its peers moved on), not one to charge.
-                log.info("Rendezvous %s: node %s lost its lease; its workers' failure in round %d is not reported "
-                         "as its own", self._settings.run_id, node.node_id, self.failure.round)
-                self.failure = None
-            failure = self.failure
-            value = records.encode_join(JoinRecord(node.node_id, node.addr, port, node.local_world_size, node.role,
-                                                   failure.round if failure else None,
-                                                   failure.at if failure else 0.0))
-            previous = self.attempt.key if self.attempt is not None else None
-            job = self._gate.job_created
-            txn = join_txn(self._keys, forming, node.node_id, value, grant.lease_id, previous, expected_round, job)
-            return read_join(self._backend.txn(txn), self._keys.closer(forming), expected_round is not None)
-
-        try:
-            outcome = send()
-        except LeaseNotFoundError:
-            # The lease expired before the keepalive thread noticed (the process was frozen for
-            # longer than the TTL): its keys are gone with it, so join again on a new lease.
-            log.warning("Rendezvous %s: node %s lost its lease unnoticed; joining round %d on a new one",
-                        self._settings.run_id, node.node_id, forming)
-            self._membership.forget_session()
-            self.failure = None  # the membership ended with the lease (see send)
-            outcome = send()
-        if not outcome.joined or outcome.closer is None:
-            return outcome, None
-        self.joined_any = True
-        claim = Claim.HELD if self._is_mine(outcome.closer) else Claim.OTHER
-        self.attempt = JoinAttempt(forming, self._keys.node(forming, node.node_id), value, outcome.count,
-                                   outcome.closer, claim)
-        return outcome, self.attempt
-
-    def _is_mine(self, claim: KeyValue) -> bool:
-        return claim_is_mine(claim, self._membership, self._node.node_id)
 
     # -- helpers ----------------------------------------------------------------------------
     def _set_progress(self, snapshot: WaitSnapshot | None) -> None:
         self.progress = snapshot
         for callback in self._progress_callbacks:
             callback(snapshot)
-
-    def _delete(self, key: str, why: str) -> None:
-        try:
-            self._backend.delete(key)
-        except BackendError as error:
-            log.warning("Rendezvous %s: node %s could not delete %s %s: %s", self._settings.run_id,
-                        self._node.node_id, key, why, error)
 
 
 def _progress_line(line: str) -> None:

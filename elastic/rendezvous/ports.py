@@ -27,7 +27,7 @@ import threading
 
 log = logging.getLogger(__name__)
 
-__all__ = ["PortReservation", "port_unusable", "reserve_port"]
+__all__ = ["PortReservation", "master_port_listener", "reserve_port"]
 
 
 class PortReservation:
@@ -97,20 +97,28 @@ def _listen(family: int, sockaddr: tuple, *, not_local_ok: bool = False) -> sock
     return sock
 
 
-def port_unusable(port: int) -> OSError | None:
-    """Why a TCP server could not listen on ``port`` of every IPv4 interface now (EADDRINUSE:
-    another process holds it; EACCES: a privileged port), or None when it could.
+def master_port_listener(port: int) -> socket.socket:
+    """A listening, non-inheritable socket on ``port`` of every interface: the static rendezvous's
+    master port, held by node rank 0's agent from set-up to exit (its store helper serves the
+    workers' store on it, as torchrun's agent does). IPv6 and IPv4 where the host has both, as
+    torch's ``TCPStore`` binds; ``SO_REUSEADDR``, so a previous store's connections in TIME_WAIT
+    do not count.
 
-    The static rendezvous's master port is bound by rank 0's worker (torch's ``TCPStore``, on
-    every interface), long after the launcher started; this binds it as that store does
-    (``SO_REUSEADDR``, so a previous store's connections in TIME_WAIT do not count), listens,
-    and closes at once, so the launcher can say it in one line before any worker starts.
+    Raises:
+        OSError: the port cannot be bound (EADDRINUSE: another process holds it; EACCES: a
+            privileged port).
     """
-    try:
-        _listen(socket.AF_INET, ("", port)).close()  # type: ignore[union-attr]
-    except OSError as error:
-        return error
-    return None
+    if socket.has_dualstack_ipv6():
+        try:
+            sock = socket.create_server(("::", port), family=socket.AF_INET6, backlog=socket.SOMAXCONN,
+                                        dualstack_ipv6=True)
+        except OSError as error:
+            if error.errno not in (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT):
+                raise
+        else:
+            sock.set_inheritable(False)
+            return sock
+    return _listen(socket.AF_INET, ("", port))  # type: ignore[return-value]
 
 
 _warned: set[str] = set()

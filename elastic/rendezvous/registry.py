@@ -36,7 +36,7 @@ from elastic.rendezvous.backend_spec import (
 )
 from elastic.rendezvous.errors import RendezvousConfigError, RendezvousConnectionError
 from elastic.rendezvous.latency import Timing, describe, fit_to_round_trip, raised
-from elastic.rendezvous.ports import port_unusable
+from elastic.rendezvous.ports import master_port_listener
 from elastic.rendezvous.records import RendezvousKeys
 from elastic.rendezvous.settings import RendezvousSettings
 from elastic.rendezvous.store_wait import StoreWait, wait_for_store
@@ -292,25 +292,26 @@ def create_handler(
             or (static, node rank 0) a master port this node cannot listen on.
         RendezvousConnectionError: the backend could not be reached.
     """
-    from elastic.rendezvous.handler import RendezvousHandler
+    from elastic.rendezvous.handler import NodeSpec, RendezvousHandler
 
     if isinstance(spec, StaticSpec):
         from elastic.rendezvous.static import StaticRendezvousHandler, master_port_problem
 
-        if spec.node_rank == 0:  # its rank 0 worker will listen there; elsewhere it cannot be known
-            error = port_unusable(spec.master.port)
-            if error is not None:
-                raise RendezvousConfigError(master_port_problem(spec.master.port, error, settings.max_nodes))
-
+        listener = None
+        if spec.node_rank == 0:  # its agent hosts the workers' store there; elsewhere it cannot be known
+            try:
+                listener = master_port_listener(spec.master.port)
+            except OSError as error:
+                raise RendezvousConfigError(master_port_problem(spec.master.port, error, settings.max_nodes)) from None
         return StaticRendezvousHandler(settings.run_id, settings.max_nodes, spec.node_rank,
-                                       spec.master.host, spec.master.port)
+                                       spec.master.host, spec.master.port, listener)
     if isinstance(spec, StandaloneSpec):
         raise RendezvousConfigError("A --standalone store must be hosted before a handler can use it.")
     opened = open_backend(spec, StoreWait(settings.run_id, node_addr, settings.join_timeout),
                           keys=RendezvousKeys(settings.namespace, settings.run_id))
     settings = _fit_lease(settings, opened, node_addr)
-    return RendezvousHandler(settings, opened.backend, node_addr, release=opened.release,
-                             local_world_size=local_world_size, role=role)
+    node = NodeSpec(node_addr, local_world_size=local_world_size, role=role)
+    return RendezvousHandler(settings, opened.backend, node, release=opened.release)
 
 
 def _fit_lease(settings: RendezvousSettings, opened: OpenedBackend, node_addr: str) -> RendezvousSettings:

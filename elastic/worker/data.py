@@ -14,8 +14,9 @@ still used exactly once::
     opt.step()
     loader.commit()                              # once the step is committed on every rank
 
-Under ``LiveTraining`` commit after ``train_step()``'s block, when ``live.step`` moved on (see
-docs/live-recovery.md): a body can return from a step that is not committed.
+Under ``LiveTraining`` give it to ``live.run(fn, data=loader)``, which does all of this (see
+:mod:`elastic.worker.steps`); around ``train_step()`` commit only when the scope says
+``committed``: a body can return from a step that is not committed.
 
 The worker processes load ahead (``prefetch_factor`` micro-batches each) on the assumption that
 every step is committed in the same world. A new world, a new position, or a retried step in a
@@ -24,11 +25,18 @@ dropped and loading starts again from the position. With ``persistent_workers`` 
 when ``num_workers > 0``) the worker processes are kept: a reset waits for the micro-batches
 they were loading and costs no process start. A step retried in the same world is the same
 step, already loaded.
+
+Each sample is loaded with the random generators (torch's, ``random``'s, numpy's if imported)
+seeded from the data seed, its epoch and its index (:func:`elastic.worker.rng.sample_seed`), in
+a worker process or not: an augmentation draws the same for a sample whichever rank, world or
+attempt loads it, and a joiner's batches equal its peers'. Loading never moves the caller's
+generators.
 """
 
 from __future__ import annotations
 
 import logging
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -36,6 +44,7 @@ import torch.utils.data as tud
 
 from elastic.worker.data_plan import Batching, DataPosition, StepPlan, batch_indices, epoch_order, plan_step
 from elastic.worker.errors import DataPlanError
+from elastic.worker.rng import preserved_rngs, sample_seed, seed_generators
 
 __all__ = ["ElasticBatchSampler", "ElasticLoader", "MicroBatch", "Step"]
 
@@ -45,8 +54,25 @@ _OWNED = ("sampler", "batch_sampler", "drop_last")
 """DataLoader arguments the loader decides itself."""
 
 
-class ElasticBatchSampler(tud.Sampler[list[int]]):
-    """One rank's micro-batches, as lists of dataset indices, for the steps from a start on.
+class _SeededSamples(tud.Dataset):
+    """``dataset`` whose items are asked for as ``(index, seed)``: each is loaded with the
+    generators seeded from ``seed`` (the sampler's :func:`~elastic.worker.rng.sample_seed`)."""
+
+    def __init__(self, dataset: tud.Dataset) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, key: tuple[int, int]) -> Any:
+        index, seed = key
+        seed_generators(seed, devices=False)
+        return self.dataset[index]
+
+
+class ElasticBatchSampler(tud.Sampler[list[tuple[int, int]]]):
+    """One rank's micro-batches, as lists of ``(dataset index, sample seed)``, for the steps
+    from a start on.
 
     An iteration yields the micro-batches of the step at the start, then of each next step as if
     every step were committed in the same world, across epochs without end. :meth:`restart`
@@ -78,14 +104,14 @@ class ElasticBatchSampler(tud.Sampler[list[int]]):
             self._orders[key] = epoch_order(self.length, position.seed, position.epoch, self.shuffle)
         return self._orders[key]
 
-    def __iter__(self) -> Iterator[list[int]]:
+    def __iter__(self) -> Iterator[list[tuple[int, int]]]:
         if self._start is None:
             raise DataPlanError("The batch sampler has no start: its loader sets one before each iteration.")
         position, rank, world_size, accumulation = self._start
         while True:
             plan = self.plan(position, rank, world_size, accumulation)
             for indices in batch_indices(plan, self.order(position)):
-                yield list(indices)
+                yield [(index, sample_seed(position.seed, position.epoch, index)) for index in indices]
             position = plan.after
 
 
@@ -126,8 +152,8 @@ class ElasticLoader:
         shuffle: a new permutation each epoch (the same on every rank), else the dataset's order.
         seed: the seed of the first position; afterwards the position's seed rules (a joiner
             takes its peers' with the position).
-        num_workers, persistent_workers, **dataloader_kwargs: the ``DataLoader``'s (workers
-            persist by default); ``sampler``, ``batch_sampler``, ``drop_last`` and
+        num_workers, **dataloader_kwargs: the ``DataLoader``'s (``persistent_workers`` is on by
+            default with workers); ``sampler``, ``batch_sampler``, ``drop_last`` and
             ``in_order=False`` are refused.
 
     Raises (on construction):
@@ -137,7 +163,7 @@ class ElasticLoader:
 
     def __init__(self, dataset: tud.Dataset, batch_size: int, *, accumulation: int | None = None,
                  global_batch: int | None = None, shuffle: bool = True, seed: int = 0,
-                 num_workers: int = 0, persistent_workers: bool | None = None, **dataloader_kwargs: Any) -> None:
+                 num_workers: int = 0, **dataloader_kwargs: Any) -> None:
         self.batching = Batching(batch_size, accumulation, global_batch)
         if isinstance(dataset, tud.IterableDataset) or not hasattr(dataset, "__len__"):
             raise DataPlanError("ElasticLoader deals samples by index: it needs a map-style dataset "
@@ -150,10 +176,9 @@ class ElasticLoader:
         self._position = DataPosition(0, 0, seed)
         self._sampler = ElasticBatchSampler(len(dataset), self.batching, shuffle)
         self._sampler.plan(self._position, 0, 1, 1)  # refuses an empty dataset now
-        if persistent_workers is None:
-            persistent_workers = num_workers > 0
-        self._loader = tud.DataLoader(dataset, batch_sampler=self._sampler, num_workers=num_workers,
-                                      persistent_workers=persistent_workers, **dataloader_kwargs)
+        dataloader_kwargs.setdefault("persistent_workers", num_workers > 0)
+        self._loader = tud.DataLoader(_SeededSamples(dataset), batch_sampler=self._sampler, num_workers=num_workers,
+                                      **dataloader_kwargs)
         self._world: tuple[int, int] | None = None
         self._step: Step | None = None
         self._batches: Iterator[Any] | None = None
@@ -232,11 +257,14 @@ class ElasticLoader:
         rank, world_size = self._require_world()
         accumulation = self.batching.accumulation_in(world_size)
         plan = self._sampler.plan(self._position, rank, world_size, accumulation)
-        if self._batches is None or self._stream != (rank, world_size, accumulation, self._position):
-            self._restart(rank, world_size, accumulation)
-        batches = self._batches
-        self._batches = None  # a step left half-read by an error restarts the stream
-        data = [next(batches) for _ in plan.micro_batches]
+        restart = self._batches is None or self._stream != (rank, world_size, accumulation, self._position)
+        # a new iterator draws its workers' base seed from torch's generator; samples loaded here are seeded
+        with preserved_rngs() if restart or self._loader.num_workers == 0 else nullcontext():
+            if restart:
+                self._restart(rank, world_size, accumulation)
+            batches = self._batches
+            self._batches = None  # a step left half-read by an error restarts the stream
+            data = [next(batches) for _ in plan.micro_batches]
         self._batches, self._stream = batches, (rank, world_size, accumulation, plan.after)
         micro_batches = tuple(map(MicroBatch, data, plan.samples, plan.weights))
         self._step = Step(plan, micro_batches)

@@ -4,15 +4,16 @@ wrapped with ``raise ... from``.
 Two branches matter to a training loop:
 
 * :class:`GroupLost` is *recoverable*: the current process group cannot be used any more (a
-  collective failed, or a newer round abandoned it). :meth:`LiveTraining.train_step` catches
-  it, so the loop redoes the step that was not committed on the next group.
+  collective failed, or a newer round abandoned it). :meth:`LiveTraining.run` and
+  :meth:`LiveTraining.train_step` catch it, so the step that was not committed runs again on
+  the next group.
 * :class:`RecoveryFailed` is *terminal*: the worker cannot rejoin (no newer round came in
   time, or the agent closed the round pipe). It propagates, the process exits non-zero, and
   the agent falls back to a group restart.
 
-``elastic.worker`` exports the errors a training loop may catch (the base, the options' and the
-environment's errors, :class:`StateTransferError`, :class:`GroupLost`, :class:`RecoveryFailed`
-and :class:`FailingRoundsError`); the finer kinds below them, and the pipes' line errors, are
+``elastic.worker`` exports the errors a training loop may catch (the base, the options', the
+training state's and the environment's errors, :class:`StateTransferError`, :class:`GroupLost`,
+:class:`RecoveryFailed` and :class:`FailingRoundsError`); the finer kinds below them, and the pipes' line errors, are
 internal and importable from this module.
 """
 
@@ -56,7 +57,13 @@ class UnsupportedBackendError(LiveRecoveryError, SystemExit):
 
 class StateTransferError(LiveRecoveryError):
     """A state could not be encoded (an unsupported value in ``state_dict()``) or a received
-    header is malformed or over its bounds; the message names the entry or the bound."""
+    header is malformed or over its bounds; the message names the entry or the bound. Also a
+    received state or a checkpoint that is not a LiveTraining state, or that an object refused."""
+
+
+class TrainingStateError(LiveRecoveryError, ValueError):
+    """The training state given to ``LiveTraining`` is malformed: both or neither of ``state=``
+    and the ``state_dict``/``load_state_dict`` pair, or an object without both methods."""
 
 
 class GroupLost(LiveRecoveryError):

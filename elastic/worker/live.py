@@ -5,13 +5,14 @@ its state across membership changes and peer failures: at each step boundary it 
 group when a newer round is pending or the group was lost, and heals the ranks that are behind
 (:mod:`elastic.worker.recoverer`).
 
-A step is committed (``step`` += 1) when its body returns; a body that raises because the
-group was lost is not committed and runs again on the next group, at the same step. The body
-must therefore change the training state only after its last collective (the optimizer step
-last), as with TorchFT's ``should_commit``.
+A loop iterates :meth:`LiveTraining.run`, whose ``for`` body runs once per committed step
+(:mod:`elastic.worker.steps`); a heal sends the whole training state, registered objects and
+the library's (:mod:`elastic.worker.state`).
 
 :class:`LiveTraining` is the facade a training loop sees; the jobs behind it are the recovery
-loop (:class:`~elastic.worker.recoverer.Recoverer`), the commit bookkeeping
+loop (:class:`~elastic.worker.recoverer.Recoverer`), the steps
+(:class:`~elastic.worker.steps.Steps`), the training state
+(:class:`~elastic.worker.state.TrainingState`), the commit bookkeeping
 (:class:`~elastic.worker.commits.Commits`), the group in use and its collectives
 (:class:`~elastic.worker.collectives.GroupInUse`) and the reports
 (:class:`~elastic.worker.reporting.Reporter`).
@@ -23,8 +24,7 @@ import atexit
 import collections
 import os
 import time
-from types import TracebackType
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
 import torch
 import torch.distributed as dist
@@ -32,12 +32,18 @@ import torch.distributed as dist
 from elastic.worker.backend import choose_backend
 from elastic.worker.codec import check_state
 from elastic.worker.commits import Commits
+from elastic.worker.decisions import Mark
 from elastic.worker.environment import read_worker_env
 from elastic.worker.errors import LiveRecoveryError
 from elastic.worker.options import LiveOptions
 from elastic.worker.recoverer import Recoverer, StateHooks
 from elastic.worker.reporting import Recovery, Reporter
 from elastic.worker.rounds import Round
+from elastic.worker.state import Stateful, TrainingState
+from elastic.worker.steps import CommittedStep, StepAttempt, Steps, StepScope
+
+if TYPE_CHECKING:
+    from elastic.worker.data import ElasticLoader
 
 __all__ = ["LiveTraining"]
 
@@ -46,9 +52,11 @@ class LiveTraining:
     """Live recovery for one worker process.
 
     Args:
-        state_dict: returns the training state to send to a rank that is behind (tensors,
-            numbers, strings, lists, tuples, dicts; see :mod:`elastic.worker.codec`).
-        load_state_dict: applies a state received from a peer.
+        state_dict, load_state_dict: the program's own pair (returns the training state to send
+            to a rank that is behind: tensors, numbers, strings, lists, tuples, dicts, see
+            :mod:`elastic.worker.codec`; applies one received). Or instead:
+        state: name → object whose ``state_dict()``/``load_state_dict()`` a heal sends and
+            applies (model, optimizer, LR scheduler, GradScaler, an object of your own).
         on_reform: called with this object after every group formed and healed (to rebuild
             what depends on the rank or world size: a DDP on :attr:`group`, a data sampler).
         options: see :class:`LiveOptions`.
@@ -57,13 +65,15 @@ class LiveTraining:
 
     Raises (on construction):
         WorkerEnvError: the environment lacks a variable or holds a bad one.
+        TrainingStateError: the state is given both ways or neither, or an object lacks a method.
     """
 
     def __init__(
         self,
-        state_dict: Callable[[], Any],
-        load_state_dict: Callable[[Any], None],
+        state_dict: Callable[[], Any] | None = None,
+        load_state_dict: Callable[[Any], None] | None = None,
         *,
+        state: Mapping[str, Stateful] | None = None,
         on_reform: Callable[[LiveTraining], None] | None = None,
         options: LiveOptions | None = None,
         environ: Mapping[str, str] | None = None,
@@ -74,13 +84,16 @@ class LiveTraining:
         env = read_worker_env(environ)
         self._label = env.label
         self._env, self._environ = env, environ
-        self._state = StateHooks(state_dict, load_state_dict)
+        self._training = TrainingState(state, state_dict, load_state_dict, self.options.seed)
         self._commits = Commits()
+        hooks = StateHooks(lambda: self._training.compose(self._commits.step),
+                           lambda received: self._training.apply(received, "the state received in a heal"))
         self._reporter = Reporter(env.ready_fd, env.label)
         reformed = None if on_reform is None else lambda: on_reform(self)
-        self._recoverer = Recoverer(env, environ, self._state, self._commits, self._reporter, self.options, reformed, clock)
+        self._recoverer = Recoverer(env, environ, hooks, self._commits, self._reporter, self.options, reformed, clock)
         self._started = False
         self._closed = False
+        self._steps = Steps(self, self._recoverer, self._training, lambda: self._started and not self._closed)
 
     # -- what the loop reads ------------------------------------------------------------------
     @property
@@ -150,7 +163,7 @@ class LiveTraining:
         if dist.is_initialized():
             raise LiveRecoveryError(f"{self._label}: the default process group is already initialized; "
                                     "LiveTraining forms it itself (remove the init_process_group call).")
-        check_state(self._state.state_dict())
+        check_state(self._training.compose(self.step))
         self._started = True
         atexit.register(self.close)
         self._recoverer.start()
@@ -170,15 +183,30 @@ class LiveTraining:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    # -- the step -----------------------------------------------------------------------------
-    def train_step(self) -> _StepScope:
-        """A context manager around one step's body; see the module docstring.
+    # -- the steps ----------------------------------------------------------------------------
+    def run(self, fn: Callable[[StepAttempt], Any], data: ElasticLoader | None = None,
+            until: int | None = None) -> Iterator[CommittedStep]:
+        """Yield each committed step until ``until`` are; ``fn(attempt)`` runs each attempt
+        (:mod:`elastic.worker.steps`). Raises ``RecoveryFailed``, and what ``fn`` raised but a loss."""
+        return self._steps.run(fn, data, until)
 
-        On entry it re-forms the group if a newer round is pending or the group was lost
-        (raising :class:`RecoveryFailed` when it cannot). On exit it commits the step, or
-        swallows the loss of the group (the step runs again) and re-raises any other error.
-        """
-        return _StepScope(self, self._recoverer)
+    def train_step(self) -> StepScope:
+        """A context manager around one step's body (:class:`~elastic.worker.steps.StepScope`);
+        code after the block runs for attempts not committed too. Prefer :meth:`run`."""
+        return self._steps.scope()
+
+    def state_dict(self) -> dict[str, Any]:
+        """The whole training state, the step included: a whole-job checkpoint (:mod:`elastic.worker.state`)."""
+        return self._training.compose(self.step)
+
+    def load_state_dict(self, state: Any) -> None:
+        """Restore a checkpoint of :meth:`state_dict`, before :meth:`start`; ranks that did not
+        load it receive it in the first heal. Raises ``StateTransferError``, ``LiveRecoveryError``."""
+        if self._started:
+            raise LiveRecoveryError(f"{self._label}: load_state_dict() restores a checkpoint before start(); "
+                                    "after it, the heals keep the ranks level.")
+        step = self._training.apply(state, "the checkpoint")
+        self._commits.adopt(Mark(step))  # committed in no round of this run's numbering
 
     def all_reduce(self, tensor: torch.Tensor, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM) -> torch.Tensor:
         """All-reduce ``tensor`` in place over the current group; returns it.
@@ -195,20 +223,3 @@ class LiveTraining:
 
         return live_ddp(self._recoverer.in_use, module, **kwargs)
 
-
-class _StepScope:
-    """One step's body: a step boundary on entry; the commit, or the loss of the group, on exit."""
-
-    def __init__(self, live: LiveTraining, recoverer: Recoverer) -> None:
-        self._live = live
-        self._recoverer = recoverer
-
-    def __enter__(self) -> LiveTraining:
-        live = self._live
-        if not live._started or live._closed:
-            raise LiveRecoveryError(f"{live._label}: train_step() needs start() first and close() not yet.")
-        self._recoverer.before_step()
-        return live
-
-    def __exit__(self, exc_type: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> bool:
-        return self._recoverer.after_step(error)

@@ -49,6 +49,10 @@ class LiveOptions:
             it the worker gives up and exits non-zero, so the agent's restart, counted against
             ``--max-restarts``, takes over. It ends a loop of rounds that break as soon as they
             form (peers that reach the rendezvous but not each other).
+        seed: the seed every attempt of a step seeds the random generators from, with the step
+            and the live rank (:mod:`elastic.worker.rng`), so a joiner and a step run again draw
+            what the rank would have; it travels in a heal. ``None``: the generators are left
+            alone (a joiner's then differ from its peers').
     """
 
     backend: str | None = None
@@ -64,6 +68,7 @@ class LiveOptions:
     drain_timeout: float = 60.0
     max_failed_rounds: int = 8
     regroup_window: float = 0.2
+    seed: int | None = 0
 
     def __post_init__(self) -> None:
         if self.backend not in (None, "gloo", "nccl"):
@@ -85,5 +90,7 @@ class LiveOptions:
                 raise LiveOptionsError(f"{name} ({value!r}) must be an integer of at least 1024.")
         if self.max_state_bytes is not None and (type(self.max_state_bytes) is not int or self.max_state_bytes < 1024):
             raise LiveOptionsError(f"max_state_bytes ({self.max_state_bytes!r}) must be None or an integer of at least 1024.")
+        if self.seed is not None and (type(self.seed) is not int or not -2**63 <= self.seed < 2**64):
+            raise LiveOptionsError(f"The seed ({self.seed!r:.40}) must be None or an integer in [-2**63, 2**64).")
         if not isinstance(self.init_sync, bool):
             raise LiveOptionsError(f"init_sync ({self.init_sync!r}) must be True or False.")

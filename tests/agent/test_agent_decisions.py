@@ -1,15 +1,20 @@
-"""Case table for the agent's restart decision."""
+"""Case tables for the agent's restart decision, on one look at its workers (a WorkersView)."""
 
 import pytest
 
-from elastic.agent.decisions import AgentAction, AgentView, decide, should_exclude
-from elastic.agent.processes.group_state import GroupStatus
-from elastic.rendezvous.api import MembershipChange
+from elastic.agent.decisions import AgentAction, AgentView, decide, rejoin_waits, should_exclude
+from elastic.agent.processes.group_state import GroupState, GroupStatus, WorkersView
+from elastic.rendezvous.api import MembershipChange, MembershipStatus
 
 RUN, OK, FAIL = GroupStatus.RUNNING, GroupStatus.SUCCEEDED, GroupStatus.FAILED
 LOST, WAIT, CLOSED = MembershipChange.MEMBER_LOST, MembershipChange.NODES_WAITING, MembershipChange.CLOSED
 BLIND = MembershipChange.STORE_UNREACHABLE
 A = AgentAction
+
+
+def workers(status: GroupStatus, **answers) -> WorkersView:
+    """A look at workers in ``status`` (``answers``: what live workers said)."""
+    return WorkersView(GroupState(status), **answers)
 
 
 @pytest.mark.parametrize(
@@ -32,7 +37,7 @@ A = AgentAction
     ],
 )
 def test_decide(group, membership, used, maximum, grace_over, expected):
-    assert decide(AgentView(group, membership, used, maximum, grace_over)) is expected
+    assert decide(AgentView(workers(group), membership, used, maximum, grace_over)) is expected
 
 
 @pytest.mark.parametrize(
@@ -49,7 +54,7 @@ def test_decide(group, membership, used, maximum, grace_over, expected):
     ],
 )
 def test_a_failure_during_a_store_outage_is_not_charged(group, membership, used, maximum, exclude, expected):
-    view = AgentView(group, membership, used, maximum, grace_over=True, exclude=exclude, store_outage=True)
+    view = AgentView(workers(group), membership, used, maximum, grace_over=True, exclude=exclude, store_outage=True)
     assert decide(view) is expected
 
 
@@ -67,17 +72,18 @@ def test_a_node_is_excluded_after_its_own_failures_in_a_row(in_a_row, max_failur
 
 @pytest.mark.parametrize("grace_over, action", [(False, AgentAction.AWAIT_MEMBERSHIP), (True, AgentAction.EXCLUDE)])
 def test_an_excluding_failure_first_waits_out_the_grace_for_a_dead_peer(grace_over, action):
-    view = AgentView(GroupStatus.FAILED, None, restarts_used=0, max_restarts=3, grace_over=grace_over, exclude=True)
+    view = AgentView(workers(FAIL), None, restarts_used=0, max_restarts=3, grace_over=grace_over, exclude=True)
     assert decide(view) is action
     # A membership change in the same look wins: the failure was the peer's consequence.
-    lost = AgentView(GroupStatus.FAILED, MembershipChange.MEMBER_LOST, 0, 3, grace_over, exclude=True)
+    lost = AgentView(workers(FAIL), MembershipChange.MEMBER_LOST, 0, 3, grace_over, exclude=True)
     assert decide(lost) is AgentAction.RESTART_FOR_MEMBERSHIP
 
 
 def test_peers_rejoining_do_not_save_a_node_from_exclusion_but_a_lost_member_does():
-    waiting = AgentView(GroupStatus.FAILED, MembershipChange.NODES_WAITING, 0, 3, grace_over=True, exclude=True)
+    waiting = AgentView(workers(FAIL), MembershipChange.NODES_WAITING, 0, 3, grace_over=True, exclude=True)
     assert decide(waiting) is AgentAction.EXCLUDE
-    stopped = AgentView(GroupStatus.STOPPED, MembershipChange.NODES_WAITING, 0, 3, grace_over=True, exclude=True)
+    stopped = AgentView(workers(GroupStatus.STOPPED), MembershipChange.NODES_WAITING, 0, 3, grace_over=True,
+                        exclude=True)
     assert decide(stopped) is AgentAction.RESTART_FOR_MEMBERSHIP  # stopped by us for a scale-up: no failure
 
 
@@ -101,7 +107,7 @@ STOPPED = GroupStatus.STOPPED
 ])
 def test_once_the_job_finished_no_decision_restarts_the_workers(group, membership, used, maximum, exclude, outage,
                                                                expected):
-    view = AgentView(group, membership, used, maximum, grace_over=True, exclude=exclude, store_outage=outage)
+    view = AgentView(workers(group), membership, used, maximum, grace_over=True, exclude=exclude, store_outage=outage)
     assert decide(view) is expected
 
 
@@ -112,5 +118,21 @@ def test_once_the_job_finished_no_decision_restarts_the_workers(group, membershi
     (FAIL, True, A.RESTART_FOR_MEMBERSHIP),  # they failed within it: the rejoin's consequence
 ])
 def test_running_workers_get_the_rejoin_grace_before_a_restart(group, rejoin_pending, expected):
-    view = AgentView(group, WAIT, 0, 3, grace_over=True, rejoin_pending=rejoin_pending)
+    view = AgentView(workers(group), WAIT, 0, 3, grace_over=True, rejoin_pending=rejoin_pending)
     assert decide(view) is expected
+
+
+@pytest.mark.parametrize("group, follows_rounds, waiting, rejoining, waits", [
+    (RUN, False, 1, 1, True),    # only a member rejoined: ours may still end on their own
+    (RUN, False, 2, 1, False),   # a newcomer waits too: restart for it now
+    (RUN, False, 0, 0, False),   # nobody waits
+    (FAIL, False, 1, 1, False),  # ours already ended
+    (OK, False, 1, 1, False),
+    (RUN, True, 1, 1, False),    # live workers do not end with their peers: they wait for the round
+])
+def test_the_rejoin_grace_is_for_running_workers_that_end_with_their_round(group, follows_rounds, waiting,
+                                                                          rejoining, waits):
+    membership = MembershipStatus(WAIT, waiting=waiting, rejoining=rejoining)
+    assert rejoin_waits(workers(group, follows_rounds=follows_rounds), membership) is waits
+    other = MembershipStatus(LOST, waiting=waiting, rejoining=rejoining)
+    assert not rejoin_waits(workers(group, follows_rounds=follows_rounds), other)

@@ -22,6 +22,7 @@ from elastic.agent.agent import AgentResult, ElasticAgent
 from elastic.agent.exclusion import ExclusionPolicy
 from elastic.agent.observe.events import EventLog
 from elastic.agent.observe.metrics import RESTARTS_TOTAL, AgentMetrics
+from elastic.agent.observe.report import AgentReport
 from elastic.agent.waking import Waker
 from elastic.config import Entrypoint, LaunchConfig
 from elastic.rendezvous.api import MembershipChange
@@ -101,12 +102,13 @@ class Loop:
         config = LaunchConfig(min_nodes=1, max_nodes=3, nproc_per_node=1, entrypoint=Entrypoint("command", "true"),
                               max_restarts=max_restarts, monitor_interval=monitor_interval, shutdown_timeout=1.0,
                               exit_barrier_timeout=5.0,
-                              rendezvous=RendezvousSettings("none", 1, 3, already_finished_ok=already_finished_ok))
+                              rendezvous=RendezvousSettings("none", 1, 3, lease_ttl=LEASE_TTL,
+                                                            already_finished_ok=already_finished_ok))
         waker = waker or self.waker
         with EventLog(self.path, run_id="job", node="a", host="host-a") as events:
-            agent = ElasticAgent(config, rendezvous, host="host-a", events=events, metrics=self.metrics,
-                                 lease_ttl=LEASE_TTL, console=self.console, clock=self.time.clock, exclusion=exclusion,
-                                 groups=groups, waker=waker)
+            report = AgentReport(events, self.metrics, self.console, run_id=rendezvous.run_id, host="host-a")
+            agent = ElasticAgent(config, rendezvous, report, exclusion=exclusion, groups=groups, waker=waker,
+                                 clock=self.time.clock)
             self.started_at = self.time.now
             with waker.catching((SIG.name,)):
                 return agent.run()

@@ -15,16 +15,13 @@ import json
 import re
 import signal
 import os
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from e2e import etcd_flags, run_id
 from test_live_agent import FAULT_STEP, _agent, _at_step, _kill_stray_workers, _pids
 
-from support.live_agent import read_events
 
 pytestmark = [pytest.mark.slow, pytest.mark.etcd]
 

@@ -20,9 +20,11 @@ import time
 
 import pytest
 
+from elastic.agent import pdeathsig
 from elastic.agent.lifeline import keeper as lifeline, pidfile
-from elastic.agent.lifeline.keeper import Lifeline, parent_death_preexec
-from elastic.agent.lifeline.pidfile import LiveWorkers, Liveness, PidFileError, ProcessId
+from elastic.agent.lifeline.keeper import Lifeline
+from elastic.agent.pdeathsig import parent_death_preexec
+from elastic.agent.lifeline.pidfile import Liveness, PidFileError, PidRecord, ProcessId
 from elastic.agent.lifeline.watchdog_process import Watchdog, watchdog_program
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux-only")
@@ -123,7 +125,7 @@ def test_liveness_tells_the_recorded_process_from_a_reused_pid(recorded_start, c
 
 
 def test_a_pid_file_round_trips_and_is_private(tmp_path):
-    live = LiveWorkers("run-1", ProcessId(10, 1.5), (ProcessId(11, 2.25), ProcessId(12, 3.0)))
+    live = PidRecord("run-1", ProcessId(10, 1.5), (ProcessId(11, 2.25), ProcessId(12, 3.0)))
     path = str(tmp_path / "workers-10.json")
     pidfile.write(path, live)
     assert pidfile.read(path) == live
@@ -160,7 +162,7 @@ def test_a_bad_pid_file_is_refused_with_one_clear_line(tmp_path, content, messag
 
 def test_a_symlinked_or_oversized_pid_file_is_refused(tmp_path):
     target = tmp_path / "target.json"
-    pidfile.write(str(target), LiveWorkers("r", ProcessId(1, 1.0)))
+    pidfile.write(str(target), PidRecord("r", ProcessId(1, 1.0)))
     link = tmp_path / "workers-2.json"
     link.symlink_to(target)
     with pytest.raises(PidFileError, match="symlink"):
@@ -202,7 +204,7 @@ def test_kill_workers_spares_a_process_that_reused_the_pid(spawned):
 
 AGENT = textwrap.dedent("""
     import subprocess, sys, time
-    from elastic.agent.lifeline.keeper import parent_death_preexec
+    from elastic.agent.pdeathsig import parent_death_preexec
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"],
                             start_new_session=True, preexec_fn=parent_death_preexec())
     print(proc.pid, flush=True)
@@ -223,7 +225,7 @@ def test_a_worker_started_with_the_preexec_dies_when_its_agent_is_sigkilled(spaw
 
 RECHECK = textwrap.dedent("""
     import os, signal
-    from elastic.agent.lifeline.keeper import parent_death_preexec
+    from elastic.agent.pdeathsig import parent_death_preexec
     die_with_parent = parent_death_preexec()  # made for children of this process
 
     def fate(run):  # how a child running run() ends: 0 if it got past it, else -signal
@@ -248,10 +250,10 @@ def test_a_child_whose_parent_is_not_the_agent_any_more_kills_itself_at_once():
 @linux_only
 def test_the_preexec_is_withheld_off_the_main_thread_with_one_warning(caplog, monkeypatch):
     # The signal follows the forking thread: a worker forked by a short-lived thread would die with it.
-    monkeypatch.setattr(lifeline, "_warned_thread", False)
+    monkeypatch.setattr(pdeathsig, "_warned_thread", False)
     assert parent_death_preexec() is not None
     seen = []
-    with caplog.at_level(logging.WARNING, logger="elastic.agent.lifeline.keeper"):
+    with caplog.at_level(logging.WARNING, logger="elastic.agent.pdeathsig"):
         for _ in range(2):
             thread = threading.Thread(target=lambda: seen.append(parent_death_preexec()))
             thread.start()
@@ -264,13 +266,13 @@ def test_the_preexec_is_withheld_off_the_main_thread_with_one_warning(caplog, mo
 def test_off_linux_the_module_imports_and_gives_no_preexec(monkeypatch):
     monkeypatch.setattr(sys, "platform", "darwin")
     try:
-        reloaded = importlib.reload(lifeline)  # as imported on macOS
+        reloaded = importlib.reload(pdeathsig)  # as imported on macOS
         assert not reloaded.PDEATHSIG_AVAILABLE
         assert reloaded.parent_death_preexec() is None
     finally:
         monkeypatch.undo()
-        importlib.reload(lifeline)
-    assert lifeline.PDEATHSIG_AVAILABLE is sys.platform.startswith("linux")
+        importlib.reload(pdeathsig)
+    assert pdeathsig.PDEATHSIG_AVAILABLE is sys.platform.startswith("linux")
 
 
 # -- the agent's side ------------------------------------------------------------------------------
@@ -281,7 +283,7 @@ def test_a_restarted_agent_stops_the_workers_a_dead_agent_left_and_logs_one_line
     state = tmp_path / "run-1"
     state.mkdir()
     dead = dead_process()
-    pidfile.write(str(state / pidfile.file_name(pidfile.host_key(), dead.pid)), LiveWorkers("run-1", dead, (worker,)))
+    pidfile.write(str(state / pidfile.file_name(pidfile.host_key(), dead.pid)), PidRecord("run-1", dead, (worker,)))
 
     with caplog.at_level(logging.WARNING, logger="elastic.agent.lifeline.keeper"):
         life = Lifeline.open(str(state), "run-1", "node-a", watchdog=False)
@@ -301,7 +303,7 @@ def test_a_live_agents_workers_and_a_bad_file_are_left_alone(spawned, tmp_path, 
     state = tmp_path / "run-1"
     state.mkdir()
     live_file = state / pidfile.file_name(pidfile.host_key(), other_agent.pid)
-    pidfile.write(str(live_file), LiveWorkers("run-1", ProcessId.of(other_agent.pid), (worker,)))
+    pidfile.write(str(live_file), PidRecord("run-1", ProcessId.of(other_agent.pid), (worker,)))
     bad_file = state / pidfile.file_name(pidfile.host_key(), 99)
     bad_file.write_text("{")
 
@@ -366,18 +368,18 @@ def test_a_pid_file_update_that_cannot_be_written_is_said_once_and_its_recovery_
 CUT_SHORT = textwrap.dedent("""
     import resource, signal, sys
     from elastic.agent.lifeline import pidfile
-    from elastic.agent.lifeline.pidfile import LiveWorkers, ProcessId
+    from elastic.agent.lifeline.pidfile import PidRecord, ProcessId
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead
     resource.setrlimit(resource.RLIMIT_FSIZE, (40, 40))  # the new content stops after 40 bytes
     try:
-        pidfile.write(sys.argv[1], LiveWorkers("run-1", ProcessId(10, 1.5), (ProcessId(11, 2.25),)))
+        pidfile.write(sys.argv[1], PidRecord("run-1", ProcessId(10, 1.5), (ProcessId(11, 2.25),)))
     except OSError as error:
         print(error.strerror)
 """)
 
 
 def test_a_pid_file_write_cut_short_leaves_the_old_file_whole_and_no_temporary_file(tmp_path):
-    old = LiveWorkers("run-1", ProcessId(10, 1.5))
+    old = PidRecord("run-1", ProcessId(10, 1.5))
     path = str(tmp_path / "workers-10.json")
     pidfile.write(path, old)
 

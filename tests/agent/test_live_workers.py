@@ -1,12 +1,11 @@
-"""Live recovery in the agent: the decisions (case tables), the round pipes, and
-:class:`LiveWorkers` over real worker processes (a small script that answers every round it
-reads, no torch)."""
+"""Live recovery in the agent: the round pipes, and :class:`LiveWorkers` over real worker
+processes (a small script that answers every round it reads, no torch). The decisions' case
+tables are in ``test_live_decisions.py``."""
 
 from __future__ import annotations
 
 import dataclasses
 import fcntl
-import functools
 import json
 import os
 import signal
@@ -16,16 +15,14 @@ import time
 
 import pytest
 
-from elastic.agent.decisions import AgentAction, AgentView, decide
-from elastic.agent.live.decisions import AnswerView, RoundAnswer, decide_answer, group_broken, keeps_workers, refills
 from elastic.agent.live import pipes as pipes_module
 from elastic.agent.live.pipes import MAX_ANSWER_BYTES, LineCutter, RoundPipes
 from elastic.agent.live.workers import LiveWorkers, round_for
 from elastic.agent.prewarm.pool import ForkedWorker, TemplatePool
+from elastic.agent.processes.group_settings import GroupSettings
 from elastic.agent.processes.group_state import GroupStatus
-from elastic.agent.processes.workers import WorkerGroup
 from elastic.config import Entrypoint, LaunchConfig, Std, StdMask
-from elastic.rendezvous.api import MembershipChange, RendezvousInfo
+from elastic.rendezvous.api import RendezvousInfo
 from elastic.worker.rounds import (
     READY_FD_VAR,
     ROUND_FD_VAR,
@@ -36,92 +33,7 @@ from elastic.worker.rounds import (
     parse_round_line,
 )
 
-A = AgentAction
 RUN, FAIL = GroupStatus.RUNNING, GroupStatus.FAILED
-WAIT, LOST = MembershipChange.NODES_WAITING, MembershipChange.MEMBER_LOST
-
-
-# -- decisions -----------------------------------------------------------------------------------
-@pytest.mark.parametrize("live, action, unanswered, silent, keeps", [
-    (True, A.RESTART_FOR_MEMBERSHIP, False, False, True),   # a peer failed, a node was lost or joined
-    (True, A.RESTART_AFTER_FAILURE, False, False, True),    # our own worker died: the others keep training
-    (False, A.RESTART_FOR_MEMBERSHIP, False, False, False),  # not opted in: today's group restart
-    (False, A.RESTART_AFTER_FAILURE, False, False, False),
-    (True, A.RESTART_FOR_MEMBERSHIP, True, False, False),   # a worker ignored the last round: group restart
-    (True, A.RESTART_AFTER_FAILURE, True, False, False),
-    (True, A.RESTART_FOR_MEMBERSHIP, False, True, False),   # a worker never spoke the protocol: group restart
-    (True, A.RESTART_AFTER_FAILURE, False, True, False),
-    (True, A.RESTART_UNANSWERED, True, False, False),
-    (True, A.REJOIN_BROKEN, False, False, True),            # a live worker's group broke: rejoin, keep them
-    (True, A.RESTART_FOR_OUTAGE, False, False, False),      # the store is away: nothing to publish
-    (True, A.FINISH, False, False, False),
-    (True, A.GIVE_UP, False, False, False),
-    (True, A.STOP_CLOSED, False, False, False),
-    (True, A.EXCLUDE, False, False, False),
-    (True, A.STOP_FINISHED, False, False, False),
-])
-def test_keeps_workers(live, action, unanswered, silent, keeps):
-    assert keeps_workers(live, action, unanswered, silent) is keeps
-
-
-@pytest.mark.parametrize("failed, restart_left, unanswered, silent, prewarmed, refill", [
-    (True, True, False, False, True, True),     # a live worker died: replace it now, in the round in use
-    (False, True, False, False, True, False),   # nothing failed
-    (True, False, False, False, True, False),   # no restart left: the failure ends the job
-    (True, True, True, False, True, False),     # a worker left a round unanswered: the group restarts
-    (True, True, False, True, True, False),     # a worker never spoke the protocol: the group restarts
-    (True, True, False, False, False, False),   # --no-prewarm: the next round comes before a fresh process
-])
-def test_refills(failed, restart_left, unanswered, silent, prewarmed, refill):
-    assert refills(failed, restart_left, unanswered, silent, prewarmed) is refill
-
-
-@pytest.mark.parametrize("published, formed, over, expected", [
-    (None, {0: -1}, True, RoundAnswer.NONE_DUE),     # nothing published since the start
-    (3, {0: 3, 1: 3}, False, RoundAnswer.ANSWERED),
-    (3, {0: 3, 1: 4}, False, RoundAnswer.ANSWERED),  # a newer round formed answers an older one
-    (3, {0: 3, 1: 2}, False, RoundAnswer.WAITING),
-    (3, {0: 3, 1: -1}, True, RoundAnswer.OVERDUE),
-    (3, {0: 3, 1: 3}, True, RoundAnswer.ANSWERED),  # answered, however late we look
-    (3, {}, True, RoundAnswer.ANSWERED),             # every worker exited: their exits are handled
-])
-def test_decide_answer(published, formed, over, expected):
-    assert decide_answer(AnswerView(published, formed, over)) is expected
-
-
-@pytest.mark.parametrize("group, membership, expected", [
-    (RUN, None, A.RESTART_UNANSWERED),
-    (RUN, WAIT, A.RESTART_UNANSWERED),  # the membership restart would keep a worker that ignores rounds
-    (FAIL, None, A.RESTART_AFTER_FAILURE),  # and keeps_workers says no: a group restart
-    (FAIL, LOST, A.RESTART_FOR_MEMBERSHIP),
-    (GroupStatus.SUCCEEDED, None, A.FINISH),
-])
-def test_an_unanswered_round_restarts_the_group(group, membership, expected):
-    assert decide(AgentView(group, membership, 0, 3, unanswered=True)) is expected
-
-
-@pytest.mark.parametrize("group, membership, unanswered, expected", [
-    (RUN, None, False, A.REJOIN_BROKEN),                 # a peer died: rejoin now, not after its lease
-    (RUN, LOST, False, A.RESTART_FOR_MEMBERSHIP),        # the change says more: act on it
-    (RUN, WAIT, False, A.RESTART_FOR_MEMBERSHIP),
-    (RUN, None, True, A.RESTART_UNANSWERED),             # a worker ignored the last round: group restart
-    (FAIL, None, False, A.RESTART_AFTER_FAILURE),        # our own worker died: that is reported and charged
-    (GroupStatus.SUCCEEDED, None, False, A.FINISH),
-    (RUN, MembershipChange.CLOSED, False, A.STOP_CLOSED),
-])
-def test_a_broken_group_rejoins_unless_something_else_decides(group, membership, unanswered, expected):
-    assert decide(AgentView(group, membership, 0, 3, unanswered=unanswered, broken=True)) is expected
-
-
-@pytest.mark.parametrize("current, lost, broken", [
-    (3, {0: -1, 1: -1}, False),  # nobody reported a loss
-    (3, {0: 3, 1: -1}, True),    # local rank 0's group of the current round broke
-    (3, {0: 2}, False),          # reported for a round this node already left: it forms the next
-    (3, {0: 4}, True),           # a round it formed after the agent's (the rounds raced on the pipe)
-    (3, {}, False),              # no running worker
-])
-def test_group_broken(current, lost, broken):
-    assert group_broken(current, lost) is broken
 
 
 # -- the pipes -----------------------------------------------------------------------------------
@@ -297,10 +209,10 @@ def live(request, tmp_path):
             pools.append(pool)
             pool.start()
             assert pool.wait_ready(30)
-        group_maker = functools.partial(WorkerGroup, log_root=str(tmp_path / "logs"), environ=environ,
-                                        python=sys.executable, templates=pool)
-        workers = LiveWorkers(config, _info(0), attempt=0, restart_count=0, use_agent_store=True, node_id="n0",
-                              make_group=group_maker, clock=clock)
+        settings = GroupSettings(node_id="n0", log_root=str(tmp_path / "logs"), environ=environ,
+                                 python=sys.executable, templates=pool)
+        workers = LiveWorkers(config, _info(0), attempt=0, restart_count=0, use_agent_store=True, settings=settings,
+                              clock=clock)
         made.append(workers)
         workers.start()
         forked = [isinstance(w.proc, ForkedWorker) for group in workers._groups for w in group._workers]
@@ -329,15 +241,16 @@ def test_a_new_round_is_published_to_running_workers_with_their_new_ranks(live):
     workers, clock = live()
     _until(lambda: len(live.events()) == 2, "both workers started")
     pids = workers.pids()
-    assert workers.advance(_info(1, group_rank=1, group_world_size=2, port=30001), attempt=1, restart_count=0,
+    assert workers.move_to(_info(1, group_rank=1, group_world_size=2, port=30001), attempt=1, restart_count=0,
                            use_agent_store=True) == ()  # none restarted
     rounds = _until(lambda: [e for e in live.events() if e["ev"] == "round"] if len(live.events()) == 4 else None,
                     "both workers read round 1")
     assert sorted((e["local_rank"], e["round"], e["rank"], e["world"]) for e in rounds) == [(0, 1, 2, 4), (1, 1, 3, 4)]
     assert workers.pids() == pids  # nobody restarted
-    _until(lambda: workers.answer() is RoundAnswer.ANSWERED, "both formed round 1")
-    assert workers.answer() is RoundAnswer.NONE_DUE and workers.poll().status is RUN
-    assert not workers.silent()
+    _until(lambda: workers.look().formed == 1, "both formed round 1")
+    view = workers.look()
+    assert view.formed is None and view.status is RUN  # said once
+    assert view.follows_rounds and not view.silent and not view.unanswered and not view.broken
     assert workers.global_ranks() == [2, 3]
 
 
@@ -348,53 +261,54 @@ def test_only_the_dead_worker_restarts_and_it_starts_in_the_new_round(live):
     os.kill(pids[1], signal.SIGKILL)
     state = _until(lambda: (s := workers.poll()).status is FAIL and s, "the kill seen")
     assert [failure.local_rank for failure in state.failures] == [1] and state.running == {0}
-    assert workers.advance(_info(1), attempt=1, restart_count=1, use_agent_store=True) == (1,)
+    assert workers.move_to(_info(1), attempt=1, restart_count=1, use_agent_store=True) == (1,)
     assert workers.pids()[0] == pids[0] and workers.pids()[1] != pids[1]
     assert workers.poll() == type(state)(RUN, (), frozenset({0, 1}))  # the replaced failure is forgotten
     started = _until(lambda: [e for e in live.events() if e["ev"] == "start" and e["pid"] == workers.pids()[1]],
                      "the replacement started")
     assert started[0]["round"] == 1
-    _until(lambda: workers.answer() is RoundAnswer.ANSWERED, "both formed round 1")
+    _until(lambda: workers.look().formed == 1, "both formed round 1")
 
 
 def test_a_dead_worker_is_replaced_in_its_round_once_and_its_failure_stays_until_the_next(live):
     workers, clock = live()
     _until(lambda: len(live.events()) == 2, "both workers started")
-    _until(lambda: not workers.silent(), "both workers spoke")
+    _until(lambda: not workers.look().silent, "both workers spoke")
     pids = workers.pids()
     os.kill(pids[1], signal.SIGKILL)
-    _until(lambda: workers.poll().status is FAIL, "the kill seen")
+    _until(lambda: workers.look().status is FAIL, "the kill seen")  # a refill acts on the last look
     assert workers.refill(attempt=1, restart_count=0, use_agent_store=True) == (1,)
     assert workers.refill(attempt=2, restart_count=0, use_agent_store=True) == ()  # once per rank and round
     replacement = workers.pids()[1]
     assert workers.pids()[0] == pids[0] and replacement != pids[1]
-    state = workers.poll()
+    view = workers.look()
     # The agent still sees the failure (it reports and counts it at its next join), and both running.
-    assert state.status is FAIL and [f.pid for f in state.failures] == [pids[1]] and state.running == {0, 1}
-    assert not workers.silent()  # the replacement speaks as its predecessor did
+    assert view.status is FAIL and [f.pid for f in view.failures] == [pids[1]] and view.running == {0, 1}
+    assert view.replaced and not view.silent  # the replacement speaks as its predecessor did
     started = _until(lambda: [e for e in live.events() if e["ev"] == "start" and e["pid"] == replacement],
                      "the replacement started")
     assert (started[0]["round"], started[0]["refill"]) == (0, "1")
     os.kill(replacement, signal.SIGKILL)  # it died too, in the same round: the next round replaces it
-    _until(lambda: len(workers.poll().failures) == 2, "the second kill seen")
+    _until(lambda: len(workers.look().failures) == 2, "the second kill seen")
     assert workers.refill(attempt=2, restart_count=0, use_agent_store=True) == ()
-    workers.advance(_info(1), attempt=2, restart_count=1, use_agent_store=True)
+    workers.move_to(_info(1), attempt=2, restart_count=1, use_agent_store=True)
     assert workers.poll().status is RUN and workers.pids()[0] == pids[0]
     again = _until(lambda: [e for e in live.events() if e["ev"] == "start" and e["pid"] == workers.pids()[1]],
                    "the next round's worker started")
     assert (again[0]["round"], again[0]["refill"]) == (1, "")
-    _until(lambda: workers.answer() is RoundAnswer.ANSWERED, "both formed round 1")
+    _until(lambda: workers.look().formed == 1, "both formed round 1")
 
 
 def test_a_worker_that_reports_its_group_lost_makes_the_node_rejoin_until_the_next_round(live):
     workers, clock = live(lose="1")
     _until(lambda: len(live.events()) == 2, "both workers started")
-    _until(workers.broken, "local rank 1's report that round 0's group broke")
+    _until(lambda: workers.look().broken, "local rank 1's report that round 0's group broke")
     pids = workers.pids()
-    workers.advance(_info(1), attempt=1, restart_count=0, use_agent_store=True)
-    assert not workers.broken()  # the loss was of round 0: round 1 is being formed
-    _until(lambda: workers.answer() is RoundAnswer.ANSWERED, "both formed round 1")
-    assert not workers.broken() and workers.pids() == pids
+    workers.move_to(_info(1), attempt=1, restart_count=0, use_agent_store=True)
+    views = [workers.look()]
+    _until(lambda: views[-1].formed == 1 or views.append(workers.look()), "both formed round 1")
+    assert not any(view.broken for view in views)  # the loss was of round 0: round 1 was being formed
+    assert workers.pids() == pids
 
 
 def test_rounds_numbered_anew_forget_the_answers_of_the_old_numbering(live):
@@ -402,27 +316,28 @@ def test_rounds_numbered_anew_forget_the_answers_of_the_old_numbering(live):
     # loss of the old round 0 must not read as a loss of the new one.
     workers, clock = live(lose="1")
     _until(lambda: len(live.events()) == 2, "both workers started")
-    _until(workers.broken, "local rank 1's report that round 0's group broke")
-    workers.advance(_info(3), attempt=1, restart_count=0, use_agent_store=True)
-    _until(lambda: workers.answer() is RoundAnswer.ANSWERED, "both formed round 3")
-    workers.advance(_info(0), attempt=2, restart_count=0, use_agent_store=True)
-    assert not workers.broken()
-    # Round 0 of the new numbering is due, not answered by 3. An answer of ANSWERED is given once
-    # (the next look says NONE_DUE), so every answer until then is kept.
-    answers = [workers.answer()]
-    _until(lambda: answers[-1] is RoundAnswer.ANSWERED or answers.append(workers.answer()), "the new round 0")
-    assert RoundAnswer.NONE_DUE not in answers and answers[-1] is RoundAnswer.ANSWERED, answers
+    _until(lambda: workers.look().broken, "local rank 1's report that round 0's group broke")
+    workers.move_to(_info(3), attempt=1, restart_count=0, use_agent_store=True)
+    _until(lambda: workers.look().formed == 3, "both formed round 3")
+    workers.move_to(_info(0), attempt=2, restart_count=0, use_agent_store=True)
+    # Round 0 of the new numbering is due, not answered by 3, nor lost by the old round 0's report.
+    assert [(rank.formed, rank.lost) for rank in workers._ranks.values()] == [(-1, -1), (-1, -1)]
+    views = [workers.look()]
+    _until(lambda: views[-1].formed == 0 or views.append(workers.look()), "the new round 0")
+    assert not any(view.broken for view in views)
 
 
 def test_a_worker_that_does_not_answer_is_overdue_after_the_deadline(live):
     workers, clock = live(mute="1", timeout=5.0)
     _until(lambda: len(live.events()) == 2, "both workers started")
-    _until(lambda: workers.silent() and 0 in workers._spoke, "rank 0's first answer")
-    assert 1 not in workers._spoke  # the mute one never spoke: a restart would not keep it
-    assert workers.answer() is RoundAnswer.NONE_DUE  # the first round needs no answer
-    workers.advance(_info(1), attempt=1, restart_count=0, use_agent_store=True)
+    _until(lambda: workers.look().silent and workers._ranks[0].spoke, "rank 0's first answer")
+    assert not workers._ranks[1].spoke  # the mute one never spoke: a restart would not keep it
+    view = workers.look()
+    assert not view.unanswered and view.formed is None  # the first round needs no answer
+    workers.move_to(_info(1), attempt=1, restart_count=0, use_agent_store=True)
     _until(lambda: len(live.events()) == 4, "both workers read round 1")
-    assert workers.answer() is RoundAnswer.WAITING
+    view = workers.look()
+    assert not view.unanswered and view.formed is None  # the deadline runs
     clock.now += 5.0
-    assert workers.answer() is RoundAnswer.OVERDUE
+    assert workers.look().unanswered
     assert workers.stop(timeout=2.0).status is GroupStatus.STOPPED

@@ -20,6 +20,7 @@ from elastic.agent.groups import worker_groups
 from elastic.agent.processes.logs_specs import LogsSpecsError, LogsSpecsHost, logs_specs_host
 from elastic.agent.processes.output import RankDest
 from elastic.agent.processes.group_state import GroupStatus
+from elastic.agent.processes.group_settings import GroupSettings
 from elastic.agent.processes.workers import WorkerGroup
 from elastic.config import Entrypoint, LaunchConfig, Std, StdMask
 from elastic.rendezvous.api import RendezvousInfo
@@ -142,8 +143,8 @@ def group(tmp_path, environ, plugin: LogsSpecsHost | None, restart_count: int = 
                           tee=StdMask(Std.NONE, {0: Std.OUT}), local_ranks_filter=frozenset({0}), **cfg)
     info = RendezvousInfo(run_id="job", round=0, group_rank=0, group_world_size=1, master_addr="127.0.0.1",
                           master_port=29999, members=())
-    return WorkerGroup(config, info, attempt=restart_count, restart_count=restart_count, environ=environ,
-                       logs_specs=plugin)
+    return WorkerGroup(config, info, attempt=restart_count, restart_count=restart_count,
+                       settings=GroupSettings(environ=environ, logs_specs=plugin))
 
 
 def run(worker_group: WorkerGroup):
@@ -198,7 +199,7 @@ def test_each_launch_makes_its_own_helper_and_a_group_needs_the_one_it_is_given(
     info = RendezvousInfo(run_id="job", round=0, group_rank=0, group_world_size=1, master_addr="127.0.0.1",
                           master_port=29999, members=())
     with pytest.raises(ValueError, match=f"^--logs-specs {config.logs_specs}: the worker group was given no helper"):
-        WorkerGroup(config, info, attempt=0, environ=environ)
+        WorkerGroup(config, info, attempt=0, settings=GroupSettings(environ=environ))
 
 
 def test_the_agents_group_factory_hands_every_group_the_helper_it_was_given(flat, environ, tmp_path):

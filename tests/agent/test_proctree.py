@@ -13,6 +13,7 @@ import pytest
 
 from elastic.agent.processes.proctree import ProcLister, find_tree
 from elastic.agent.processes.group_state import GroupStatus
+from elastic.agent.processes.group_settings import GroupSettings
 from elastic.agent.processes.workers import WorkerGroup
 from elastic.config import Entrypoint, LaunchConfig
 from elastic.rendezvous.api import RendezvousInfo
@@ -150,7 +151,8 @@ def test_a_stop_scans_the_whole_process_table_a_bounded_number_of_times(tmp_path
     info = RendezvousInfo(run_id="proctree", round=0, group_rank=0, group_world_size=1,
                           master_addr="127.0.0.1", master_port=29999, members=())
     lister = CountingLister()
-    group = WorkerGroup(config, info, attempt=0, log_root=str(tmp_path / "logs"), process_lister=lister)
+    group = WorkerGroup(config, info, attempt=0,
+                        settings=GroupSettings(log_root=str(tmp_path / "logs"), process_lister=lister))
     group.start()
     try:
         deadline = time.monotonic() + 30
@@ -186,7 +188,7 @@ def test_a_grandchild_that_left_the_session_and_ignores_sigterm_is_killed_after_
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=1, entrypoint=Entrypoint("script", str(script)))
     info = RendezvousInfo(run_id="proctree", round=0, group_rank=0, group_world_size=1,
                           master_addr="127.0.0.1", master_port=29999, members=())
-    group = WorkerGroup(config, info, attempt=0, log_root=str(tmp_path / "logs"))
+    group = WorkerGroup(config, info, attempt=0, settings=GroupSettings(log_root=str(tmp_path / "logs")))
     group.start()
     child = None
     try:

@@ -29,6 +29,7 @@ from elastic.agent.prewarm.wire import (FrameReader, TemplateWireError, WorkerJo
 from elastic.agent.prewarm.control import TemplateState
 from elastic.agent.prewarm.pool import TemplatePool, worker_path0
 from elastic.agent.processes.group_state import GroupStatus
+from elastic.agent.processes.group_settings import GroupSettings
 from elastic.agent.processes.workers import WorkerGroup
 from elastic.config import Entrypoint, LaunchConfig, Std, StdMask
 from elastic.rendezvous.api import RendezvousInfo
@@ -188,8 +189,8 @@ class Templates:
     def run(self, config: LaunchConfig, pool: TemplatePool | None, attempt: int = 0, timeout: float = 60.0):
         info = RendezvousInfo(run_id=self.run_id, round=attempt, group_rank=0, group_world_size=1,
                               master_addr="127.0.0.1", master_port=free_port(), members=())
-        group = WorkerGroup(config, info, attempt=attempt, log_root=str(self.tmp / "logs"), environ=self.environ(),
-                            templates=pool)
+        group = WorkerGroup(config, info, attempt=attempt,
+                            settings=GroupSettings(log_root=str(self.tmp / "logs"), environ=self.environ(), templates=pool))
         self.groups.append(group)
         group.start()
         self.pids.update(group.pids().values())
@@ -354,8 +355,8 @@ def test_a_dead_template_is_replaced_and_its_worker_reported_killed(templates, c
     pool = templates.pool(config)
     info = RendezvousInfo(run_id=templates.run_id, round=0, group_rank=0, group_world_size=1,
                           master_addr="127.0.0.1", master_port=free_port(), members=())
-    group = WorkerGroup(config, info, attempt=0, log_root=str(templates.tmp / "logs"), environ=templates.environ(),
-                        templates=pool)
+    settings = GroupSettings(log_root=str(templates.tmp / "logs"), environ=templates.environ(), templates=pool)
+    group = WorkerGroup(config, info, attempt=0, settings=settings)
     templates.groups.append(group)
     group.start()
     templates.pids.update(group.pids().values())

@@ -16,6 +16,7 @@ import time
 import pytest
 
 from elastic.agent.processes.group_state import GroupStatus
+from elastic.agent.processes.group_settings import GroupSettings
 from elastic.agent.processes.workers import WorkerGroup
 from elastic.agent.waking import Interrupted, Waker
 from elastic.config import Entrypoint, LaunchConfig, Std, StdMask
@@ -173,8 +174,8 @@ def test_a_signal_during_a_worker_groups_stop_does_not_interrupt_the_stop(waker,
                           redirects=StdMask(Std.ALL))
     info = RendezvousInfo("stop-test", 0, 0, 1, "127.0.0.1", 29999, ())
     environ = dict(os.environ, READY=str(tmp_path / "ready"), STOPPED=str(tmp_path / "stopped"))
-    group = WorkerGroup(config, info, attempt=0, log_root=str(tmp_path / "logs"), environ=environ,
-                        python=sys.executable)
+    group = WorkerGroup(config, info, attempt=0,
+                        settings=GroupSettings(log_root=str(tmp_path / "logs"), environ=environ, python=sys.executable))
     killed_at = []
     try:
         group.start()

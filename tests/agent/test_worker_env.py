@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from elastic.agent.processes.worker_env import (
+from elastic.agent.worker_env import (
     OMP_NOTICE,
     RUN_PATH_BOOTSTRAP,
     fixed_worker_env,

@@ -25,6 +25,7 @@ from elastic.agent.prewarm.pool import TemplatePool
 from elastic.testing.agents import wait_until
 from elastic.agent.processes.group_state import GroupState, GroupStatus
 from elastic.agent.processes.workers import (
+    GroupSettings,
     WorkerGroup,
     WorkerStartError,
     attempt_log_dir,
@@ -108,10 +109,8 @@ class Harness:
                                 environ, sys.executable)
             self.pools.append(pool)
             pool.start()
-        group = WorkerGroup(
-            config, info, attempt=attempt, log_root=self.log_root, environ=environ,
-            line_prefix_template=line_prefix_template, templates=pool,
-        )
+        group = WorkerGroup(config, info, attempt=attempt, settings=GroupSettings(
+            log_root=self.log_root, environ=environ, line_prefix_template=line_prefix_template, templates=pool))
         self.groups.append(group)
         return group
 
@@ -239,7 +238,7 @@ def test_a_command_that_cannot_start_raises_and_leaves_no_process(harness, tmp_p
         entrypoint=Entrypoint("command", str(tmp_path / "no-such-binary")),
     )
     info = RendezvousInfo("r", 0, 0, 1, "127.0.0.1", 1, ())
-    group = WorkerGroup(config, info, attempt=0, log_root=str(tmp_path / "logs"))
+    group = WorkerGroup(config, info, attempt=0, settings=GroupSettings(log_root=str(tmp_path / "logs")))
     harness.groups.append(group)
     with pytest.raises(WorkerStartError, match="cannot start local rank 0"):
         group.start()
@@ -532,7 +531,7 @@ def test_failure_report_without_error_file_shows_the_stderr_tail(harness):
 
 def test_agent_modules_do_not_import_torch():
     code = (
-        "import sys, elastic.agent.processes.workers, elastic.agent.processes.failures, elastic.agent.processes.worker_env\n"
+        "import sys, elastic.agent.processes.workers, elastic.agent.processes.failures, elastic.agent.worker_env\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

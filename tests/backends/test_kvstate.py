@@ -6,7 +6,7 @@ import pytest
 
 from backends.api import EventType
 from backends.errors import CompactedError, LeaseNotFoundError, ValueTooLargeError
-from backends.kvstate import KVState
+from backends.kvstate import KVState, StateLimits
 from backends.txn import Compare, Delete, Put, Range, Txn
 
 
@@ -65,7 +65,7 @@ def test_get_of_a_missing_key_returns_none_with_the_current_revision(state):
 
 
 def test_a_value_over_the_limit_is_refused_and_nothing_changes():
-    state = KVState(max_value_bytes=4)
+    state = KVState(limits=StateLimits(max_value_bytes=4))
     with pytest.raises(ValueTooLargeError):
         state.put("k", b"12345")
     with pytest.raises(ValueTooLargeError):  # checked in the branch that would not run, too
@@ -77,7 +77,7 @@ def test_a_value_over_the_limit_is_refused_and_nothing_changes():
 @pytest.mark.parametrize("kwargs", [{"max_value_bytes": 0}, {"history_limit": 0}])
 def test_non_positive_limits_are_rejected(kwargs):
     with pytest.raises(ValueError):
-        KVState(**kwargs)
+        StateLimits(**kwargs)
 
 
 # -- transactions ----------------------------------------------------------------------------
@@ -247,7 +247,7 @@ def test_explicit_compaction_drops_older_history(state):
 
 
 def test_the_history_is_bounded_and_never_keeps_part_of_a_revision(clock):
-    state = KVState(clock=clock, history_limit=3)
+    state = KVState(clock=clock, limits=StateLimits(history_limit=3))
     state.put("a", b"1")
     state.put("b", b"1")
     state.put("c", b"1")
@@ -267,7 +267,7 @@ def test_the_history_is_bounded_and_never_keeps_part_of_a_revision(clock):
     ((1000, 1000, 5000), 2_500, 4),  # the newest alone is over the limit: it stays, alone
 ])
 def test_the_history_is_bounded_in_bytes_and_keeps_the_newest_revision(clock, sizes, limit, compact_revision):
-    state = KVState(clock=clock, history_bytes=limit)
+    state = KVState(clock=clock, limits=StateLimits(history_bytes=limit))
     for size in sizes:
         state.put("k", b"x" * size)
     assert state.compact_revision == compact_revision
@@ -275,7 +275,7 @@ def test_the_history_is_bounded_in_bytes_and_keeps_the_newest_revision(clock, si
 
 
 def test_keys_over_the_key_limit_are_refused_and_name_the_limit(clock):
-    state = KVState(clock=clock, max_key_bytes=8)
+    state = KVState(clock=clock, limits=StateLimits(max_key_bytes=8))
     state.put("12345678", b"v")
     with pytest.raises(ValueTooLargeError, match="at most 8 bytes"):
         state.put("é" * 5, b"v")  # 5 characters, 10 bytes

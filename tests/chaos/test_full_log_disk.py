@@ -29,6 +29,7 @@ from elastic.agent.lifeline import pidfile
 from elastic.agent.lifeline.keeper import Lifeline
 from elastic.agent.observe.events import Event, EventLog
 from elastic.agent.processes.group_state import GroupStatus
+from elastic.agent.processes.group_settings import GroupSettings
 from elastic.agent.processes.workers import WorkerGroup
 from elastic.config import Entrypoint, LaunchConfig, Std, StdMask
 from elastic.rendezvous.api import RendezvousInfo
@@ -205,7 +206,7 @@ def test_workers_start_on_a_disk_with_no_room_for_their_log_directory_and_log_on
     info = RendezvousInfo("run-1", 0, 0, 1, "127.0.0.1", 29999, ())
     with SmallFilesystem(tmp_path / "disk", size=1 << 20, inodes=64) as disk:
         disk.fill()
-        group = WorkerGroup(config, info, attempt=0, log_root=str(disk.path))
+        group = WorkerGroup(config, info, attempt=0, settings=GroupSettings(log_root=str(disk.path)))
         try:
             with caplog.at_level("WARNING", logger="elastic.agent.processes.log_loss"):
                 group.start()

@@ -14,7 +14,9 @@ from backends.endpoints import Endpoint
 from elastic.launch.cli import ConfigError, HelpRequested, config_from_args, parse_or_exit
 from elastic.launch.describe import describe
 from elastic.config import Entrypoint, LaunchConfig, Std, StdMask
-from elastic.launch.devices import FixedDevices, HostDevices, count_nvidia_gpus, visible_gpu_count
+from elastic.launch.devices import (
+    DeviceCountError, FixedDevices, HostDevices, count_nvidia_gpus, count_xpus, intel_gpu_listed, visible_gpu_count,
+)
 from elastic.launch.flags import OPTIONS, format_help
 from elastic.rendezvous.backend_spec import (
     ClientCertificate, EtcdCredentials, EtcdSpec, Hosting, Secret, SecretFile, StandaloneSpec, StaticSpec, StoreSpec,
@@ -38,6 +40,12 @@ class NoDevices:
 
     def gpu_count(self) -> int:
         raise AssertionError("gpu_count was called")
+
+    def may_have_xpus(self) -> bool:
+        raise AssertionError("may_have_xpus was called")
+
+    def xpu_count(self) -> int:
+        raise AssertionError("xpu_count was called")
 
 
 def parse(*argv: str, environ: dict[str, str] | None = None, devices=None) -> LaunchConfig:
@@ -298,27 +306,30 @@ def test_malformed_nnodes_name_the_flag_and_the_forms(text):
         f"--nnodes: {text!r} is not N or MIN:MAX with 1 <= MIN <= MAX")
 
 
-@pytest.mark.parametrize("text, cpus, gpus, expected", [
-    ("4", None, None, (4, "4")),
-    ("cpu", 8, 2, (8, "cpu: 8 cores")),
-    ("gpu", 8, 2, (2, "gpu: 2 GPUs")),
-    ("gpu", 8, 1, (1, "gpu: 1 GPU")),
-    ("auto", 8, 4, (4, "auto: 4 GPUs")),
-    ("auto", 6, 0, (6, "auto: no GPU, 6 cores")),
-    ("AUTO", 6, 0, (6, "auto: no GPU, 6 cores")),
+@pytest.mark.parametrize("text, cpus, gpus, xpus, expected", [
+    ("4", None, None, None, (4, "4")),
+    ("cpu", 8, 2, 0, (8, "cpu: 8 cores")),
+    ("gpu", 8, 2, 0, (2, "gpu: 2 GPUs")),
+    ("gpu", 8, 1, 0, (1, "gpu: 1 GPU")),
+    ("auto", 8, 4, 0, (4, "auto: 4 GPUs")),
+    ("auto", 6, 0, 0, (6, "auto: no GPU, 6 cores")),
+    ("AUTO", 6, 0, 0, (6, "auto: no GPU, 6 cores")),
+    ("xpu", 8, 0, 3, (3, "xpu: 3 XPUs")),
+    ("auto", 8, 0, 1, (1, "auto: 1 XPU")),
+    ("auto", 8, 2, 3, (2, "auto: 2 GPUs")),  # CUDA comes first in torch.accelerator too
 ])
-def test_nproc_per_node_resolves_numbers_and_device_counts(text, cpus, gpus, expected):
-    devices = NoDevices() if cpus is None else FixedDevices(cpus=cpus, gpus=gpus)
+def test_nproc_per_node_resolves_numbers_and_device_counts(text, cpus, gpus, xpus, expected):
+    devices = NoDevices() if cpus is None else FixedDevices(cpus=cpus, gpus=gpus, xpus=xpus)
     config = parse("--nproc-per-node", text, "train.py", devices=devices)
     assert (config.nproc_per_node, config.nproc_source) == expected
 
 
 @pytest.mark.parametrize("text, says", [
-    ("0", "'0' is not a positive number, auto, cpu or gpu"),
-    ("-2", "'-2' is not a positive number, auto, cpu or gpu"),
-    ("many", "'many' is not a positive number, auto, cpu or gpu"),
+    ("0", "'0' is not a positive number, auto, cpu, gpu or xpu"),
+    ("-2", "'-2' is not a positive number, auto, cpu, gpu or xpu"),
+    ("many", "'many' is not a positive number, auto, cpu, gpu or xpu"),
     ("gpu", "'gpu' needs an NVIDIA GPU and none is visible"),
-    ("xpu", "'xpu' is not detected by elasticrun"),
+    ("xpu", "'xpu' needs an Intel XPU and torch sees none"),
 ])
 def test_bad_nproc_per_node_names_the_flag_and_the_forms(text, says):
     message = parse_error(f"--nproc-per-node={text}", "train.py", devices=FixedDevices(cpus=4, gpus=0))
@@ -357,6 +368,63 @@ def test_nvidia_gpus_are_counted_from_the_driver_then_nvidia_smi(tmp_path):
 def test_host_devices_count_the_cpus_this_process_may_use():
     expected = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     assert HostDevices({}).cpu_count() == expected
+
+
+def test_an_intel_gpu_is_a_render_node_with_intels_pci_vendor(tmp_path):
+    def node(name: str, vendor: str | None) -> None:
+        (tmp_path / name / "device").mkdir(parents=True)
+        if vendor is not None:
+            (tmp_path / name / "device" / "vendor").write_text(vendor + "\n")
+
+    node("card0", "0x8086")  # a card node, not a render node
+    node("renderD128", "0x1a03")  # a BMC's graphics
+    node("renderD129", None)
+    assert not intel_gpu_listed(str(tmp_path)) and not intel_gpu_listed(str(tmp_path / "absent"))
+    node("renderD130", "0x8086")
+    assert intel_gpu_listed(str(tmp_path))
+
+
+def fake_torch(root, body: str) -> dict[str, str]:
+    """An environment whose interpreter imports ``body`` as torch."""
+    (root / "torch").mkdir()
+    (root / "torch" / "__init__.py").write_text(body)
+    return {**os.environ, "PYTHONPATH": str(root)}
+
+
+def test_xpus_are_counted_by_torch_in_the_workers_interpreter(tmp_path):
+    environ = fake_torch(tmp_path, "import os\nclass xpu:\n    is_available = staticmethod(lambda: True)\n"
+                                   "    device_count = staticmethod(lambda: int(os.environ['ZE_AFFINITY_COUNT']))\n")
+    assert count_xpus(sys.executable, {**environ, "ZE_AFFINITY_COUNT": "3"}) == 3  # torch reads the environment
+    assert HostDevices({**environ, "ZE_AFFINITY_COUNT": "2", "PYTHON_EXEC": sys.executable}).xpu_count() == 2
+
+
+def test_torch_that_cannot_count_xpus_is_one_line_for_xpu_and_the_cpus_for_auto(tmp_path):
+    environ = fake_torch(tmp_path, "raise ImportError('libze_loader.so.1: cannot open shared object file')\n")
+    with pytest.raises(DeviceCountError) as raised:
+        count_xpus(sys.executable, environ)
+    assert str(raised.value) == (f"torch in {sys.executable} did not count the XPUs: ImportError: "
+                                 "libze_loader.so.1: cannot open shared object file")
+    with pytest.raises(DeviceCountError, match="could not be asked for torch's XPU count"):
+        count_xpus(str(tmp_path / "no-python"), environ)
+
+    host = HostDevices({**environ, "PYTHON_EXEC": sys.executable}, list_gpus=lambda: 0, intel_gpu=lambda: True)
+    assert parse_error("--nproc-per-node=xpu", "train.py", devices=host) == (
+        f"--nproc-per-node: {raised.value}; give a number")
+    assert parse("--nproc-per-node=auto", "train.py", devices=host).nproc_source.startswith("auto: no GPU, ")
+
+
+@pytest.mark.parametrize("intel_gpu, nproc, asked", [(False, None, 0), (True, 4, 1)])
+def test_auto_asks_torch_about_xpus_only_on_a_host_that_lists_an_intel_gpu(intel_gpu, nproc, asked):
+    questions: list[str] = []
+
+    class Host(HostDevices):  # torch's answer replaced by 4, each question recorded
+        def xpu_count(self) -> int:
+            questions.append("xpu_count")
+            return 4
+
+    host = Host({}, list_gpus=lambda: 0, intel_gpu=lambda: intel_gpu)
+    config = parse("--nproc-per-node=auto", "train.py", devices=host)
+    assert config.nproc_per_node == (nproc or host.cpu_count()) and len(questions) == asked
 
 
 # -- worker output -----------------------------------------------------------------------------
@@ -757,7 +825,7 @@ def test_help_shows_the_log_layout_with_its_node_level_and_no_removed_key():
 def test_the_entry_point_prints_help_and_exits_0():
     result = run_cli("--help")
     assert result.returncode == 0 and result.stderr == ""
-    assert "--nproc-per-node, --nproc_per_node N|auto|cpu|gpu" in result.stdout
+    assert "--nproc-per-node, --nproc_per_node N|auto|cpu|gpu|xpu" in result.stdout
 
 
 def test_the_entry_point_prints_the_installed_version_and_exits_0():

@@ -106,7 +106,7 @@ def test_a_master_port_in_use_is_one_line_naming_it_before_any_worker_starts(tmp
     result, _, marker = elasticrun(tmp_path, "--nproc-per-node=2", f"--master-port={held_port}", script.name)
     assert result.returncode == 1
     assert one_line(result) == (
-        f"elasticrun: The master port {held_port} is already in use on this node (node rank 0's workers would host "
-        "their store there); stop what holds it, or choose a free port with --master-port (or leave it out: a "
-        "single node then picks a free one).")
+        f"elasticrun: The master port {held_port} is already in use on this node (node rank 0 hosts its workers' "
+        "store there); stop what holds it, or choose a free port with --master-port (or leave it out: a single "
+        "node then picks a free one).")
     assert not (tmp_path / "train.py.started").exists() and left_running(marker) == []

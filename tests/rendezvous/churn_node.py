@@ -26,7 +26,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
-from elastic.rendezvous.handler import RendezvousHandler  # noqa: E402
+from elastic.rendezvous.handler import NodeSpec, RendezvousHandler  # noqa: E402
 from elastic.rendezvous.settings import RendezvousSettings  # noqa: E402
 
 
@@ -60,7 +60,8 @@ def main() -> int:
         spec["run_id"], spec["min_nodes"], spec["max_nodes"], namespace=spec["namespace"],
         join_timeout=spec["join_timeout"], last_call_timeout=spec["last_call_timeout"], lease_ttl=spec["lease_ttl"],
     )
-    handler = RendezvousHandler(settings, open_backend(spec), "127.0.0.1", node_id=spec["node"], owns_backend=True)
+    node = NodeSpec("127.0.0.1", node_id=spec["node"])
+    handler = RendezvousHandler(settings, open_backend(spec), node, owns_backend=True)
     changed = threading.Event()
     handler.on_change(changed.set)
     signal.signal(signal.SIGTERM, _on_sigterm)

@@ -22,7 +22,7 @@ import pytest
 
 from backends.etcd import EtcdBackend, EtcdConfig
 from elastic.rendezvous.api import MembershipChange, MembershipStatus
-from elastic.rendezvous.handler import RendezvousHandler
+from elastic.rendezvous.handler import NodeSpec, RendezvousHandler
 from elastic.rendezvous.settings import RendezvousSettings
 
 from support.etcd_cluster import EtcdCluster
@@ -43,7 +43,7 @@ def nodes():
         settings = RendezvousSettings("job", 2, 2, namespace=namespace, lease_ttl=TTL, last_call_timeout=0.5,
                                       join_timeout=60.0)
         backend = EtcdBackend(EtcdConfig(endpoints, dial_timeout=1.0, request_timeout=2.0))
-        handler = RendezvousHandler(settings, backend, "127.0.0.1", node_id=node_id, owns_backend=True)
+        handler = RendezvousHandler(settings, backend, NodeSpec("127.0.0.1", node_id=node_id), owns_backend=True)
         opened.append(handler)
         return handler
 

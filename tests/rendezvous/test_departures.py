@@ -19,7 +19,7 @@ from elastic.rendezvous.departures import (
     encode_departure, say_departure, why_lost,
 )
 from elastic.rendezvous.errors import RendezvousStateError
-from elastic.rendezvous.handler import RendezvousHandler
+from elastic.rendezvous.handler import NodeSpec, RendezvousHandler
 from elastic.rendezvous.progress import LostNode
 from elastic.rendezvous.records import Member, RendezvousKeys, RoundRecord
 from elastic.rendezvous.settings import RendezvousSettings
@@ -104,7 +104,7 @@ def test_handlers_leave_notes_saying_whether_they_left_finished_or_were_excluded
     harness = FakeHarness()
     settings = RendezvousSettings("job", 3, 3, namespace=f"/dep-{uuid.uuid4().hex[:8]}", lease_ttl=2.0,
                                   join_timeout=10.0, last_call_timeout=0.5)
-    handlers = [RendezvousHandler(settings, harness.connect(), "127.0.0.1", node_id=name, owns_backend=True)
+    handlers = [RendezvousHandler(settings, harness.connect(), NodeSpec("127.0.0.1", node_id=name), owns_backend=True)
                 for name in ("a", "b", "c")]
     keys, reader = handlers[0].keys, harness.connect()
     try:
@@ -132,7 +132,7 @@ def test_handlers_leave_notes_saying_whether_they_left_finished_or_were_excluded
 def test_a_node_that_closed_the_rendezvous_leaves_no_note():
     harness = FakeHarness()
     settings = RendezvousSettings("job", 1, 1, namespace=f"/dep-{uuid.uuid4().hex[:8]}", lease_ttl=2.0)
-    handler = RendezvousHandler(settings, harness.connect(), "127.0.0.1", node_id="a", owns_backend=True)
+    handler = RendezvousHandler(settings, harness.connect(), NodeSpec("127.0.0.1", node_id="a"), owns_backend=True)
     reader = harness.connect()
     try:
         handler.next_rendezvous()
@@ -154,7 +154,7 @@ def test_a_member_names_why_a_peer_left_as_soon_as_its_key_goes(leave, why):
     harness = FakeHarness()
     settings = RendezvousSettings("job", 1, 2, namespace=f"/dep-{uuid.uuid4().hex[:8]}", lease_ttl=2.0,
                                   join_timeout=10.0, last_call_timeout=0.5)
-    a, b = (RendezvousHandler(settings, harness.connect(), "127.0.0.1", node_id=name, owns_backend=True)
+    a, b = (RendezvousHandler(settings, harness.connect(), NodeSpec("127.0.0.1", node_id=name), owns_backend=True)
             for name in ("a", "b"))
     try:
         with ThreadPoolExecutor(2) as pool:

@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from elastic.rendezvous.handler import RendezvousHandler
+from elastic.rendezvous.handler import NodeSpec, RendezvousHandler
 from elastic.rendezvous.settings import RendezvousSettings
 from elastic.testing.agents import wait_until
 from elastic.testing.fake_store import FakeHarness
@@ -48,9 +48,9 @@ def test_a_peer_that_finished_and_left_before_our_read_still_counts_as_done(harn
     settings = RendezvousSettings("job", 2, 2, namespace=f"/barrier-{uuid.uuid4().hex[:8]}",
                                   lease_ttl=2.0, last_call_timeout=1.0)
     gate = threading.Event()
-    a = RendezvousHandler(settings, _GatedReads(harness.connect(), gate), "127.0.0.1", node_id="a",
+    a = RendezvousHandler(settings, _GatedReads(harness.connect(), gate), NodeSpec("127.0.0.1", node_id="a"),
                           owns_backend=True)
-    b = RendezvousHandler(settings, harness.connect(), "127.0.0.1", node_id="b", owns_backend=True)
+    b = RendezvousHandler(settings, harness.connect(), NodeSpec("127.0.0.1", node_id="b"), owns_backend=True)
     observer = harness.connect()
     try:
         with ThreadPoolExecutor(2) as pool:
@@ -79,8 +79,8 @@ def test_a_member_whose_lease_lapses_before_it_is_done_ends_the_barrier_at_once(
     # barrier must not hold the others until its timeout.
     settings = RendezvousSettings("job", 2, 2, namespace=f"/barrier-{uuid.uuid4().hex[:8]}",
                                   lease_ttl=2.0, last_call_timeout=1.0)
-    a = RendezvousHandler(settings, harness.connect(), "127.0.0.1", node_id="a", owns_backend=True)
-    b = RendezvousHandler(settings, harness.connect(), "127.0.0.1", node_id="b", owns_backend=True)
+    a = RendezvousHandler(settings, harness.connect(), NodeSpec("127.0.0.1", node_id="a"), owns_backend=True)
+    b = RendezvousHandler(settings, harness.connect(), NodeSpec("127.0.0.1", node_id="b"), owns_backend=True)
     observer = harness.connect()
     try:
         with ThreadPoolExecutor(2) as pool:

@@ -15,7 +15,7 @@ from backends.counting import CountingBackend
 from backends.txn import TxnResult
 from elastic.rendezvous.api import MembershipChange, MembershipStatus
 from elastic.rendezvous.errors import RendezvousClosedError, RendezvousStateError, RendezvousTimeoutError
-from elastic.rendezvous.handler import RendezvousHandler
+from elastic.rendezvous.handler import NodeSpec, RendezvousHandler, default_node_id
 from elastic.rendezvous.records import RendezvousKeys
 from elastic.rendezvous.settings import RendezvousSettings
 
@@ -35,8 +35,8 @@ def make_node(harness):
         backend = CountingBackend(harness.connect(), owns_inner=True)
         if wrap is not None:
             backend = wrap(backend, RendezvousKeys(namespace, "job"))
-        handler = RendezvousHandler(settings, backend, "127.0.0.1", node_id=node_id, owns_backend=True,
-                                    local_world_size=local_world_size)
+        node = NodeSpec("127.0.0.1", node_id or default_node_id(), local_world_size)
+        handler = RendezvousHandler(settings, backend, node, owns_backend=True)
         opened.append(handler)
         return handler
 

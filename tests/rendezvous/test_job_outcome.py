@@ -18,7 +18,7 @@ import pytest
 
 from elastic.rendezvous.api import MembershipChange
 from elastic.rendezvous.errors import JobFinishedError, JobMismatchError, RendezvousConnectionError
-from elastic.rendezvous.handler import RendezvousHandler
+from elastic.rendezvous.handler import NodeSpec, RendezvousHandler, default_node_id
 from elastic.rendezvous.job import decode_finished, decode_job, job_identity
 from elastic.rendezvous.records import RendezvousKeys
 from elastic.rendezvous.settings import RendezvousSettings
@@ -39,7 +39,8 @@ def make_node(harness):
     def make(min_nodes, max_nodes, node_id=None, job=None, **options):
         settings = RendezvousSettings("job", min_nodes, max_nodes, namespace=namespace, job=job,
                                       **{"lease_ttl": TTL, "last_call_timeout": 1.0, **options})
-        handler = RendezvousHandler(settings, harness.connect(), "127.0.0.1", node_id=node_id, owns_backend=True)
+        node = NodeSpec("127.0.0.1", node_id or default_node_id())
+        handler = RendezvousHandler(settings, harness.connect(), node, owns_backend=True)
         opened.append(handler)
         return handler
 

@@ -13,7 +13,7 @@ from backends.api import EventType, KeyValue, WatchEvent
 from backends.errors import BackendClosedError, CompactedError
 from elastic.rendezvous.api import MembershipChange
 from elastic.rendezvous.attempt import Claim, ClosedRound, JoinAttempt
-from elastic.rendezvous.handler import RendezvousHandler
+from elastic.rendezvous.handler import NodeSpec, RendezvousHandler
 from elastic.rendezvous.membership import Membership, StateWatch
 from elastic.rendezvous.ports import reserve_port
 from elastic.rendezvous.records import Member, RendezvousKeys, RoundRecord
@@ -164,7 +164,7 @@ def test_the_claim_moves_only_along_its_legal_transitions(before, step, after):
 def test_a_join_whose_state_watch_was_compacted_starts_over_from_a_read_and_is_included(backend, caplog):
     store, _ = backend
     settings = RendezvousSettings("run", 3, 3, namespace="/compacted-join", lease_ttl=2.0, join_timeout=20.0)
-    a, b, c = (RendezvousHandler(settings, store.client(), "127.0.0.1", node_id=name, owns_backend=True)
+    a, b, c = (RendezvousHandler(settings, store.client(), NodeSpec("127.0.0.1", node_id=name), owns_backend=True)
                for name in "abc")
     try:
         with ThreadPoolExecutor(3) as pool, caplog.at_level(logging.WARNING, logger="elastic.rendezvous.joining"):

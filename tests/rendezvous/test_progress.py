@@ -11,7 +11,7 @@ from dataclasses import replace
 import pytest
 
 from elastic.rendezvous.errors import RendezvousClosedError, RendezvousTimeoutError
-from elastic.rendezvous.handler import RendezvousHandler
+from elastic.rendezvous.handler import NodeSpec, RendezvousHandler
 from elastic.rendezvous.progress import LostNode, ProgressReporter, WaitSnapshot, format_progress, line_due
 from elastic.rendezvous.settings import RendezvousSettings
 from elastic.testing.agents import wait_until
@@ -121,7 +121,7 @@ def test_a_lone_node_says_what_it_waits_for_and_its_timeout_names_the_last_count
     harness = FakeHarness()
     settings = RendezvousSettings("job", 2, 3, namespace=f"/progress-{uuid.uuid4().hex[:8]}",
                                   lease_ttl=2.0, join_timeout=3.5, last_call_timeout=1.0)
-    handler = RendezvousHandler(settings, harness.connect(), "127.0.0.1", node_id="a", owns_backend=True)
+    handler = RendezvousHandler(settings, harness.connect(), NodeSpec("127.0.0.1", node_id="a"), owns_backend=True)
     seen: list = []
     handler.on_progress(seen.append)
     try:
@@ -143,7 +143,7 @@ def test_a_survivor_expects_a_live_member_and_names_one_that_left_once_as_lost(c
     harness = FakeHarness()
     settings = RendezvousSettings("job", 2, 2, namespace=f"/progress-{uuid.uuid4().hex[:8]}",
                                   lease_ttl=2.0, join_timeout=15.0, last_call_timeout=1.0)
-    a, b = (RendezvousHandler(settings, harness.connect(), "127.0.0.1", node_id=name, owns_backend=True)
+    a, b = (RendezvousHandler(settings, harness.connect(), NodeSpec("127.0.0.1", node_id=name), owns_backend=True)
             for name in ("a", "b"))
     seen: list = []
     a.on_progress(seen.append)
@@ -182,8 +182,9 @@ def test_the_closer_and_a_waiting_node_both_report_the_joins(caplog):
     harness = FakeHarness()
     settings = RendezvousSettings("job", 3, 3, namespace=f"/progress-{uuid.uuid4().hex[:8]}",
                                   lease_ttl=2.0, join_timeout=5.0, last_call_timeout=1.0)
-    handlers = [RendezvousHandler(replace(settings, join_timeout=timeout), harness.connect(), "127.0.0.1",
-                                  node_id=name, owns_backend=True) for name, timeout in (("a", 5.0), ("b", 7.0))]
+    handlers = [RendezvousHandler(replace(settings, join_timeout=timeout), harness.connect(),
+                                  NodeSpec("127.0.0.1", node_id=name), owns_backend=True)
+                for name, timeout in (("a", 5.0), ("b", 7.0))]
     last_seen = {"a": 2, "b": 1}  # b outlives a's join
 
     def join(handler):

@@ -22,7 +22,7 @@ from backends.errors import StoreFullError
 from backends.fake import InMemoryStore
 from backends.retry import RetryPolicy
 from backends.txn import Put, Txn
-from elastic.rendezvous.handler import RendezvousHandler
+from elastic.rendezvous.handler import NodeSpec, RendezvousHandler
 from elastic.rendezvous.settings import RendezvousSettings
 from elastic.rendezvous.store_full import refusal_deadline
 
@@ -68,7 +68,7 @@ def test_a_failure_restart_during_a_full_store_re_forms_once_it_has_space_past_t
     state = {"full": False, "refused": []}
     settings = RendezvousSettings("job", 2, 2, namespace=f"/full-{uuid.uuid4().hex[:8]}", lease_ttl=2.0,
                                   last_call_timeout=0.2, join_timeout=1.0, store_outage_timeout=30.0)
-    handlers = [RendezvousHandler(settings, FullStore(store.client(), state), "127.0.0.1", owns_backend=True,
+    handlers = [RendezvousHandler(settings, FullStore(store.client(), state), NodeSpec("127.0.0.1"), owns_backend=True,
                                   retry=FAST_RETRY) for _ in range(2)]
     try:
         with ThreadPoolExecutor(2) as pool:

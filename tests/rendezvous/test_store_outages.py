@@ -15,7 +15,7 @@ from backends.errors import BackendTimeoutError
 from backends.fake import InMemoryStore
 from backends.retry import RetryPolicy
 from elastic.rendezvous.api import MembershipChange, MembershipStatus
-from elastic.rendezvous.handler import RendezvousHandler
+from elastic.rendezvous.handler import NodeSpec, RendezvousHandler
 from elastic.rendezvous.settings import RendezvousSettings
 
 pytestmark = pytest.mark.slow
@@ -39,7 +39,7 @@ def make_node(store):
     def make(nodes=2, backend=None, **options):
         settings = RendezvousSettings("job", nodes, nodes, namespace=namespace,
                                       **{"lease_ttl": TTL, "last_call_timeout": 0.2, "join_timeout": 20.0, **options})
-        handler = RendezvousHandler(settings, backend or store.client(), "127.0.0.1", owns_backend=True,
+        handler = RendezvousHandler(settings, backend or store.client(), NodeSpec("127.0.0.1"), owns_backend=True,
                                     retry=FAST_RETRY)
         opened.append(handler)
         return handler

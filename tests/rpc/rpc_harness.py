@@ -1,7 +1,7 @@
 """The RPC tests' harness: worker groups started with the environment elasticrun gives.
 
 A :class:`Spawner` starts one real process per rank running ``workers/scenarios.py`` with the
-environment built by ``elastic.agent.processes.worker_env.worker_env`` (the function elasticrun itself
+environment built by ``elastic.agent.worker_env.worker_env`` (the function elasticrun itself
 uses), a free ``MASTER_PORT``, and optionally several roles. Each run is a
 :class:`~elastic.testing.agents.Job`; every process is stopped by PID at the end of its fixture,
 whatever happened.
@@ -14,7 +14,7 @@ import sys
 import uuid
 from pathlib import Path
 
-from elastic.agent.processes.worker_env import worker_env
+from elastic.agent.worker_env import worker_env
 from elastic.config import Entrypoint, LaunchConfig
 from elastic.rendezvous.api import RendezvousInfo
 from elastic.testing import agents

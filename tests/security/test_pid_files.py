@@ -25,7 +25,7 @@ import pytest
 
 from elastic.agent.lifeline import pidfile
 from elastic.agent.lifeline.keeper import Lifeline
-from elastic.agent.lifeline.pidfile import LiveWorkers, ProcessId
+from elastic.agent.lifeline.pidfile import PidRecord, ProcessId
 from hostile import REPO
 
 NOBODY = 65534
@@ -74,9 +74,9 @@ def test_a_pid_file_of_another_host_naming_a_local_process_is_left_alone(tmp_pat
         gone_agent = ProcessId(2 ** 22 + 17, 1.0)  # a pid no process has here
         other = "otherhost-0123456789ab"
         path = tmp_path / pidfile.file_name(other, gone_agent.pid)
-        pidfile.write(str(path), LiveWorkers("job", gone_agent, (ProcessId.of(victim.pid),), other))
+        pidfile.write(str(path), PidRecord("job", gone_agent, (ProcessId.of(victim.pid),), other))
         renamed = tmp_path / pidfile.file_name(pidfile.host_key(), 4242)  # another host's content, our name
-        pidfile.write(str(renamed), LiveWorkers("job", gone_agent, (ProcessId.of(victim.pid),), other))
+        pidfile.write(str(renamed), PidRecord("job", gone_agent, (ProcessId.of(victim.pid),), other))
         life = Lifeline.open(str(tmp_path), "job", "node-b", watchdog=False)
         assert life.stop_stale() == []
         life.close()
@@ -145,7 +145,7 @@ def test_the_watchdog_leaves_a_pid_file_of_another_host_alone(tmp_path):
     victim = subprocess.Popen(["sleep", "300"], start_new_session=True)
     try:
         path = tmp_path / "workers.json"
-        pidfile.write(str(path), LiveWorkers("job", ProcessId.of(os.getpid()), (ProcessId.of(victim.pid),),
+        pidfile.write(str(path), PidRecord("job", ProcessId.of(os.getpid()), (ProcessId.of(victim.pid),),
                                              "otherhost-0123456789ab"))
         read_end, write_end = os.pipe()
         from elastic.agent.lifeline.watchdog_process import watchdog_program

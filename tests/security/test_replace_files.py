@@ -65,7 +65,7 @@ def _write_pid_file(tmp_path: Path) -> tuple[Path, Path]:
 
     path = tmp_path / "agent.pid"
     _plant(tmp_path / "agent.pid.tmp", tmp_path / "victim")
-    live = pidfile.LiveWorkers("job", pidfile.ProcessId(os.getpid(), 1.0))
+    live = pidfile.PidRecord("job", pidfile.ProcessId(os.getpid(), 1.0))
     pidfile.write(str(path), live)
     assert pidfile.read(str(path)) == live
     return path, tmp_path / "victim"

@@ -19,7 +19,7 @@ import time
 import pytest
 
 from backends.errors import LimitExceededError
-from backends.kvstate import KEY_OVERHEAD_BYTES, KVState
+from backends.kvstate import KEY_OVERHEAD_BYTES, KVState, StateLimits
 from backends.tcp.client import TcpStoreBackend
 from backends.tcp.config import TcpStoreConfig
 from backends.tcp.peerlog import PeerLog
@@ -57,7 +57,7 @@ def for_seconds(seconds: float, step) -> tuple[int, list[Exception]]:
 
 
 def test_grants_beyond_the_lease_limit_are_refused_naming_the_flag_and_freed_leases_count_again():
-    state = KVState(max_leases=3)
+    state = KVState(limits=StateLimits(max_leases=3))
     leases = [state.grant(60) for _ in range(3)]
     with pytest.raises(LimitExceededError, match="3 live leases.*--max-leases"):
         state.grant(60)
@@ -85,7 +85,7 @@ def test_renewals_behind_a_lease_that_is_never_renewed_keep_the_expiry_heap_boun
 def test_live_bytes_follow_puts_overwrites_deletes_and_expiry_and_bound_writes():
     now = [0.0]
     limit = 3 * (KEY_OVERHEAD_BYTES + 2 + 100)
-    state = KVState(clock=lambda: now[0], max_live_bytes=limit)
+    state = KVState(clock=lambda: now[0], limits=StateLimits(max_live_bytes=limit))
     lease = state.grant(10).id
     state.put("/a", b"x" * 100)
     state.put("/b", b"x" * 100, lease)

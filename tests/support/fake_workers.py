@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 
 from elastic.agent.errors import WorkerStartError
 from elastic.agent.processes.failures import WorkerFailure
-from elastic.agent.processes.group_state import GroupState, GroupStatus
+from elastic.agent.processes.group_state import GroupState, WorkersView, group_status
 from elastic.rendezvous.api import RendezvousInfo
 
 __all__ = ["Fate", "FakeGroup", "FakeGroups"]
@@ -85,15 +85,20 @@ class FakeGroup:
             WorkerFailure(rank, self.global_ranks()[rank], 1000 + rank, code, at, time.time(), during_stop=during)
             for rank, (code, at, during) in sorted(exits.items(), key=lambda item: item[1][1]) if code != 0)
         running = frozenset(rank for rank in range(self._nproc) if rank not in exits)
-        if any(not failure.during_stop for failure in failures):
-            status = GroupStatus.FAILED
-        elif not running and not failures:
-            status = GroupStatus.SUCCEEDED
-        elif self.stopping:
-            status = GroupStatus.STOPPED
-        else:
-            status = GroupStatus.RUNNING
-        return GroupState(status, failures, running)
+        return GroupState(group_status(failures, running, self.stopping), failures, running)
+
+    def look(self) -> WorkersView:
+        return WorkersView(self.poll())
+
+    def held(self, until: float | None) -> None:
+        pass
+
+    def refill(self, *, attempt: int, restart_count: int, use_agent_store: bool) -> tuple[int, ...]:
+        return ()
+
+    def move_to(self, info: RendezvousInfo, *, attempt: int, restart_count: int,
+                use_agent_store: bool) -> tuple[int, ...]:
+        raise WorkerStartError(f"Run {self.rdzv.run_id}: a fake group stays in its round")
 
     def on_exit(self, callback: Callable[[], None]) -> None:
         self._callbacks.append(callback)

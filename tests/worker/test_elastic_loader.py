@@ -220,3 +220,61 @@ def test_a_step_needs_a_world_and_a_commit_needs_a_step():
         loader.set_world(2, 2)
     with pytest.raises(DataPlanError, match=r"past the end of the dataset \(10 samples\)"):
         loader.load_state_dict({"epoch": 0, "consumed": 10, "seed": 0})
+
+
+class Augmented(tud.Dataset):
+    """Sample ``i`` is ``[i, torch draw, random draw, numpy draw]``: an augmentation's randomness."""
+
+    def __init__(self, length: int) -> None:
+        self.length = length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        import random
+
+        import numpy
+
+        return torch.tensor([index, torch.rand(()).item(), random.random(), numpy.random.rand()], dtype=torch.float64)
+
+
+def _augmentations(loader: ElasticLoader, steps: int) -> dict[tuple[int, int], tuple[float, ...]]:
+    seen = {}
+    for _ in range(steps):
+        step = loader.next_step()
+        for micro in step:
+            for row in micro.data[:micro.samples].tolist():
+                seen[(step.plan.position.epoch, int(row[0]))] = tuple(row[1:])
+        loader.commit()
+    return seen
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_samples_augmentation_draws_the_same_whichever_rank_world_or_process_loads_it(num_workers):
+    kwargs = {"num_workers": num_workers, "seed": 5, **({"multiprocessing_context": "fork"} if num_workers else {})}
+    draws: dict[tuple[int, int], set] = defaultdict(set)
+    for world_size in (1, 2, 3):
+        for rank in range(world_size):
+            with ElasticLoader(Augmented(12), 2, **kwargs) as loader:
+                loader.set_world(rank, world_size)
+                for key, value in _augmentations(loader, 12 // (2 * world_size) * 2).items():  # two epochs
+                    draws[key].add(value)
+    assert sorted(draws) == [(epoch, index) for epoch in (0, 1) for index in range(12)]
+    assert all(len(values) == 1 for values in draws.values()), draws
+    assert len({next(iter(values)) for values in draws.values()}) == 24  # every sample and epoch its own
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_loading_a_step_leaves_the_callers_generators_where_they_were(num_workers):
+    kwargs = {"num_workers": num_workers, **({"multiprocessing_context": "fork"} if num_workers else {})}
+    with ElasticLoader(Augmented(20), 2, **kwargs) as loader:
+        loader.set_world(0, 2)
+        for world in ((0, 2), (1, 2), (1, 3)):  # a reset draws the workers' base seed
+            loader.set_world(*world)
+            torch.manual_seed(3)
+            loader.next_step()
+            after = torch.rand(2).tolist()
+            torch.manual_seed(3)
+            assert torch.rand(2).tolist() == after
+            loader.commit()

@@ -44,7 +44,7 @@ def test_a_worker_lost_and_replaced_mid_epoch_leaves_every_sample_used_once_per_
     joined = agent.new_round(["w0", "w1", "w3"])
     agent.start("w3", joined)
     seen: list[dict] = []
-    agent.wait_for(lambda: seen.extend(agent.ready_lines("w3")) or any(line["event"] == "joining" for line in seen),
+    agent.wait_for(lambda: seen.extend(agent.ready_lines("w3")) or any(line.event == "joining" for line in seen),
                    START_TIMEOUT, "w3 joining")
     assert last_step(agent.events("w0")) < 250, "the survivors finished before the joiner started"
     agent.publish(joined, ["w0", "w1"])

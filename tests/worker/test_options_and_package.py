@@ -55,9 +55,9 @@ def test_the_package_exports_the_documented_api_and_no_internals():
     import elastic.worker
 
     assert sorted(elastic.worker.__all__) == [
-        "Cause", "FailingRoundsError", "GroupLost", "LiveOptions", "LiveOptionsError", "LiveRecoveryError",
-        "LiveTraining", "Recovery", "RecoveryFailed", "Round", "StateTransferError", "UnsupportedBackendError",
-        "WorkerEnvError",
+        "Cause", "CommittedStep", "ElasticLoader", "FailingRoundsError", "GroupLost", "LiveOptions",
+        "LiveOptionsError", "LiveRecoveryError", "LiveTraining", "Recovery", "RecoveryFailed", "Round",
+        "StateTransferError", "StepAttempt", "TrainingStateError", "UnsupportedBackendError", "WorkerEnvError",
     ]
     assert all(getattr(elastic.worker, name) is not None for name in elastic.worker.__all__)
     for internal in ("AgentGoneError", "CollectiveFailed", "Superseded", "RoundLineError", "encode_round_line"):

@@ -1,4 +1,2 @@
-"""Workers die with their agent: the parent-death signal, the PID file, and the watchdog.
-
-Kept light: the worker templates import :mod:`.pdeathsig` (stdlib only) through this package.
-"""
+"""Workers die with their agent: the PID file and the watchdog, beside the parent-death signal
+(:mod:`elastic.agent.pdeathsig`, below everything that starts a process)."""

@@ -2,8 +2,8 @@
 
 Three mechanisms, each covering what the one before cannot:
 
-1. **Parent-death signal** (Linux): :func:`parent_death_preexec` gives ``Popen`` a
-   ``preexec_fn`` that calls ``prctl(PR_SET_PDEATHSIG, SIGKILL)`` in the child before exec, then
+1. **Parent-death signal** (Linux): :func:`~elastic.agent.pdeathsig.parent_death_preexec` gives
+   ``Popen`` a ``preexec_fn`` that calls ``prctl(PR_SET_PDEATHSIG, SIGKILL)`` in the child before exec, then
    re-checks the parent pid (an agent that died before the ``prctl`` would never send the
    signal) and kills itself if the parent changed. The kernel sends the signal when the
    *thread* that forked the child exits, so workers must be forked by a thread that lives as
@@ -34,71 +34,27 @@ Falling back beats failing: a squat is a denial of service any local user can mo
 another, and failing would stop every job of the victim; the fallback keeps every protection
 and is stable, so a restarted agent finds it. Our own directory with group or other access
 is made 0700 again (any entry someone else made in it is refused by its owner).
-
-Why a ``preexec_fn`` despite Python's warning about threads: ours makes one foreign call
-prepared in the parent (``prctl`` through a ctypes function pointer resolved at import, so no
-``dlsym`` in the child), then ``getppid`` and at worst ``kill``; it takes no lock another thread
-could hold (CPython disables the garbage collector around the fork, so no finalizer runs, and
-glibc resets malloc's locks in the child). An exec wrapper (util-linux's ``setpriv
---pdeathsig``) costs an exec per worker and does not re-check the parent; a Python wrapper
-costs an interpreter start. The cost of ours: CPython forks instead of vforking (docs/failure-behaviour.md).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import signal
 import stat
 import tempfile
 import threading
-from typing import Callable, Iterable, Mapping
+from typing import Iterable, Mapping
 
 from elastic.agent.lifeline import pidfile
 from elastic.agent.errors import LifelineError
-from elastic.agent.lifeline.pdeathsig import load_prctl
-from elastic.agent.lifeline.pidfile import LiveWorkers, ProcessId
+from elastic.agent.lifeline.pidfile import PidRecord, ProcessId
 from elastic.agent.lifeline.watchdog_process import Watchdog
 from elastic.agent.processes.log_loss import DISK_FULL, free_bytes, size_text
 from elastic.console import CONSOLE
 
 log = logging.getLogger(__name__)
 
-__all__ = ["PDEATHSIG_AVAILABLE", "Lifeline", "parent_death_preexec", "state_dir"]
-
-_set_pdeathsig = load_prctl()
-PDEATHSIG_AVAILABLE = _set_pdeathsig is not None
-"""Whether this platform has the parent-death signal (Linux)."""
-
-_warned_thread = False
-
-
-def parent_death_preexec() -> Callable[[], None] | None:
-    """A ``preexec_fn`` making the child die by SIGKILL when the calling thread's process dies.
-
-    ``None`` (no ``preexec_fn``) off Linux, or when called from a thread other than the main
-    one: the signal would fire when that thread exits (logged once).
-    """
-    global _warned_thread
-    set_pdeathsig = _set_pdeathsig
-    if set_pdeathsig is None:
-        return None
-    if threading.current_thread() is not threading.main_thread():
-        if not _warned_thread:
-            _warned_thread = True
-            log.warning("Workers started from thread %s get no parent-death signal (it follows the "
-                        "forking thread); the lifeline watchdog still stops them if the agent dies.",
-                        threading.current_thread().name)
-        return None
-    parent = os.getpid()
-
-    def die_with_parent() -> None:  # runs in the child between fork and exec: keep it minimal
-        set_pdeathsig()
-        if os.getppid() != parent:  # the parent died before prctl: the signal will never come
-            os.kill(os.getpid(), signal.SIGKILL)
-
-    return die_with_parent
-
+__all__ = ["Lifeline", "state_dir"]
 
 def state_dir(log_dir: str | None, run_id: str, environ: Mapping[str, str] = os.environ) -> str:
     """Where a run's PID files live: ``<log_dir>/<run_id>``, or without ``--log-dir``
@@ -250,7 +206,7 @@ class Lifeline:
             watchdog.close(self.run_id)
 
     def _write(self) -> None:
-        live = LiveWorkers(self.run_id, self._me, tuple(self._workers.values()), self._host)
+        live = PidRecord(self.run_id, self._me, tuple(self._workers.values()), self._host)
         try:
             pidfile.write(self.path, live)
         except FileNotFoundError:  # a dead agent's watchdog removed the emptied directory

@@ -46,9 +46,9 @@ from elastic.agent.processes.proctree import ProcLister, find_tree
 
 __all__ = [
     "MAX_FILE_BYTES",
-    "LiveWorkers",
     "Liveness",
     "PidFileError",
+    "PidRecord",
     "ProcessId",
     "decode",
     "encode",
@@ -118,7 +118,7 @@ def is_file_of(name: str, host: str) -> bool:
 
 
 @dataclass(frozen=True)
-class LiveWorkers:
+class PidRecord:
     """What one agent's PID file says: the run, the agent, its live workers, and where their
     pids mean something (:func:`host_key`; this host unless given)."""
 
@@ -159,7 +159,7 @@ def start_time(pid: int) -> float | None:
 # -- the file ------------------------------------------------------------------------------------
 
 
-def encode(live: LiveWorkers) -> bytes:
+def encode(live: PidRecord) -> bytes:
     """The file's bytes for ``live``."""
     doc = {"v": VERSION, "run_id": live.run_id, "host": live.host, "agent": _ident(live.agent),
            "workers": [_ident(w) for w in live.workers]}  # fmt: skip
@@ -170,7 +170,7 @@ def _ident(process: ProcessId) -> dict[str, object]:
     return {"pid": process.pid, "start": process.start}
 
 
-def decode(data: bytes) -> LiveWorkers:
+def decode(data: bytes) -> PidRecord:
     """Parse and validate a PID file's bytes.
 
     Raises:
@@ -188,7 +188,7 @@ def decode(data: bytes) -> LiveWorkers:
         raise PidFileError("'run_id' must be a string and 'workers' a list")
     if not isinstance(host, str) or not _KEY.fullmatch(host):
         raise PidFileError(f"'host' must be a host key (letters, digits, '.', '_', '-'), not {str(host)[:100]!r}")
-    return LiveWorkers(run_id, _process_id(doc.get("agent")), tuple(_process_id(w) for w in workers), host)
+    return PidRecord(run_id, _process_id(doc.get("agent")), tuple(_process_id(w) for w in workers), host)
 
 
 def _process_id(item: object) -> ProcessId:
@@ -200,7 +200,7 @@ def _process_id(item: object) -> ProcessId:
     return ProcessId(pid, float(start))
 
 
-def write(path: str, live: LiveWorkers) -> None:
+def write(path: str, live: PidRecord) -> None:
     """Replace ``path`` atomically with ``live`` (mode 0600). A failed write (a full disk) leaves
     ``path`` as it was and no temporary file, never a file cut short.
 
@@ -210,7 +210,7 @@ def write(path: str, live: LiveWorkers) -> None:
     replace_file(path, lambda out: out.write(encode(live)))
 
 
-def read(path: str) -> LiveWorkers:
+def read(path: str) -> PidRecord:
     """Read and validate ``path``.
 
     Raises:

@@ -1,4 +1,5 @@
-"""Live recovery's pure decisions: keep the workers or stop them, and whether they answered a round.
+"""Live recovery's pure decisions: keep the workers or stop them, replace a failed one at once,
+and whether they answered a round. The first two read one :class:`WorkersView` of any group.
 
 Tested with case tables in ``tests/agent/test_live_decisions.py``; no processes, no clocks.
 """
@@ -9,6 +10,7 @@ import enum
 from dataclasses import dataclass
 
 from elastic.agent.decisions import AgentAction
+from elastic.agent.processes.group_state import GroupStatus, WorkersView
 
 KEPT_ACTIONS = frozenset({AgentAction.RESTART_AFTER_FAILURE, AgentAction.RESTART_FOR_MEMBERSHIP,
                           AgentAction.REJOIN_BROKEN})
@@ -17,31 +19,34 @@ or a new node, this node's own dead workers (the others keep training, the dead 
 group a live worker reported broken."""
 
 
-def keeps_workers(live: bool, action: AgentAction, unanswered: bool, silent: bool) -> bool:
+def keeps_workers(action: AgentAction, workers: WorkersView) -> bool:
     """Whether the agent rejoins without stopping its workers.
 
-    Only for a job that opted in, only for a failure or membership restart, and never when a
-    worker left the last published round unanswered (a worker stuck outside the live protocol
-    cannot be trusted to follow the next round either) or has never written a line on its ready
-    pipe (``silent``: a script without LiveTraining, or one still importing): those get today's
-    whole-group restart. Publishing to a worker that never answers would only wait out the
-    deadline, and its restart would make the peers publish to theirs, round after round.
+    Only for workers that follow rounds (a job that opted in), only for a failure or membership
+    restart, and never when a worker left the last published round unanswered (a worker stuck
+    outside the live protocol cannot be trusted to follow the next round either) or has never
+    written a line on its ready pipe (``silent``: a script without LiveTraining, or one still
+    importing): those get today's whole-group restart. Publishing to a worker that never answers
+    would only wait out the deadline, and its restart would make the peers publish to theirs,
+    round after round.
     """
-    return live and action in KEPT_ACTIONS and not unanswered and not silent
+    return workers.follows_rounds and action in KEPT_ACTIONS and not workers.unanswered and not workers.silent
 
 
-def refills(failed: bool, restart_left: bool, unanswered: bool, silent: bool, prewarmed: bool) -> bool:
+def refills(workers: WorkersView, restart_left: bool, prewarmed: bool) -> bool:
     """Whether the agent replaces its failed live workers in the round in use, before the
     rendezvous (:mod:`elastic.worker.refill`).
 
-    Only for a failed group with a restart left (without one the failure ends the job), not
-    when :func:`keeps_workers` would stop the group anyway (a worker left a round unanswered or
-    never spoke the live protocol), and only with pre-warmed replacements: a fresh process
-    imports torch for seconds, by which time the next round has usually closed and the master
-    node's store has moved on, so it would only connect to a round that is gone (and, in torch
-    2.13, a store connect left behind that way was seen to abort the worker).
+    Only for a failed group of workers that follow rounds, with a restart left (without one the
+    failure ends the job), not when :func:`keeps_workers` would stop the group anyway (a worker
+    left a round unanswered or never spoke the live protocol), and only with pre-warmed
+    replacements: a fresh process imports torch for seconds, by which time the next round has
+    usually closed and the master node's store has moved on, so it would only connect to a round
+    that is gone (and, in torch 2.13, a store connect left behind that way was seen to abort the
+    worker).
     """
-    return failed and restart_left and not unanswered and not silent and prewarmed
+    return (workers.status is GroupStatus.FAILED and workers.follows_rounds and restart_left
+            and not workers.unanswered and not workers.silent and prewarmed)
 
 
 class RoundAnswer(enum.Enum):

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, IO
 from elastic.console import CONSOLE
 from elastic.agent.observe.events import Event, EventLog, RestartCause
 from elastic.agent.processes.failures import WorkerFailure, first_failure, signal_name
-from elastic.agent.processes.group_state import GroupState
+from elastic.agent.processes.group_state import GroupState, WorkersView
 from elastic.rendezvous.api import MembershipChange, MembershipStatus, RendezvousInfo
 
 if TYPE_CHECKING:
@@ -42,6 +42,11 @@ class AgentReport:
         self._run_id = run_id
         self._host = host
 
+    @property
+    def host(self) -> str:
+        """The node's host name, as reports name it."""
+        return self._host
+
     def round_joined(self, info: RendezvousInfo, duration: float) -> None:
         # world_size (workers) only where the round record fixes it (not the static rendezvous).
         workers = {"world_size": info.layout.world_size} if info.layout is not None else {}
@@ -67,11 +72,14 @@ class AgentReport:
         """Every live worker of this node formed round ``round_``."""
         self.events.emit(Event.ROUND_FORMED, round=round_)
 
-    def looked(self, state: GroupState, membership: MembershipStatus) -> None:
-        """One look at the workers and the membership: the gauges."""
+    def looked(self, workers: WorkersView, membership: MembershipStatus) -> None:
+        """One look at the workers and the membership: the gauges, and (live recovery) that every
+        worker formed the round published to it."""
         if self.metrics:
             self.metrics.set_nodes_waiting(membership.waiting, membership.spares)
-            self.metrics.set_workers(running=len(state.running), succeeded=0, failed=len(state.failures))
+            self.metrics.set_workers(running=len(workers.running), succeeded=0, failed=len(workers.failures))
+        if workers.formed is not None:
+            self.round_formed(workers.formed)
 
     def worker_exits(self, state: GroupState, reported: int) -> int:
         """Tell the failures of ``state`` past the first ``reported``; returns how many are told."""

@@ -22,7 +22,7 @@ from typing import IO, Mapping
 import psutil
 
 from elastic.agent.errors import TemplateError
-from elastic.agent.lifeline.keeper import parent_death_preexec
+from elastic.agent.pdeathsig import parent_death_preexec
 from elastic.agent.prewarm.forked import ForkedWorker
 from elastic.agent.prewarm.template import BOOT
 from elastic.agent.prewarm.wire import FrameReader, TemplateWireError, WorkerJob, encode, fork_request
@@ -139,7 +139,7 @@ class Template:
                 raise TemplateError(f"{self.label}: the template is {self.state.value}")
             if len(inherited) != len(job.inherited):
                 raise TemplateError(f"{self.label}: {len(inherited)} descriptors for {len(job.inherited)} inherited names")
-            fds, mine, parent_ends = self._stdio_fds(stdio)
+            fds, mine, parent_ends = _stdio_fds(stdio)
             fds = [*fds, *inherited]
             worker = ForkedWorker(argv, parent_ends.get("stdout"), parent_ends.get("stderr"))
             message = fork_request(job, len(fds))
@@ -191,28 +191,6 @@ class Template:
             return 0
 
     # -- internals ---------------------------------------------------------------------------
-
-    @staticmethod
-    def _stdio_fds(stdio: Mapping[str, object]) -> tuple[list[int], list[int], dict[str, IO[bytes]]]:
-        """The descriptors to send (stdout, stderr), those to close once sent, and the
-        read ends of piped streams."""
-        fds, mine, parents = [], [], {}
-        for name in ("stdout", "stderr"):
-            value = stdio[name]
-            if value == subprocess.PIPE:
-                read_end, write_end = os.pipe()
-                parents[name] = open(read_end, "rb", buffering=0)  # noqa: SIM115 - the pump closes it
-                fds.append(write_end)
-                mine.append(write_end)
-            elif value == subprocess.DEVNULL:
-                fd = os.open(os.devnull, os.O_WRONLY)
-                fds.append(fd)
-                mine.append(fd)
-            elif isinstance(value, int):
-                fds.append(value)
-            else:
-                fds.append(value.fileno())  # type: ignore[attr-defined]
-        return fds, mine, parents
 
     def _abandon(self, worker: ForkedWorker, parent_ends: Mapping[str, IO[bytes]]) -> None:
         with self._cond:
@@ -330,3 +308,25 @@ def _alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
+
+
+def _stdio_fds(stdio: Mapping[str, object]) -> tuple[list[int], list[int], dict[str, IO[bytes]]]:
+    """The descriptors to send (stdout, stderr), those to close once sent, and the
+    read ends of piped streams."""
+    fds, mine, parents = [], [], {}
+    for name in ("stdout", "stderr"):
+        value = stdio[name]
+        if value == subprocess.PIPE:
+            read_end, write_end = os.pipe()
+            parents[name] = open(read_end, "rb", buffering=0)  # noqa: SIM115 - the pump closes it
+            fds.append(write_end)
+            mine.append(write_end)
+        elif value == subprocess.DEVNULL:
+            fd = os.open(os.devnull, os.O_WRONLY)
+            fds.append(fd)
+            mine.append(fd)
+        elif isinstance(value, int):
+            fds.append(value)
+        else:
+            fds.append(value.fileno())  # type: ignore[attr-defined]
+    return fds, mine, parents

@@ -2,7 +2,7 @@
 
 The agent keeps, per local rank, a template process (:mod:`elastic.agent.prewarm.template`) that
 has started Python and imported ``--prewarm-modules`` (default torch) with the worker
-environment's fixed part (:func:`~elastic.agent.processes.worker_env.fixed_worker_env`). To start a
+environment's fixed part (:func:`~elastic.agent.worker_env.fixed_worker_env`). To start a
 worker, :meth:`Template.fork` sends the attempt's environment, argv, working directory and the
 worker's stdout/stderr descriptors (``SCM_RIGHTS``); the template forks, and the child becomes
 the worker. The agent drives it through :class:`ForkedWorker`, which looks like the
@@ -29,7 +29,7 @@ from elastic.agent.errors import TemplateError
 from elastic.agent.prewarm.control import Template, TemplateSpec, TemplateState
 from elastic.agent.prewarm.forked import ForkedWorker
 from elastic.agent.prewarm.wire import ENTRYPOINT_KINDS, WorkerJob
-from elastic.agent.processes.worker_env import fixed_worker_env
+from elastic.agent.worker_env import fixed_worker_env
 from elastic.config import Entrypoint, LaunchConfig
 
 __all__ = ["TemplatePool", "worker_path0"]

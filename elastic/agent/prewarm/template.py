@@ -14,7 +14,8 @@ convention). It exits when the agent closes the socket; its children then die by
 parent-death signal. The template stays single-threaded: it waits on the socket and on a
 pidfd per child with one selector.
 
-Stdlib only until the user's modules: this file, :mod:`template_wire` and :mod:`template_check`.
+Stdlib only until the user's modules: this file, :mod:`template_wire`, :mod:`template_check` and
+:mod:`elastic.agent.run_path`.
 """
 
 from __future__ import annotations
@@ -32,18 +33,16 @@ from dataclasses import dataclass
 from importlib.machinery import SourceFileLoader
 from typing import Any, Callable, NoReturn
 
-from elastic.agent.lifeline.pdeathsig import load_prctl
+from elastic.agent.pdeathsig import load_prctl
 from elastic.agent.prewarm.check import judge_template, probe_template
 from elastic.agent.prewarm.wire import FrameReader, TemplateWireError, WorkerJob, encode, read_fork_request
+# ``--run-path`` workers run it as ``python -u -c``; a forked one runs the same text, so its
+# traceback, argv and exit match a normal start's.
+from elastic.agent.run_path import RUN_PATH_BOOTSTRAP
 
 __all__ = ["BOOT", "Job", "main", "run_job"]
 
 BOOT = "from elastic.agent.prewarm.template import main; main()"
-# ``--run-path`` workers run this as ``python -u -c``; the same text as worker_env's, so the
-# forked worker's traceback and argv match a normal start's.
-RUN_PATH_BOOTSTRAP = (
-    "import runpy, sys; del sys.argv[0]; runpy.run_path(sys.argv[0], run_name='__main__')"
-)
 _RECV_BYTES = 1 << 16
 _MAX_FDS = 8
 _WAIT_POLL_S = 0.1  # without pidfd_open: how often to look for exited children

@@ -1,8 +1,8 @@
 """What a worker group reports and what one of its workers gets: plain values, no processes.
 
 :class:`GroupStatus` and :class:`GroupState` are what :class:`~elastic.agent.processes.workers.WorkerGroup`
-answers with (and what the agent's decisions read); :class:`WorkerExtras` is what a worker gets
-beyond torchrun's environment.
+answers with; :class:`WorkersView` is one look at any group, what the agent's decisions read;
+:class:`WorkerExtras` is what a worker gets beyond torchrun's environment.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Mapping
 
 from elastic.agent.processes.failures import WorkerFailure
 
-__all__ = ["GroupState", "GroupStatus", "WorkerExtras"]
+__all__ = ["GroupState", "GroupStatus", "WorkerExtras", "WorkersView", "group_status"]
 
 
 @dataclass(frozen=True)
@@ -55,3 +55,51 @@ class GroupState:
     status: GroupStatus
     failures: tuple[WorkerFailure, ...] = ()
     running: frozenset[int] = frozenset()
+
+
+def group_status(failures: tuple[WorkerFailure, ...], running: frozenset[int], stopping: bool) -> GroupStatus:
+    """The status of a group whose workers left ``failures`` and of which ``running`` run, the
+    agent having begun to stop it or not (``stopping``). Pure."""
+    if any(not failure.during_stop for failure in failures):
+        return GroupStatus.FAILED
+    if not running and not failures:
+        return GroupStatus.SUCCEEDED
+    return GroupStatus.STOPPED if stopping else GroupStatus.RUNNING
+
+
+@dataclass(frozen=True)
+class WorkersView:
+    """One look at a node's workers, of whatever kind: all the agent decides on in one turn.
+
+    Attributes:
+        state: the status, the failures and the running local ranks.
+        follows_rounds: the workers outlive their round (live recovery): they wait for the next
+            one when their group breaks, so neither a failure nor a peer's rejoin ends the others,
+            and a restart may keep them (:func:`~elastic.agent.live.decisions.keeps_workers`).
+        unanswered: a worker left the round published to it unanswered past its deadline.
+        broken: a worker reported the group of the round its node joined last as lost.
+        silent: a running worker never spoke the live protocol (always, for workers that do not
+            follow rounds).
+        replaced: a failed worker was already replaced in the round in use.
+        formed: the round every worker just formed (said once), else None.
+    """
+
+    state: GroupState
+    follows_rounds: bool = False
+    unanswered: bool = False
+    broken: bool = False
+    silent: bool = True
+    replaced: bool = False
+    formed: int | None = None
+
+    @property
+    def status(self) -> GroupStatus:
+        return self.state.status
+
+    @property
+    def failures(self) -> tuple[WorkerFailure, ...]:
+        return self.state.failures
+
+    @property
+    def running(self) -> frozenset[int]:
+        return self.state.running

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import IO, Mapping
 
 from elastic.agent.errors import AgentError
-from elastic.agent.lifeline.keeper import parent_death_preexec
+from elastic.agent.pdeathsig import parent_death_preexec
 from elastic.agent.processes.output import RankDest
 from elastic.agent.safe_path import isolated_program
 from elastic.config import LaunchConfig, StdMask

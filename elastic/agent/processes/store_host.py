@@ -25,7 +25,7 @@ import subprocess
 from typing import Mapping
 
 from elastic.agent.errors import StoreHostError
-from elastic.agent.lifeline.keeper import parent_death_preexec
+from elastic.agent.pdeathsig import parent_death_preexec
 from elastic.agent.processes.reaping import wait_exited
 from elastic.agent.safe_path import isolated_program
 

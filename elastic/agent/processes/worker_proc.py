@@ -1,31 +1,37 @@
 """One worker process of a group: its record, where its output goes, how it starts, what it left.
 
 :class:`~elastic.agent.processes.workers.WorkerGroup` keeps one :class:`Worker` per local rank.
-:func:`plan_output` lays out our own log files for it, :func:`place_logs` asks a
-``--logs-specs`` plugin instead; :func:`start_process` starts it, forked
-from its pre-warmed template when there is one that serves, else as a new session with the
-parent-death signal (:mod:`elastic.agent.lifeline.keeper`); :func:`failure_of` is the
-:class:`~elastic.agent.processes.failures.WorkerFailure` an exited worker left.
+:func:`plan_output` lays out our own log files for it (:func:`make_log_dirs` makes their
+directories), :func:`place_logs` asks a ``--logs-specs`` plugin instead; :func:`start_process`
+starts it, forked from its pre-warmed template when there is one that serves, else as a new
+session with the parent-death signal (:mod:`elastic.agent.pdeathsig`); :func:`failure_of` is the
+:class:`~elastic.agent.processes.failures.WorkerFailure` an exited worker left, and
+:func:`stop_pumps` ends its output's pumps once it is stopped.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
+import shutil
 import subprocess
 import threading
 from dataclasses import dataclass, field
 from typing import IO, Callable, Mapping
 
-from elastic.agent.lifeline.keeper import parent_death_preexec
+from elastic.agent.pdeathsig import parent_death_preexec
 from elastic.agent.prewarm.pool import ForkedWorker, TemplatePool
 from elastic.agent.processes.failures import WorkerFailure, read_error_file
 from elastic.agent.processes.group_state import WorkerExtras
+from elastic.agent.processes.log_loss import DISK_FULL, REPORTER
 from elastic.agent.processes.logs_specs import LogsSpecsHost
-from elastic.agent.processes.output import WorkerLogs, WorkerOutput
+from elastic.agent.processes.output import PUMP_DRAIN_S, WorkerLogs, WorkerOutput
 from elastic.config import LaunchConfig, Std
 
-__all__ = ["Worker", "failure_of", "place_logs", "plan_output", "start_process"]
+log = logging.getLogger(__name__)
+
+__all__ = ["Worker", "failure_of", "make_log_dirs", "place_logs", "plan_output", "start_process", "stop_pumps"]
 
 
 @dataclass
@@ -65,6 +71,25 @@ def plan_output(config: LaunchConfig, log_dir: str, local_rank: int,
         shown=not ranks or local_rank in ranks,
         consoles=consoles,
     )
+
+
+def make_log_dirs(log_dir: str, workers: list[Worker]) -> None:
+    """Make the attempt's log directory ``log_dir`` anew (a re-used attempt number starts clean)
+    with an owner-only directory per worker. A full disk costs log lines, not the attempt: it is
+    reported and the log pumps retry.
+
+    Raises:
+        OSError: a directory could not be made for another reason.
+    """
+    shutil.rmtree(log_dir, ignore_errors=True)
+    for worker in workers:
+        rank_dir = os.path.dirname(worker.logs.error_file)
+        try:
+            os.makedirs(rank_dir, mode=0o700, exist_ok=True)
+        except OSError as error:
+            if error.errno not in DISK_FULL:
+                raise
+            REPORTER.lost(rank_dir, 0, error)
 
 
 def place_logs(host: LogsSpecsHost, workers: list[Worker], env_of: Callable[[Worker], dict[str, str]],
@@ -107,7 +132,7 @@ def start_process(config: LaunchConfig, worker: Worker, argv: list[str], env: di
             start_new_session=True,
             close_fds=True,
             pass_fds=tuple(extras.fds.values()),
-            # Linux: SIGKILL when this thread's process dies (see elastic.agent.lifeline.keeper).
+            # Linux: SIGKILL when this thread's process dies (see elastic.agent.pdeathsig).
             preexec_fn=parent_death_preexec(),
         )
     return proc
@@ -143,3 +168,15 @@ def failure_of(worker: Worker, stop_began: float | None) -> WorkerFailure:
             ),
         )
     return worker.failure
+
+
+def stop_pumps(workers: list[Worker], label: str) -> None:
+    """Ask the log pumps of ``workers`` to stop, then wait (bounded) for each to drain; one line
+    (``label``: ``Run <id>``) for a pump that did not finish."""
+    pumps = [pump for worker in workers if worker.output is not None for pump in worker.output.pumps]
+    for pump in pumps:
+        pump.request_stop()
+    for pump in pumps:
+        pump.join(timeout=PUMP_DRAIN_S + 2.0)
+        if pump.is_alive():
+            log.warning("%s: log pump %s did not finish.", label, pump.name)

@@ -3,7 +3,7 @@
     scenarios.py SCENARIO OUT_DIR
 
 The test starts one process per rank with the environment ``elasticrun`` gives (built by
-``elastic.agent.processes.worker_env``), sometimes with several roles. Each process joins RPC with
+``elastic.agent.worker_env``), sometimes with several roles. Each process joins RPC with
 ``rpc.start()``, runs ``SCENARIO`` and writes ``OUT_DIR/result-<RANK>.json``. Every function an
 RPC names is defined at module level, before ``rpc.start()`` (a peer may call it at once).
 Sub-checks of a scenario record their exception instead of aborting the others.

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from string import Template
 from typing import TYPE_CHECKING, Mapping
 
+from elastic.agent.run_path import RUN_PATH_BOOTSTRAP
 from elastic.config import Entrypoint, LaunchConfig
 from elastic.rendezvous.secret_sources import without_inline_secrets
 
@@ -66,12 +67,6 @@ __all__ = [
 # own for the same reason; one line here, like the agent's others).
 OMP_NOTICE = ("OMP_NUM_THREADS is not set: each of this node's {nproc} workers gets OMP_NUM_THREADS=1 "
               "(torchrun's default, so they do not overload the machine); set it yourself to tune")
-
-# ``--run-path``: torchrun calls ``runpy.run_path(script, run_name="__main__")`` with
-# ``sys.argv = [script, *args]`` in a spawned interpreter; this does the same in a fresh one.
-RUN_PATH_BOOTSTRAP = (
-    "import runpy, sys; del sys.argv[0]; runpy.run_path(sys.argv[0], run_name='__main__')"
-)
 
 
 @dataclass(frozen=True)
@@ -197,8 +192,8 @@ def worker_argv(
 
     ``script``: ``[python, -u, script, *args]``; ``module``: ``[python, -u, -m, mod, *args]``;
     ``command`` (``--no-python``): ``[cmd, *args]``; ``run_path``: ``[python, -u, -c,
-    RUN_PATH_BOOTSTRAP, script, *args]``. With ``local_rank``, ``${local_rank}`` in the args is
-    replaced by it, as torchrun's macro substitution does.
+    RUN_PATH_BOOTSTRAP, script, *args]`` (:mod:`.run_path`). With ``local_rank``,
+    ``${local_rank}`` in the args is replaced by it, as torchrun's macro substitution does.
 
     Raises:
         ValueError: unknown entrypoint kind or empty target.
