@@ -4,7 +4,6 @@ GPU, so CUDA's presence is injected (a probe, or a monkeypatched ``torch.cuda.is
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 

@@ -286,7 +286,7 @@ def test_a_replaced_worker_rejoins_its_round_as_a_new_generation_without_a_new_r
     killed_at = agent.kill("w2")
     agent.start("w3", dataclasses.replace(first, slots=("w0", "w1", "w3")), extra_env={"ELASTIC_REFILL": "1"})
     _wait_steps(agent, ["w3"], last_step(agent.events("w0")) + 5, START_TIMEOUT)
-    second_at = agent.kill("w3")  # the replacement's own replacement: its predecessor formed the generation in use
+    agent.kill("w3")  # the replacement's own replacement: its predecessor formed the generation in use
     agent.start("w4", dataclasses.replace(first, slots=("w0", "w1", "w4")), extra_env={"ELASTIC_REFILL": "1"})
     agent.wait_for(lambda: recoveries(agent.events("w4")), START_TIMEOUT, "w4 to form")
     assert last_step(agent.events("w0")) < total - 20, "the survivors finished before the second replacement"
