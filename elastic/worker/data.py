@@ -31,14 +31,24 @@ seeded from the data seed, its epoch and its index (:func:`elastic.worker.rng.sa
 a worker process or not: an augmentation draws the same for a sample whichever rank, world or
 attempt loads it, and a joiner's batches equal its peers'. Loading never moves the caller's
 generators.
+
+A worker process forked while a process group is in use would hold copies of its TCP sockets,
+and keep them open after this process died: the peers would see no connection close and wait
+out the collective timeout instead of failing at once (and then take the failure for a stall,
+:mod:`elastic.worker.standing`). So each worker process first closes the TCP sockets it
+inherited (:func:`close_inherited_sockets`); a dataset that needs a connection opens its own
+in the worker, as it must anyway.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import socket
+import stat
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch.utils.data as tud
 
@@ -46,12 +56,51 @@ from elastic.worker.data_plan import Batching, DataPosition, StepPlan, batch_ind
 from elastic.worker.errors import DataPlanError
 from elastic.worker.rng import preserved_rngs, sample_seed, seed_generators
 
-__all__ = ["ElasticBatchSampler", "ElasticLoader", "MicroBatch", "Step"]
+__all__ = ["ElasticBatchSampler", "ElasticLoader", "MicroBatch", "Step", "close_inherited_sockets"]
 
 log = logging.getLogger(__name__)
 
 _OWNED = ("sampler", "batch_sampler", "drop_last")
 """DataLoader arguments the loader decides itself."""
+
+
+def close_inherited_sockets() -> int:
+    """Close this process's TCP sockets (in a process just forked: the parent's copies stay
+    open); the number closed. Other descriptors (pipes, Unix sockets: the DataLoader's own
+    queues) are left alone."""
+    closed = 0
+    try:
+        fds = [int(name) for name in os.listdir("/proc/self/fd")]
+    except OSError:  # no /proc: nothing to find them by
+        return 0
+    for fd in fds:
+        try:
+            if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+                continue
+            probe = socket.socket(fileno=fd)
+        except OSError:  # closed meanwhile (the listing's own descriptor)
+            continue
+        try:
+            tcp = probe.family in (socket.AF_INET, socket.AF_INET6) and probe.type == socket.SOCK_STREAM
+        finally:
+            probe.detach()
+        if tcp:
+            os.close(fd)
+            closed += 1
+    return closed
+
+
+class _WorkerInit:
+    """A DataLoader worker's start: close the inherited TCP sockets, then the caller's
+    ``worker_init_fn`` (picklable whenever that one is)."""
+
+    def __init__(self, then: Callable[[int], None] | None) -> None:
+        self.then = then
+
+    def __call__(self, worker_id: int) -> None:
+        close_inherited_sockets()
+        if self.then is not None:
+            self.then(worker_id)
 
 
 class _SeededSamples(tud.Dataset):
@@ -153,7 +202,8 @@ class ElasticLoader:
         seed: the seed of the first position; afterwards the position's seed rules (a joiner
             takes its peers' with the position).
         num_workers, **dataloader_kwargs: the ``DataLoader``'s (``persistent_workers`` is on by
-            default with workers); ``sampler``, ``batch_sampler``, ``drop_last`` and
+            default with workers; ``worker_init_fn`` runs after the inherited TCP sockets are
+            closed); ``sampler``, ``batch_sampler``, ``drop_last`` and
             ``in_order=False`` are refused.
 
     Raises (on construction):
@@ -177,6 +227,7 @@ class ElasticLoader:
         self._sampler = ElasticBatchSampler(len(dataset), self.batching, shuffle)
         self._sampler.plan(self._position, 0, 1, 1)  # refuses an empty dataset now
         dataloader_kwargs.setdefault("persistent_workers", num_workers > 0)
+        dataloader_kwargs["worker_init_fn"] = _WorkerInit(dataloader_kwargs.get("worker_init_fn"))
         self._loader = tud.DataLoader(_SeededSamples(dataset), batch_sampler=self._sampler, num_workers=num_workers,
                                       **dataloader_kwargs)
         self._world: tuple[int, int] | None = None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import time
 from collections import Counter, defaultdict
 
@@ -278,3 +279,48 @@ def test_loading_a_step_leaves_the_callers_generators_where_they_were(num_worker
             torch.manual_seed(3)
             assert torch.rand(2).tolist() == after
             loader.commit()
+
+
+class OpenFds(tud.Dataset):
+    """Sample ``i`` says whether each of ``fds`` is open in the process that loads it."""
+
+    def __init__(self, fds: list[int]) -> None:
+        self.fds = fds
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        def open_(fd: int) -> bool:
+            try:
+                os.fstat(fd)
+                return True
+            except OSError:
+                return False
+
+        return torch.tensor([open_(fd) for fd in self.fds])
+
+
+def test_a_forked_loader_worker_keeps_no_tcp_connection_of_its_parent_open():
+    # A process group's sockets are open when the loader's workers are forked; a worker that kept
+    # them would hold the connections open after its trainer died: the peers would wait out the
+    # collective timeout instead of failing at once.
+    listener = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(listener.getsockname())
+    server, _ = listener.accept()
+    read_fd, write_fd = os.pipe()
+    loader = ElasticLoader(OpenFds([client.fileno(), read_fd]), batch_size=1, num_workers=1, shuffle=False,
+                           multiprocessing_context="fork")
+    try:
+        loader.set_world(0, 1)
+        [micro] = loader.next_step()
+        assert micro.data.tolist() == [[False, True]]  # the TCP socket closed, the pipe left alone
+        client.close()
+        server.settimeout(10)
+        assert server.recv(1) == b"", "the peer saw no end of the connection"
+    finally:
+        loader.close()
+        for each in (client, server, listener):
+            each.close()
+        os.close(read_fd)
+        os.close(write_fd)
