@@ -12,7 +12,8 @@ Writes JSON events to $LIVE_LOG:
 Settings (environment): LIVE_STEPS, LIVE_OPTIONS (JSON kwargs of LiveOptions), DATA_SAMPLES;
 CRASH_AT ``step:S`` (SIGKILL itself in the first attempt of step S, before its collectives) or
 ``body:S`` (in the ``for`` body of step S, after the commit, before the scheduler's step);
-HOLD_AT and HOLD_FILE (wait in the ``for`` body of step HOLD_AT while HOLD_FILE exists).
+HOLD_AT and HOLD_FILE (wait in the ``for`` body of step HOLD_AT while HOLD_FILE exists; comma
+lists of steps and files for several holds).
 """
 
 import contextlib
@@ -32,7 +33,7 @@ from elastic.worker.codec import encode_state
 steps = int(os.environ["LIVE_STEPS"])
 options = LiveOptions(**json.loads(os.environ.get("LIVE_OPTIONS", "{}")))
 crash_where, _, crash_step = os.environ.get("CRASH_AT", ":-1").partition(":")
-hold_at, hold_file = int(os.environ.get("HOLD_AT", "-1")), os.environ.get("HOLD_FILE", "")
+holds = dict(zip(map(int, os.environ.get("HOLD_AT", "-1").split(",")), os.environ.get("HOLD_FILE", "").split(",")))
 log_file = open(os.environ["LIVE_LOG"], "a", buffering=1)
 
 
@@ -109,6 +110,6 @@ with live, loader:
              attempts=done.attempts, samples=done.samples, bodies=bodies, lr=sched.get_last_lr()[0],
              t=time.monotonic())
         deadline = time.monotonic() + 120
-        while done.step == hold_at and os.path.exists(hold_file) and time.monotonic() < deadline:
+        while done.step in holds and os.path.exists(holds[done.step]) and time.monotonic() < deadline:
             time.sleep(0.02)
 emit(ev="done", step=live.step, t=time.monotonic())
