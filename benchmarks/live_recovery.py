@@ -239,6 +239,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                       help="--rdzv-conf rejoin_timeout of the live systems (default 0.5)")
     side.add_argument("--state-mb", type=int, default=0,
                       help="every worker's model: ~N MiB of parameters + Adam state (default 0: the small model)")
+    side.add_argument("--keep-logs", action="store_true",
+                      help="keep every run's worker and launcher logs (kept anyway when a run failed)")
     side.add_argument("--quick", action="store_true", help="a smoke: live+prewarm and torchrun, a crash, a 10 s window")
     args = parser.parse_args(argv)
     if args.repetitions < 1:

@@ -36,8 +36,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # support: the tests' helpers, not shipped
 
-from live_figures import (FaultFigures, back_cell, commits, fault_figures, gap_cell, outcome, ratio,  # noqa: E402
-                          state_figures, step_period, useful_and_redone)
+from live_figures import (FaultFigures, back_cell, commits, fault_figures, gap_cell, gap_note, outcome,  # noqa: E402
+                          ratio, state_figures, step_period, useful_and_redone)
 from live_systems import LABELS, REPO, Run, SystemFailed, torchft_python  # noqa: E402
 
 FAULT_STEP = 25
@@ -403,8 +403,9 @@ def main(args) -> int:
         figures, note, state = runs[median_run([each.longest_gap_s for each, _, _ in runs])]
         lost = fault_errors.pop(key, [])
         faults[key] = figures
-        row_notes[key] = "; ".join(part for part in (note, spread_note([each for each, _, _ in runs]),
-                                                     f"{len(lost)} run(s) failed" if lost else "") if part)
+        parts = (note, gap_note(figures), spread_note([each for each, _, _ in runs]),
+                 f"{len(lost)} run(s) failed" if lost else "")
+        row_notes[key] = "; ".join(part for part in parts if part)
         if state is not None:
             states[key] = state
     schedule_notes = {}
@@ -434,6 +435,8 @@ def main(args) -> int:
             print(f"  {LABELS[system]}: {note}")
     if failed:
         print(f"{failed} run(s) failed; worker and launcher logs kept in {workdir}", file=sys.stderr)
+    elif getattr(args, "keep_logs", False):
+        print(f"worker and launcher logs kept in {workdir}", file=sys.stderr)
     else:
         shutil.rmtree(workdir, ignore_errors=True)
     return 1 if failed else 0

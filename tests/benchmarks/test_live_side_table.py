@@ -78,7 +78,7 @@ def test_only_the_slow_replacement_runs_make_restarted_workers_slow(side, kind, 
     assert side.start_sleep(kind) == seconds
 
 
-LEFT = dict(longest_gap_s=0.26, steps_redone=0, back_s=None, useful=470, undisturbed=480.0)
+LEFT = {"longest_gap_s": 0.26, "steps_redone": 0, "back_s": None, "useful": 470, "undisturbed": 480.0}
 
 
 @pytest.mark.parametrize("figures, exits, note", [
@@ -87,11 +87,11 @@ LEFT = dict(longest_gap_s=0.26, steps_redone=0, back_s=None, useful=470, undistu
     (LEFT, {}, "node 1's launcher still running at the window's end"),
     # the survivor's own trouble and its launcher's exit are still said
     (dict(LEFT, useful=0, longest_gap_s=60.0, stalled=True), {1: 1, 0: 1},
-     "node 1's launcher exited 1 after the SIGTERM; survivor never committed after the fault; "
-     "node 0's launcher exited 1"),
+     ("node 1's launcher exited 1 after the SIGTERM; survivor never committed after the fault; "
+      "node 0's launcher exited 1")),
     # a node that trained again although nobody started it again is news
-    (dict(LEFT, back_s=3.0), {1: 0}, "node 1's launcher exited 0 after the SIGTERM; node 1 committed again 3.00 s "
-                                     "after the SIGTERM"),
+    (dict(LEFT, back_s=3.0), {1: 0},
+     "node 1's launcher exited 0 after the SIGTERM; node 1 committed again 3.00 s after the SIGTERM"),
 ])
 def test_a_sigterm_row_says_how_the_launcher_ended_not_that_the_node_stayed_away(side, figures, exits, note):
     assert side.sigterm_outcome(side.FaultFigures(**figures), exits) == note
