@@ -36,6 +36,9 @@ class FaultFigures:
     useful: int
     undisturbed: float
     stalled: bool = False
+    gap_from_s: float | None = None
+    """When the longest gap began, in seconds from the fault (negative: at the last commit before
+    it); None when not computed."""
 
     @property
     def goodput(self) -> float:
@@ -62,13 +65,21 @@ def step_period(done: Sequence[Commit], before: float, last: int = 15) -> float:
 def longest_gap(done: Sequence[Commit], start: float, end: float) -> float:
     """The longest time without a commit in [start, end]: between two commits, or from the last
     commit before ``start`` to the first after it, or to ``end`` when nothing followed."""
+    return _longest(done, start, end)[0]
+
+
+def longest_gap_began(done: Sequence[Commit], start: float, end: float) -> float:
+    """When :func:`longest_gap`'s gap began (a commit's time, or ``start`` with none before it);
+    of equal gaps, the first."""
+    return _longest(done, start, end)[1]
+
+
+def _longest(done: Sequence[Commit], start: float, end: float) -> tuple[float, float]:
     times = [c.t for c in done]
     before = [t for t in times if t <= start]
     inside = [t for t in times if start < t <= end]
-    points = ([before[-1]] if before else [start]) + inside
-    gaps = [b - a for a, b in zip(points, points[1:])]
-    gaps.append(end - points[-1])
-    return max(gaps)
+    points = ([before[-1]] if before else [start]) + inside + [end]
+    return max(((b - a, a) for a, b in zip(points, points[1:])), key=lambda gap: gap[0])
 
 
 def useful_and_redone(done: Sequence[Commit], start: float, end: float) -> tuple[int, int]:
@@ -110,9 +121,18 @@ def fault_figures(survivor: Sequence[Commit], failed: Sequence[Commit], fault_at
     end = fault_at + window
     period = step_period(survivor, fault_at)
     useful, redone = useful_and_redone(survivor, fault_at, end)
-    return FaultFigures(longest_gap_s=longest_gap(survivor, fault_at, end), steps_redone=redone,
+    gap, began = _longest(survivor, fault_at, end)
+    return FaultFigures(longest_gap_s=gap, steps_redone=redone,
                         back_s=first_after(failed, fault_at, end), useful=useful, undisturbed=window / period,
-                        stalled=stalled_at_end(survivor, fault_at, end, period))
+                        stalled=stalled_at_end(survivor, fault_at, end, period), gap_from_s=began - fault_at)
+
+
+def gap_note(figures: FaultFigures, after: float = 1.0) -> str:
+    """When the survivor's longest gap began, if more than ``after`` seconds after the fault (not
+    the fault's own gap: a late joiner's, say); empty otherwise."""
+    if figures.gap_from_s is None or figures.gap_from_s <= after or figures.stalled:
+        return ""
+    return f"longest gap began {figures.gap_from_s:.2f} s after the fault"
 
 
 def gap_cell(figures: FaultFigures) -> str:

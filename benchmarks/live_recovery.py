@@ -1,6 +1,7 @@
 """Live recovery: the real launchers side by side, and what a survivor and a joiner see.
 
-Run:  python benchmarks/live_recovery.py --side-by-side [--systems ...] [--faults crash,node_loss,freeze,control_plane]
+Run:  python benchmarks/live_recovery.py --side-by-side [--systems ...]
+                                         [--faults crash,node_loss,freeze,control_plane,slow_replacement,sigterm]
                                          [--window 60] [--schedule 120] [--state-mb 100] [--repetitions N] [--quick]
       python benchmarks/live_recovery.py [--cases crash,freeze,transfer] [--repetitions N] [--json FILE]
 
@@ -8,8 +9,10 @@ Run:  python benchmarks/live_recovery.py --side-by-side [--systems ...] [--fault
 ``elasticrun --live-recovery`` (pre-warmed, and with ``--no-prewarm``), ``elasticrun --prewarm``
 (whole group restart, checkpoint every 10 steps), stock torchrun (likewise) and TorchFT 0.2.0 (installed
 on demand into a venv under ``~/.cache/etcd-elastic-bench``; skipped with one line saying why if
-it cannot be), for a worker crash, a node loss, and a crash with the control plane SIGKILLed at
-once (the etcd leader of a 3-member cluster; TorchFT's lighthouse), at step 25. ``--quick``: a
+it cannot be), for a worker crash, a node loss, a crash with the control plane SIGKILLed at
+once (the etcd leader of a 3-member cluster; TorchFT's lighthouse), a crash whose replacement
+(and every worker restarted with it) takes 10 s to be ready, and a SIGTERM to one node's
+launcher (the node not started again), at step 25. ``--quick``: a
 smoke of ``live+prewarm`` and ``torchrun`` with a crash and a 10 s window. ``--state-mb N``:
 every worker's model has ~N MiB of parameters + Adam state (LIVE_BIG_MB), and a second table
 gives per fault and system the state's size, the joiner's transfer from a live peer (live
@@ -236,6 +239,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                       help="--rdzv-conf rejoin_timeout of the live systems (default 0.5)")
     side.add_argument("--state-mb", type=int, default=0,
                       help="every worker's model: ~N MiB of parameters + Adam state (default 0: the small model)")
+    side.add_argument("--keep-logs", action="store_true",
+                      help="keep every run's worker and launcher logs (kept anyway when a run failed)")
     side.add_argument("--quick", action="store_true", help="a smoke: live+prewarm and torchrun, a crash, a 10 s window")
     args = parser.parse_args(argv)
     if args.repetitions < 1:

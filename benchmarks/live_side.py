@@ -6,7 +6,12 @@ For every system of :mod:`live_systems` and every fault (``crash``: SIGKILL of n
 that comes back: no connection resets, so only liveness timeouts see it);
 ``control_plane``: a crash, and within ~10 ms the control plane SIGKILLed and not started again:
 the leader of a 3-member etcd cluster the elasticrun systems run against for this fault, TorchFT's
-lighthouse; stock torchrun has none apart from node 0, the survivor, and is not run), at the
+lighthouse; stock torchrun has none apart from node 0, the survivor, and is not run;
+``slow_replacement``: a crash where every worker started after its node's first (the
+replacement; for torchrun the survivor's restarted worker too) sleeps :data:`SLOW_START_S`
+before its training starts; ``sigterm``: SIGTERM to node 1's launcher alone (elasticrun's agent,
+torchrun, the replica group's torchrun), as a Kubernetes eviction or a spot instance's notice,
+and the node is not started again: the survivors' cost of a graceful leave), at the
 survivor's step 25: the survivor's longest step gap, the steps it redid, seconds until node 1
 commits a step again, and goodput over ``--window`` seconds after the fault (useful steps ÷ the
 steps at the pre-fault rate). ``--schedule S``: one fault every 10 s for S seconds, alternating
@@ -31,12 +36,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # support: the tests' helpers, not shipped
 
-from live_figures import (FaultFigures, back_cell, commits, fault_figures, gap_cell, outcome, ratio,  # noqa: E402
-                          state_figures, step_period, useful_and_redone)
+from live_figures import (FaultFigures, back_cell, commits, fault_figures, gap_cell, gap_note, outcome,  # noqa: E402
+                          ratio, state_figures, step_period, useful_and_redone)
 from live_systems import LABELS, REPO, Run, SystemFailed, torchft_python  # noqa: E402
 
 FAULT_STEP = 25
-FAULTS = ("crash", "node_loss", "freeze", "control_plane")
+FAULTS = ("crash", "node_loss", "freeze", "control_plane", "slow_replacement", "sigterm")
+SLOW_START_S = 10.0
+"""How long a worker of the ``slow_replacement`` fault takes to be ready once started (a sleep
+before its training starts): a GPU's initialisation and a model's construction."""
 FREEZE_S = 10.0
 """How long the ``freeze`` fault keeps node 1 stopped: five lease TTLs, so every system's liveness
 check has run out well before the thaw."""
@@ -109,7 +117,40 @@ def _hold(run: Run, until: float) -> None:
 
 
 def _fault(run: Run, kind: str) -> float | None:
-    return run.crash(1) if kind == "crash" else run.lose(1)
+    return run.lose(1) if kind == "node_loss" else run.crash(1)
+
+
+def start_sleep(kind: str) -> float:
+    """Seconds a worker started after its node's first sleeps before training, in fault ``kind``'s
+    runs: :data:`SLOW_START_S` for ``slow_replacement``, else 0."""
+    return SLOW_START_S if kind == "slow_replacement" else 0.0
+
+
+def sigterm_outcome(figures: FaultFigures, exits: dict[int, int], node: int = 1) -> str:
+    """What a reader must know after ``node``'s launcher was SIGTERMed and not started again:
+    how it exited (or that it had not by the window's end), then :func:`outcome` for the rest,
+    less what the fault means (``node`` never committing again, its own exit)."""
+    left = {other: code for other, code in exits.items() if other != node}
+    rest = outcome(figures, left).split("; ")
+    rest = [part for part in rest if part and part != f"node {node} never committed again"]
+    if figures.back_s is not None:
+        rest.append(f"node {node} committed again {figures.back_s:.2f} s after the SIGTERM")
+    said = (f"node {node}'s launcher exited {exits[node]} after the SIGTERM" if node in exits
+            else f"node {node}'s launcher still running at the window's end")
+    return "; ".join([said, *rest])
+
+
+def measure_sigterm(run: Run, window: float) -> tuple[FaultFigures, str]:
+    """SIGTERM node 1's launcher alone and hold through ``window`` without starting it again.
+
+    Raises:
+        SystemFailed: the job did not reach the fault.
+    """
+    _start(run)
+    fault_at = run.terminate(1)
+    exits = _hold_through(run, fault_at + window + 0.5)
+    figures = fault_figures(commits(run.events(0)), commits(run.events(1)), fault_at, window)
+    return figures, sigterm_outcome(figures, exits)
 
 
 def measure_freeze(run: Run, window: float) -> tuple[FaultFigures, str]:
@@ -209,13 +250,15 @@ def _fmt(value, spec: str = ".2f") -> str:
 
 WIDTH = max(len(label) for label in LABELS.values())
 """The system column's width: the longest label."""
+KIND_WIDTH = max(len(kind) for kind in FAULTS)
+"""The fault column's width: the longest fault's name."""
 
 
 def fault_table(results: dict[tuple[str, str], object], systems: list[str], window: float,
                 notes: dict[tuple[str, str], str] | None = None) -> str:
     """One line per fault and system: the figures, or the reason it has none; then its note."""
-    lines = [f"{'fault':<13} {'system':<{WIDTH}} {'gap s':>6} {'redone':>6} {'back s':>7} {'useful/undisturbed':>19} "
-             f"{'goodput':>7} {'gap vs torchrun':>15} {'goodput vs torchrun':>19}  notes"]
+    lines = [f"{'fault':<{KIND_WIDTH}} {'system':<{WIDTH}} {'gap s':>6} {'redone':>6} {'back s':>7} "
+             f"{'useful/undisturbed':>19} {'goodput':>7} {'gap vs torchrun':>15} {'goodput vs torchrun':>19}  notes"]
     for kind in FAULTS:
         reference = results.get((kind, "torchrun"))
         for system in systems:
@@ -223,13 +266,13 @@ def fault_table(results: dict[tuple[str, str], object], systems: list[str], wind
             if figures is None:
                 continue
             if isinstance(figures, str):
-                lines.append(f"{kind:<13} {LABELS[system]:<{WIDTH}} {figures}")
+                lines.append(f"{kind:<{KIND_WIDTH}} {LABELS[system]:<{WIDTH}} {figures}")
                 continue
             ref = reference if reference is not None and not isinstance(reference, str) else None
             gap_ratio = "n/a" if figures.stalled else ratio(figures.longest_gap_s, ref and ref.longest_gap_s)
-            lines.append(f"{kind:<13} {LABELS[system]:<{WIDTH}} {gap_cell(figures):>6} {figures.steps_redone:>6} "
-                         f"{back_cell(figures):>7} {f'{figures.useful}/{figures.undisturbed:.0f}':>19} "
-                         f"{figures.goodput:>7.3f} {gap_ratio:>15} "
+            lines.append(f"{kind:<{KIND_WIDTH}} {LABELS[system]:<{WIDTH}} {gap_cell(figures):>6} "
+                         f"{figures.steps_redone:>6} {back_cell(figures):>7} "
+                         f"{f'{figures.useful}/{figures.undisturbed:.0f}':>19} {figures.goodput:>7.3f} {gap_ratio:>15} "
                          f"{ratio(figures.goodput, ref and ref.goodput):>19}  {(notes or {}).get((kind, system), '')}"
                          .rstrip())
     return f"faults at step {FAULT_STEP}; goodput over {window:g} s after the fault\n" + "\n".join(lines)
@@ -238,7 +281,7 @@ def fault_table(results: dict[tuple[str, str], object], systems: list[str], wind
 def state_table(states: dict[tuple[str, str], object], systems: list[str], state_mb: int) -> str:
     """The ``--state-mb`` columns, one row per fault and system as in :func:`fault_table`."""
     lines = [f"state: ~{state_mb} MiB of parameters + Adam (LIVE_BIG_MB={state_mb}); n/a: not this system's way",
-             f"{'fault':<10} {'system':<{WIDTH}} {'state MB':>8} {'transfer s':>10} {'ckpt save s':>11} "
+             f"{'fault':<{KIND_WIDTH}} {'system':<{WIDTH}} {'state MB':>8} {'transfer s':>10} {'ckpt save s':>11} "
              f"{'reload s':>8} {'heal s':>6}"]
     for kind in FAULTS:
         for system in systems:
@@ -246,9 +289,9 @@ def state_table(states: dict[tuple[str, str], object], systems: list[str], state
             if figures is None:
                 continue
             size = _fmt(figures.state_bytes and figures.state_bytes / 1e6, ".1f")
-            lines.append(f"{kind:<10} {LABELS[system]:<{WIDTH}} {size:>8} {_fmt(figures.transfer_s, '.3f'):>10} "
-                         f"{_fmt(figures.save_s, '.3f'):>11} {_fmt(figures.reload_s, '.3f'):>8} "
-                         f"{_fmt(figures.heal_s, '.3f'):>6}")
+            lines.append(f"{kind:<{KIND_WIDTH}} {LABELS[system]:<{WIDTH}} {size:>8} "
+                         f"{_fmt(figures.transfer_s, '.3f'):>10} {_fmt(figures.save_s, '.3f'):>11} "
+                         f"{_fmt(figures.reload_s, '.3f'):>8} {_fmt(figures.heal_s, '.3f'):>6}")
     return "\n".join(lines)
 
 
@@ -322,7 +365,7 @@ def main(args) -> int:
                     cluster = EtcdCluster(ETCD_MEMBERS)
                     endpoints = cluster.endpoints()
                 run = Run(system, rundir, endpoints, args.step_seconds, python, args.timeout,
-                          rejoin_timeout=args.rejoin_timeout, state_mb=state_mb)
+                          rejoin_timeout=args.rejoin_timeout, state_mb=state_mb, start_sleep=start_sleep(kind))
                 note, state = "", None
                 if kind == "schedule":
                     figures = measure_schedule(run, args.schedule)
@@ -331,22 +374,26 @@ def main(args) -> int:
                     figures, note = measure_control_plane(run, args.window, cluster)
                 elif kind == "freeze":
                     figures, note = measure_freeze(run, args.window)
+                elif kind == "sigterm":
+                    figures, note = measure_sigterm(run, args.window)
                 elif state_mb:
                     figures, state = measure_fault_and_state(run, kind, args.window)
                     note = outcome(figures)
-                    print(f"  {kind:<13} {LABELS[system]:<{WIDTH}} {asdict(state)}", file=sys.stderr, flush=True)
+                    print(f"  {kind:<{KIND_WIDTH}} {LABELS[system]:<{WIDTH}} {asdict(state)}", file=sys.stderr,
+                          flush=True)
                 else:
                     figures, note = measure_fault(run, kind, args.window)
                 if kind != "schedule":
                     fault_runs.setdefault((kind, system), []).append((figures, note, state))
-                print(f"  {kind:<13} {LABELS[system]:<{WIDTH}} {asdict(figures)} {note}", file=sys.stderr, flush=True)
+                print(f"  {kind:<{KIND_WIDTH}} {LABELS[system]:<{WIDTH}} {asdict(figures)} {note}", file=sys.stderr,
+                      flush=True)
             except (SystemFailed, ValueError, EtcdServerError) as error:
                 failed += 1
                 if kind == "schedule":
                     schedule_errors.setdefault(system, []).append(str(error))
                 else:
                     fault_errors.setdefault((kind, system), []).append(str(error))
-                print(f"  {kind:<13} {LABELS[system]:<{WIDTH}} FAILED: {error}", file=sys.stderr, flush=True)
+                print(f"  {kind:<{KIND_WIDTH}} {LABELS[system]:<{WIDTH}} FAILED: {error}", file=sys.stderr, flush=True)
             finally:
                 if run is not None:
                     run.stop()
@@ -356,8 +403,9 @@ def main(args) -> int:
         figures, note, state = runs[median_run([each.longest_gap_s for each, _, _ in runs])]
         lost = fault_errors.pop(key, [])
         faults[key] = figures
-        row_notes[key] = "; ".join(part for part in (note, spread_note([each for each, _, _ in runs]),
-                                                     f"{len(lost)} run(s) failed" if lost else "") if part)
+        parts = (note, gap_note(figures), spread_note([each for each, _, _ in runs]),
+                 f"{len(lost)} run(s) failed" if lost else "")
+        row_notes[key] = "; ".join(part for part in parts if part)
         if state is not None:
             states[key] = state
     schedule_notes = {}
@@ -387,6 +435,8 @@ def main(args) -> int:
             print(f"  {LABELS[system]}: {note}")
     if failed:
         print(f"{failed} run(s) failed; worker and launcher logs kept in {workdir}", file=sys.stderr)
+    elif getattr(args, "keep_logs", False):
+        print(f"worker and launcher logs kept in {workdir}", file=sys.stderr)
     else:
         shutil.rmtree(workdir, ignore_errors=True)
     return 1 if failed else 0

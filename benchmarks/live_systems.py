@@ -16,7 +16,13 @@ Liveness is alike: etcd lease 2 s (torchrun: keep-alive 1 s x 2, TorchFT: heartb
 ``rejoin_timeout=0.5``.
 
 The ``freeze`` fault SIGSTOPs node 1's whole process tree (:meth:`Run.freeze`) and SIGCONTs it
-later (:meth:`Run.thaw`). The ``control_plane`` fault (``live_side.py``) also kills TorchFT's lighthouse
+later (:meth:`Run.thaw`); the ``sigterm`` fault SIGTERMs node 1's launcher alone
+(:meth:`Run.terminate`: elasticrun's agent, torchrun, TorchFT's replica group's torchrun), as a
+Kubernetes eviction or a spot instance's notice does. ``Run(start_sleep=S)`` (the
+``slow_replacement`` fault) makes every worker started after its node's first sleep S seconds
+before its training starts: ``LIVE_LATE_START_SLEEP`` of ``live_train.py`` (a worker started in a
+round after the first, or as a refill) and ``LIVE_RESTART_SLEEP`` of the other two
+(``benchmarks/workers/late_start.py``). The ``control_plane`` fault (``live_side.py``) also kills TorchFT's lighthouse
 (:meth:`Run.kill_lighthouse`) or the leader of the 3-member etcd cluster the elasticrun systems
 then run against.
 
@@ -126,6 +132,8 @@ class Run:
     rejoin_timeout: float = REJOIN_S
     state_mb: int = 0
     """LIVE_BIG_MB of every worker: ~this many MiB of parameters + Adam state (0: the small model)."""
+    start_sleep: float = 0.0
+    """Seconds every worker but its node's first sleeps before its training starts (0: none)."""
 
     def __post_init__(self) -> None:
         self.store_port = free_port()
@@ -153,7 +161,8 @@ class Run:
     def _argv(self, node: int) -> tuple[list[str], dict[str, str]]:
         env = clean_env(PYTHONPATH=str(REPO), LIVE_LOG=str(self.log(node)), LIVE_STEPS="1000000",
                         LIVE_STEP_SLEEP=str(self.step_seconds), OMP_NUM_THREADS="1", LOGLEVEL="WARNING",
-                        LIVE_BIG_MB=str(self.state_mb))
+                        LIVE_BIG_MB=str(self.state_mb), LIVE_LATE_START_SLEEP=f"{self.start_sleep:g}",
+                        LIVE_RESTART_SLEEP=f"{self.start_sleep:g}")
         common = ["--nproc-per-node", "1", "--max-restarts", "1000", "--monitor-interval", "0.1"]
         if self.system == "torchft":
             env.update(REPLICA_GROUP_ID=str(node), TORCHFT_LIGHTHOUSE=self.lighthouse_addr)
@@ -233,6 +242,13 @@ class Run:
         proc.wait(timeout=10)
         self.retired.append(proc)
         self.start_node(node)
+        return at
+
+    def terminate(self, node: int) -> float:
+        """SIGTERM ``node``'s launcher alone (its workers get what the launcher does on SIGTERM),
+        not started again; the monotonic time of the signal."""
+        at = time.monotonic()
+        os.kill(self.nodes[node].pid, signal.SIGTERM)
         return at
 
     def freeze(self, node: int) -> float:

@@ -29,6 +29,9 @@ from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "worker", "workers"))
 from live_model import LR, big_hidden, make_model, shard, state_nbytes  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from late_start import read_log, restart_sleep  # noqa: E402
+
 steps = int(os.environ.get("LIVE_STEPS", "40"))
 step_sleep = float(os.environ.get("LIVE_STEP_SLEEP", "0.05"))
 path = os.environ["CKPT_PATH"]
@@ -41,7 +44,9 @@ def emit(**event):
     log_file.write(json.dumps(event) + "\n")
 
 
+late_sleep = restart_sleep(read_log(os.environ["LIVE_LOG"]), os.environ)  # before our own start event
 emit(ev="start", t=STARTED, pid=os.getpid())
+time.sleep(late_sleep)
 dist.init_process_group("gloo", timeout=timedelta(seconds=10))
 rank, world = dist.get_rank(), dist.get_world_size()
 model = make_model(0, hidden=big_hidden(big_mb))

@@ -3,7 +3,9 @@ replica group of one worker. Writes JSON events to $LIVE_LOG as ``live_train.py`
 
 Settings (environment): LIVE_STEPS, LIVE_STEP_SLEEP, REPLICA_GROUP_ID, TORCHFT_LIGHTHOUSE and
 the MASTER_ADDR/MASTER_PORT of the replica group's store (torchrun sets them), LIVE_BIG_MB (0:
-the small model with SGD; N: the model and Adam of ``live_train.py``'s LIVE_BIG_MB). A replica
+the small model with SGD; N: the model and Adam of ``live_train.py``'s LIVE_BIG_MB),
+LIVE_RESTART_SLEEP (0: seconds a worker that is not its replica group's first sleeps before its
+Manager starts; ``late_start.py``). A replica
 that (re)starts heals from a live one; a step counts when the Manager commits it.
 
 Events beside the steps: ``heal`` when the Manager applies a state fetched from a peer
@@ -34,6 +36,9 @@ from torchft import DistributedDataParallel, Manager, ProcessGroupGloo  # noqa: 
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "worker", "workers"))
 from live_model import LR, big_hidden, make_model, shard, state_nbytes  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from late_start import read_log, restart_sleep  # noqa: E402
 
 steps = int(os.environ.get("LIVE_STEPS", "40"))
 step_sleep = float(os.environ.get("LIVE_STEP_SLEEP", "0.05"))
@@ -78,7 +83,9 @@ class DDP(DistributedDataParallel):
         return future
 
 
+late_sleep = restart_sleep(read_log(os.environ["LIVE_LOG"]), os.environ)  # before our own start event
 emit(ev="start", t=STARTED, pid=os.getpid())
+time.sleep(late_sleep)
 model = make_model(0, hidden=big_hidden(big_mb))
 opt = torch.optim.Adam(model.parameters(), lr=1e-3) if big_mb else torch.optim.SGD(model.parameters(), lr=LR)
 

@@ -132,3 +132,33 @@ def test_state_figures_count_what_moved_the_state_after_the_fault(figures, event
     result = figures.state_figures(events, fault_at=10.0)
     for key, value in expected.items():
         assert getattr(result, key) == (pytest.approx(value) if isinstance(value, float) else value), key
+
+
+@pytest.mark.parametrize("spans, gap, began", [
+    ([(0, 24, 0.0), (25, 124, 2.9)], 0.5, 2.4),                   # the fault's own gap, from the last commit before it
+    ([(0, 24, 0.0), (25, 60, 2.6), (61, 124, 6.7)], 0.6, 6.1),   # a joiner's regroup later: the longer one
+    ([(0, 24, 0.0)], 10.05, 2.4),                                 # nothing after the fault: up to the window's end
+])
+def test_the_figures_say_when_the_longest_gap_began(figures, spans, gap, began):
+    done = [commit for first, last, start in spans for commit in steady(figures, first, last, start)]
+    result = figures.fault_figures(done, done, fault_at=2.45, window=10.0)
+    assert result.longest_gap_s == pytest.approx(gap)
+    assert figures.longest_gap_began(done, 2.45, 12.45) == pytest.approx(began)
+    assert result.gap_from_s == pytest.approx(began - 2.45)
+
+
+def test_of_equal_gaps_the_first_is_the_one_that_began(figures):
+    done = [figures.Commit(step, float(step)) for step in range(5)]
+    assert figures.longest_gap_began(done, 0.5, 4.0) == 0.0
+
+
+@pytest.mark.parametrize("gap_from_s, stalled, note", [
+    (-0.05, False, ""),                                             # the fault's own gap
+    (0.9, False, ""),
+    (12.3, False, "longest gap began 12.30 s after the fault"),    # a late joiner's regroup
+    (12.3, True, ""),                                               # a stall says so already
+    (None, False, ""),
+])
+def test_a_longest_gap_well_after_the_fault_is_pointed_out(figures, gap_from_s, stalled, note):
+    result = figures.FaultFigures(0.6, 0, 12.5, 470, 480.0, stalled=stalled, gap_from_s=gap_from_s)
+    assert figures.gap_note(result) == note

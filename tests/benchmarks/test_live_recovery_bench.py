@@ -78,3 +78,20 @@ def test_only_torchruns_node_0_hosts_its_store(tmp_path, node, is_host):
         argv, _ = systems.Run("torchrun", tmp_path, "http://127.0.0.1:2379", 0.1)._argv(node)
     conf = dict(item.split("=", 1) for item in argv[argv.index("--rdzv-conf") + 1].split(","))
     assert conf["is_host"] == is_host
+
+
+@pytest.mark.parametrize("system", ["live", "live+prewarm", "prewarm", "torchrun"])
+def test_a_slow_replacement_run_tells_every_systems_worker_how_long_a_restart_takes(bench, tmp_path, system):
+    """live_train.py reads LIVE_LATE_START_SLEEP, the checkpoint and TorchFT workers
+    LIVE_RESTART_SLEEP (TorchFT's run is left out: making one starts its lighthouse; its
+    environment comes from the same line); a run without the fault sleeps nowhere."""
+    with loaded("live_systems_bench", "live_systems.py") as systems:
+        _, slow = systems.Run(system, tmp_path, "http://127.0.0.1:2379", 0.1, start_sleep=10.0)._argv(1)
+        _, plain = systems.Run(system, tmp_path, "http://127.0.0.1:2379", 0.1)._argv(1)
+    assert (slow["LIVE_LATE_START_SLEEP"], slow["LIVE_RESTART_SLEEP"]) == ("10", "10")
+    assert (plain["LIVE_LATE_START_SLEEP"], plain["LIVE_RESTART_SLEEP"]) == ("0", "0")
+
+
+def test_side_by_side_takes_the_slow_replacement_and_sigterm_faults(bench):
+    args = bench.parse_args(["--side-by-side", "--faults", "slow_replacement,sigterm", "--systems", "live,torchft"])
+    assert (args.faults, args.systems) == (["slow_replacement", "sigterm"], ["live", "torchft"])

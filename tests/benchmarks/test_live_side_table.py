@@ -69,3 +69,38 @@ def test_several_runs_say_their_range_and_one_run_says_nothing(side):
     assert side.spread_note(runs[:1]) == ""
     assert side.spread_note(runs) == ("median of 3 runs: gap 0.24-2.50 s, goodput 0.833-0.990, redone 0-1, "
                                       "1 stalled")
+
+
+@pytest.mark.parametrize("kind, seconds", [
+    ("slow_replacement", 10.0), ("crash", 0.0), ("node_loss", 0.0), ("sigterm", 0.0), ("schedule", 0.0),
+])
+def test_only_the_slow_replacement_runs_make_restarted_workers_slow(side, kind, seconds):
+    assert side.start_sleep(kind) == seconds
+
+
+LEFT = {"longest_gap_s": 0.26, "steps_redone": 0, "back_s": None, "useful": 470, "undisturbed": 480.0}
+
+
+@pytest.mark.parametrize("figures, exits, note", [
+    # the node left and stayed away, as the fault means: only how its launcher ended
+    (LEFT, {1: 143}, "node 1's launcher exited 143 after the SIGTERM"),
+    (LEFT, {}, "node 1's launcher still running at the window's end"),
+    # the survivor's own trouble and its launcher's exit are still said
+    (dict(LEFT, useful=0, longest_gap_s=60.0, stalled=True), {1: 1, 0: 1},
+     ("node 1's launcher exited 1 after the SIGTERM; survivor never committed after the fault; "
+      "node 0's launcher exited 1")),
+    # a node that trained again although nobody started it again is news
+    (dict(LEFT, back_s=3.0), {1: 0},
+     "node 1's launcher exited 0 after the SIGTERM; node 1 committed again 3.00 s after the SIGTERM"),
+])
+def test_a_sigterm_row_says_how_the_launcher_ended_not_that_the_node_stayed_away(side, figures, exits, note):
+    assert side.sigterm_outcome(side.FaultFigures(**figures), exits) == note
+
+
+def test_the_new_faults_rows_line_up_under_the_header(side):
+    results = {(kind, system): side.FaultFigures(0.3, 0, None, 470, 480.0)
+               for kind in ("slow_replacement", "sigterm") for system in ("live", "torchrun")}
+    lines = side.fault_table(results, ["live", "torchrun"], 60.0).splitlines()[1:]
+    assert [line.split()[0] for line in lines[1:]] == ["slow_replacement"] * 2 + ["sigterm"] * 2
+    column = lines[0].index("system")
+    assert all(line[column:].startswith(side.LABELS[system]) for line, system in zip(lines[1:], ["live", "torchrun"] * 2))
