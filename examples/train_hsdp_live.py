@@ -7,11 +7,12 @@ Run it on 2 nodes of 2 workers each against etcd (same command on every node):
         --rdzv-endpoint=127.0.0.1:2379 --rdzv-id=hsdp examples/train_hsdp_live.py --steps 300
 
 Each node's workers shard one replica of the model over their own gloo group
-(:func:`elastic.worker.hsdp.form_shard_group`); a rank's live group is the ranks holding its
-shard index on the other nodes (``LiveOptions(hsdp=True)``), over which it averages its
-gradient shard after backward. A replica whose worker crashes, or a node that comes back, heals
-shard by shard from a live replica: each rank receives its own shard (parameters and AdamW
-state) and the scheduler, step and data position. At the end every rank prints
+(:func:`elastic.worker.hsdp.form_shard_group`); each rank trains on its own micro-batches and,
+after backward, averages its gradient shard over the replicas on the live group
+(``LiveOptions(hsdp=True)``: groups form with whole replicas). A replica whose worker crashes
+(its partners exit too), or a node that comes back, heals shard by shard from a live replica:
+each rank receives its own shard (parameters and AdamW state) and the scheduler, step and data
+position from the rank holding the same shard index. At the end every rank prints
 
     rank R done: step S, lr L, shard I of M, params P
 
@@ -64,7 +65,7 @@ def main() -> None:
     fully_shard(model, mesh=shards.mesh)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: min(1.0, (step + 1) / 20))  # a warm-up
-    loader = ElasticLoader(Synthetic(), batch_size=16, accumulation=2, seed=0)  # dealt per replica
+    loader = ElasticLoader(Synthetic(), batch_size=8, accumulation=2, seed=0)
     state = {"model": hsdp.ShardState(model), "opt": hsdp.OptimizerShardState(opt), "sched": sched}
     live = LiveTraining(state=state, options=LiveOptions(hsdp=True))
 
@@ -73,27 +74,26 @@ def main() -> None:
         total = 0.0
         for micro in step.batches:
             x, y = micro.data
-            x, y = x[shards.index::shards.size], y[shards.index::shards.size]  # this rank's part of the replica's batch
             loss = F.mse_loss(model(x), y) * micro.weight
             loss.backward()  # FSDP2 reduce-scatters over the shard group
             total += loss.item()
-        hsdp.average_gradients(live, model)  # the shard over the replicas, on the live group
+        hsdp.average_gradients(live, model, shards)  # the shard over the replicas, on the live group
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         if args.step_time:
             time.sleep(args.step_time)
         opt.step()
         return total
 
-    with live, loader:
-        rank = live.round.group_rank * shards.size + shards.index
+    with shards, live, loader:
+        rank = live.round.rank
         print(f"rank {rank}: shard {shards.index} of {shards.size} (shard group {shards.generation}), "
               f"starting at step {live.step}", flush=True)
         for done in live.run(train_step, data=loader, until=args.steps):
             sched.step()  # exactly once per committed step, on every rank
-            if rank == 0 and (done.step + 1) % args.log_every == 0:
+            if live.rank == 0 and (done.step + 1) % args.log_every == 0:
                 print(f"step {done.step + 1}/{args.steps} loss {done.result:.5f} lr {sched.get_last_lr()[0]:.2e} "
-                      f"(replicas {done.world_size})", flush=True)
-        print(f"rank {rank} done: step {live.step}, lr {sched.get_last_lr()[0]:.6e}, shard {shards.index} of "
+                      f"(replicas {done.world_size // shards.size})", flush=True)
+        print(f"rank {live.round.rank} done: step {live.step}, lr {sched.get_last_lr()[0]:.6e}, shard {shards.index} of "
               f"{shards.size}, params {hsdp.shard_checksum(model)}", flush=True)
 
 

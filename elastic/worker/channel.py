@@ -171,8 +171,6 @@ class RoundWatcher:
     Garbage gets one warning per line and is ignored; EOF closes the mailbox (the agent is
     gone; training goes on until a collective fails). ``registry`` returns the registry of the
     group in use (or ``None``), whose collectives are abandoned while a newer round is pending.
-    ``view`` maps each round read to the one this worker forms (HSDP's replicate dimension,
-    :func:`elastic.worker.rounds.replica_round`).
     """
 
     def __init__(
@@ -183,10 +181,8 @@ class RoundWatcher:
         grace: float,
         label: str,
         clock: Callable[[], float] = time.monotonic,
-        view: Callable[[Round], Round] | None = None,
     ) -> None:
         self._fd = fd
-        self._view = view
         self._mailbox = mailbox
         self._registry = registry
         self._grace = grace
@@ -270,12 +266,6 @@ class RoundWatcher:
             self._mailbox.offer_held(parsed)
             return
         round_ = parsed
-        if self._view is not None:
-            try:
-                round_ = self._view(parsed)
-            except ValueError as error:
-                log.warning("%s: ignored round %d on the round pipe: %s", self._label, parsed.round, error)
-                return
         action = self._mailbox.offer(round_, self._clock())
         if action is RoundAction.NEWER:
             log.info("%s: round %d published (rank %d of %d)", self._label, round_.round, round_.rank, round_.world_size)

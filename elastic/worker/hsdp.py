@@ -2,23 +2,25 @@
 
 A node's local ranks hold one replica of the model, sharded by FSDP2 (``fully_shard``) over
 the *shard group*: a gloo group of those ranks, formed once by :func:`form_shard_group` and
-fixed for the life of the replica. The replicate dimension is live: with
-``LiveOptions(hsdp=True)`` a rank's live group is the ranks holding its shard index (its
-local rank) on every node (:func:`elastic.worker.rounds.replica_round`), re-formed each round
-and generation and healed per shard index, like the DDP group. So:
+fixed for the life of the replica. The replicate dimension is the live group: with
+``LiveOptions(hsdp=True)`` it forms with whole replicas only
+(:func:`elastic.worker.decisions.decide_close`) and heals each shard index from a rank holding
+it (:func:`elastic.worker.decisions.plan_shard_heals`). So:
 
-* :func:`average_gradients`, after backward, averages this rank's gradient shard over the
-  ranks with its shard index (one all-reduce of the shard on the live group);
+* :func:`average_gradients`, after backward, averages each rank's gradient shard over the
+  replicas (one all-reduce on the live group, each shard index in its own slot), then the
+  replica agrees on the outcome over its shard group: a step commits on every rank of a
+  replica or on none, so a replica's ranks never stand at different steps;
 * :class:`ShardState` and :class:`OptimizerShardState` make a heal send a rank's own shard
-  only (the DTensors' local tensors, parameters and optimizer state): a healing rank receives
-  from the live rank with its shard index, every shard index at once, in its own group.
+  only (the DTensors' local tensors: parameters and optimizer state).
 
-A rank whose shard partner dies cannot all-gather: its FSDP collective fails, the program
-exits non-zero, and the agent replaces it; the replica's new workers form a new shard group
-(the next generation of the node's shard groups, :func:`form_shard_group`) and heal. The
-other replicas train on without them. A node's workers find each other through a file store
-in the system's temporary directory named after the run, the host and their parent (the
-node's agent): workers must be the agent's children (not forked from templates).
+A replica whose worker dies is broken (its partners cannot all-gather): each partner's
+watchdog sees the death within :data:`WATCH_INTERVAL` and exits the process (code
+:data:`BROKEN_REPLICA_EXIT`), so the agent replaces the whole replica; its new workers form the
+node's next shard group and heal shard by shard while the other replicas train on. A node's
+workers find each other through a file store in the system's temporary directory named after
+the run, the host and their parent (the node's agent): workers must be the agent's children
+(not forked from templates).
 """
 
 from __future__ import annotations
@@ -26,7 +28,9 @@ from __future__ import annotations
 import hashlib
 import os
 import socket
+import sys
 import tempfile
+import threading
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Mapping
@@ -36,24 +40,82 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
-from elastic.worker.errors import LiveRecoveryError, WorkerEnvError
+from elastic.worker.errors import GroupLost, LiveRecoveryError, WorkerEnvError
 
 if TYPE_CHECKING:
     from elastic.worker.live import LiveTraining
 
-__all__ = ["OptimizerShardState", "ShardGroup", "ShardState", "average_gradients", "form_shard_group", "shard_checksum"]
+__all__ = ["BROKEN_REPLICA_EXIT", "OptimizerShardState", "PartnerWatch", "ShardGroup", "ShardState", "average_gradients", "form_shard_group", "shard_checksum"]
+
+
+WATCH_INTERVAL = 0.05
+"""Seconds between two looks of the watchdog at the shard partners' processes."""
+BROKEN_REPLICA_EXIT = 75
+"""The exit code of a worker whose shard partner died (the agent replaces it, as a crash)."""
 
 
 @dataclass(frozen=True)
 class ShardGroup:
     """A replica's shard group: its gloo group, the 1-D mesh ``fully_shard`` takes, this rank's
-    shard index among ``size``, and which of the node's shard groups it is (``generation``)."""
+    shard index among ``size``, which of the node's shard groups it is (``generation``), and
+    the watchdog of the partners' processes. :meth:`close` (or leaving a ``with`` block) says
+    this rank is done, so its partners do not take its exit for a crash."""
 
     group: dist.ProcessGroup
     mesh: DeviceMesh
     index: int
     size: int
     generation: int
+    watch: PartnerWatch
+
+    def close(self) -> None:
+        self.watch.close()
+
+    def __enter__(self) -> ShardGroup:
+        return self
+
+    def __exit__(self, exc_type: object, *exc_info: object) -> None:
+        if exc_type is None:  # left by an error: the partners take this exit for a crash
+            self.close()
+
+
+class PartnerWatch:
+    """Exits this process when a shard partner's process is gone without saying it was done."""
+
+    def __init__(self, store: Any, index: int, pids: dict[int, int], interval: float = WATCH_INTERVAL) -> None:
+        self._store, self._index, self._pids, self._interval = store, index, pids, interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="elastic-hsdp-partners", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        try:
+            self._store.set(f"done-{self._index}", "1")
+        except (RuntimeError, dist.DistStoreError):
+            pass  # the partners then see a crash: they are replaced with this replica
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            for index, pid in self._pids.items():
+                if _alive(pid) or self._stop.is_set():
+                    continue
+                try:
+                    if self._store.check([f"done-{index}"]):
+                        continue
+                except (RuntimeError, dist.DistStoreError):
+                    pass
+                print(f"pid {os.getpid()}: shard partner {index} (pid {pid}) died: this replica is broken; "
+                      f"exiting {BROKEN_REPLICA_EXIT} to be replaced and healed", file=sys.stderr, flush=True)
+                os._exit(BROKEN_REPLICA_EXIT)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return False
 
 
 def _node_store_path(environ: Mapping[str, str]) -> str:
@@ -86,13 +148,16 @@ def form_shard_group(environ: Mapping[str, str] | None = None, timeout: float = 
         store.set_timeout(timedelta(seconds=timeout))
         generation = (store.add("arrivals", 1) - 1) // size
         name = f"elastic-hsdp-shard-{os.getppid()}-{generation}"
-        group = _gloo_group(dist.PrefixStore(f"generation-{generation}", store), index, size, name, timeout)
-    except (RuntimeError, dist.DistStoreError) as error:
+        generation_store = dist.PrefixStore(f"generation-{generation}", store)
+        generation_store.set(f"pid-{index}", str(os.getpid()))
+        group = _gloo_group(dist.PrefixStore("group", generation_store), index, size, name, timeout)
+        pids = {peer: int(generation_store.get(f"pid-{peer}")) for peer in range(size) if peer != index}
+    except (RuntimeError, ValueError, dist.DistStoreError) as error:
         raise LiveRecoveryError(f"local rank {index}: the shard group of {size} did not form: {error}") from error
     mesh = DeviceMesh("cpu", torch.arange(size), _init_backend=False, _rank=index)
     mesh._dim_group_names = [name]
     mesh._pg_registry[name] = group
-    return ShardGroup(group, mesh, index, size, generation)
+    return ShardGroup(group, mesh, index, size, generation, PartnerWatch(generation_store, index, pids))
 
 
 def _gloo_group(store: Any, rank: int, size: int, name: str, timeout: float) -> dist.ProcessGroup:
@@ -119,22 +184,53 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
-def average_gradients(live: LiveTraining, module: torch.nn.Module) -> None:
-    """Average this rank's gradient shards over its live group (the ranks with its shard
-    index, one per replica): one all-reduce of the shards packed together.
+def average_gradients(live: LiveTraining, module: torch.nn.Module, shards: ShardGroup) -> None:
+    """Average this rank's gradient shards over the replicas, then agree with the replica.
+
+    One all-reduce on the live group of a buffer with a slot per shard index (sized from the
+    parameters' global shapes, the same on every rank): each rank fills its own slot and reads
+    it back divided by the number of replicas. Then one all-reduce over the shard group says
+    whether every rank of the replica got its average; if one did not, none commits the step.
 
     Raises:
-        GroupLost: the all-reduce failed, or a newer round abandoned it.
+        GroupLost: the all-reduce failed here or on a shard partner, or a newer round abandoned
+            it: the step runs again after the group is re-formed.
+        RuntimeError: the shard group failed (a partner died: the replica is broken).
     """
-    grads = [_local(p.grad) for p in module.parameters() if p.grad is not None]
-    if not grads:
-        return
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    live.all_reduce(flat).div_(live.world_size)
-    offset = 0
-    for grad in grads:
-        grad.copy_(flat[offset:offset + grad.numel()].view_as(grad))
-        offset += grad.numel()
+    params = list(module.parameters())
+    slot = sum(_slot_numel(p, shards.size) for p in params)
+    flat = torch.zeros(slot * shards.size)
+    offset = shards.index * slot
+    grads = []
+    for param in params:
+        grad = None if param.grad is None else _local(param.grad)
+        if grad is not None:
+            flat[offset:offset + grad.numel()].copy_(grad.reshape(-1))
+            grads.append((grad, offset))
+        offset += _slot_numel(param, shards.size)
+    lost: GroupLost | None = None
+    try:
+        live.all_reduce(flat)
+    except GroupLost as error:
+        lost = error
+    agreed = torch.tensor([0 if lost else 1], dtype=torch.int64)
+    dist.all_reduce(agreed, op=dist.ReduceOp.MIN, group=shards.group)
+    if lost is not None:
+        raise lost
+    if not agreed.item():
+        raise GroupLost(f"step {live.step}: a shard partner's all-reduce failed; the replica runs the step again",
+                        live.round.round)
+    flat.div_(max(1, live.world_size // shards.size))
+    for grad, start in grads:
+        grad.copy_(flat[start:start + grad.numel()].view_as(grad))
+
+
+def _slot_numel(param: torch.Tensor, size: int) -> int:
+    """The most elements any shard index holds of ``param`` (FSDP2 shards dim 0 in chunks)."""
+    if not isinstance(param, DTensor) or param.dim() == 0:
+        return param.numel()
+    rows = -(-param.shape[0] // size)
+    return rows * (param.numel() // max(1, param.shape[0]))
 
 
 class ShardState:

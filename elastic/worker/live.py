@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import atexit
 import collections
-import dataclasses
 import os
 import time
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
@@ -35,11 +34,11 @@ from elastic.worker.codec import check_state
 from elastic.worker.commits import Commits
 from elastic.worker.decisions import Mark
 from elastic.worker.environment import read_worker_env
-from elastic.worker.errors import LiveRecoveryError, WorkerEnvError
+from elastic.worker.errors import LiveRecoveryError
 from elastic.worker.options import LiveOptions
 from elastic.worker.recoverer import Recoverer, StateHooks
 from elastic.worker.reporting import Recovery, Reporter
-from elastic.worker.rounds import Round, replica_round
+from elastic.worker.rounds import Round
 from elastic.worker.state import Stateful, TrainingState
 from elastic.worker.steps import CommittedStep, StepAttempt, Steps, StepScope
 
@@ -83,11 +82,6 @@ class LiveTraining:
         self.options = options or LiveOptions()
         environ = os.environ if environ is None else environ
         env = read_worker_env(environ)
-        if self.options.hsdp:
-            try:
-                env = dataclasses.replace(env, first=replica_round(env.first))
-            except ValueError as error:
-                raise WorkerEnvError(str(error)) from error
         self._label = env.label
         self._env, self._environ = env, environ
         self._training = TrainingState(state, state_dict, load_state_dict, self.options.seed)

@@ -53,9 +53,9 @@ class LiveOptions:
             and the live rank (:mod:`elastic.worker.rng`), so a joiner and a step run again draw
             what the rank would have; it travels in a heal. ``None``: the generators are left
             alone (a joiner's then differ from its peers').
-        hsdp: HSDP's layout (:mod:`elastic.worker.hsdp`): this worker's live group is the ranks
-            with its local rank on every node (its shard index, one replica per node), formed
-            and healed per shard index; a node's local ranks are the program's fixed shard group.
+        hsdp: HSDP's layout (:mod:`elastic.worker.hsdp`): a node's workers are one replica,
+            sharded over their own fixed group; a group forms with whole replicas only, and a
+            heal sends each shard index's state from a rank with that index (its local rank).
             Every node must run the same number of workers.
     """
 

@@ -44,7 +44,7 @@ from elastic.worker.options import LiveOptions
 from elastic.worker.refill import GenerationState, GenerationStore, leave_round, move_generation, read_generation
 from elastic.worker.regroup import GenerationWatch, within
 from elastic.worker.reporting import Cause, Recovery, Reporter
-from elastic.worker.rounds import ROUND_FD_VAR, ReadyEvent, Round, export_round, replica_round
+from elastic.worker.rounds import ROUND_FD_VAR, ReadyEvent, Round, export_round
 from elastic.worker.standing import StandingBook
 
 log = logging.getLogger(__name__)
@@ -108,7 +108,7 @@ class Recoverer:
             self.mailbox.close()  # no pipe: no round will ever come
         else:
             self._watcher = RoundWatcher(env.round_fd, self.mailbox, self.in_use.registry, options.interrupt_grace,
-                                         env.label, clock, replica_round if options.hsdp else None)
+                                         env.label, clock)
         self._lost: GroupLost | None = None
         self._generation = 0  # the generation of the round last formed (or being formed)
         self._refilled: tuple[int, int] | None = None  # the (round, generation) last moved past

@@ -39,7 +39,6 @@ worker never mistakes a repeat of its own round for a new one).
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 import json
 import math
@@ -68,7 +67,6 @@ __all__ = [
     "parse_pipe_line",
     "parse_ready_line",
     "parse_round_line",
-    "replica_round",
     "round_from_env",
 ]
 
@@ -262,25 +260,6 @@ def parse_ready_line(line: bytes) -> Ready:
         return Ready(event, value["round"], value["rank"], value["step"])
     except ValueError as error:
         raise ReadyLineError(str(error)) from error
-
-
-def replica_round(round_: Round) -> Round:
-    """``round_`` as HSDP's replicate dimension sees it: the ranks holding this rank's shard
-    index (its local rank), one per node. The node's rank becomes the rank, the number of nodes
-    the world size, and the prefix gets a ``/shard-<local rank>`` suffix, so each shard index
-    forms its own groups, generations and heals in the round's store.
-
-    Raises:
-        ValueError: the nodes do not all run ``local_world_size`` workers in group-rank order
-            (``rank != group_rank * local_world_size + local_rank``): no replica layout.
-    """
-    size = round_.local_world_size
-    if round_.world_size % size or round_.rank != round_.group_rank * size + round_.local_rank:
-        raise ValueError(f"Round {round_.round} has rank {round_.rank} of {round_.world_size} at local rank "
-                         f"{round_.local_rank} of {size} on node {round_.group_rank}: HSDP needs every node to run "
-                         f"the same number of workers (rank = node rank * nproc + local rank).")
-    return dataclasses.replace(round_, rank=round_.group_rank, world_size=round_.world_size // size,
-                               store_prefix=f"{round_.store_prefix}/shard-{round_.local_rank}")
 
 
 def default_store_prefix(run_id: str, round_number: int) -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import pytest
@@ -20,7 +19,6 @@ from elastic.worker.rounds import (
     export_round,
     parse_ready_line,
     parse_round_line,
-    replica_round,
     round_from_env,
 )
 
@@ -159,30 +157,3 @@ def test_exporting_a_round_updates_torchruns_variables():
     env = dict(ENV)
     export_round(ROUND, env)
     assert round_from_env({**env, "ELASTIC_ROUND_FD": "5"}) == ROUND
-
-
-@pytest.mark.parametrize(("rank", "world_size", "local_rank", "group_rank", "replica_rank", "replicas"), [
-    (0, 4, 0, 0, 0, 2),   # node 0, shard 0
-    (1, 4, 1, 0, 0, 2),   # node 0, shard 1
-    (2, 4, 0, 1, 1, 2),   # node 1, shard 0
-    (3, 4, 1, 1, 1, 2),   # node 1, shard 1
-    (1, 2, 1, 0, 0, 1),   # one node left: one replica
-])
-def test_a_replica_round_is_the_ranks_of_one_shard_index(rank, world_size, local_rank, group_rank, replica_rank, replicas):
-    round_ = dataclasses.replace(ROUND, rank=rank, world_size=world_size, local_rank=local_rank,
-                                 local_world_size=2, group_rank=group_rank)
-    replica = replica_round(round_)
-    assert (replica.rank, replica.world_size) == (replica_rank, replicas)
-    assert replica.store_prefix == f"{ROUND.store_prefix}/shard-{local_rank}"
-    assert (replica.local_rank, replica.group_rank, replica.round) == (local_rank, group_rank, ROUND.round)
-
-
-@pytest.mark.parametrize(("rank", "world_size", "group_rank"), [
-    (2, 3, 1),  # nodes of unequal sizes
-    (3, 4, 0),  # ranks not in node order
-])
-def test_a_round_without_the_replica_layout_is_refused_with_one_line(rank, world_size, group_rank):
-    round_ = dataclasses.replace(ROUND, rank=rank, world_size=world_size, local_rank=0, local_world_size=2,
-                                 group_rank=group_rank)
-    with pytest.raises(ValueError, match="HSDP needs every node to run the same number of workers"):
-        replica_round(round_)
