@@ -22,6 +22,8 @@ with ``P`` a hex checksum of its local shard: ranks with the same shard index pr
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import time
 
 import torch
@@ -37,6 +39,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=300, help="committed steps to train (default 300)")
     parser.add_argument("--log-every", type=int, default=10, help="committed steps between loss lines")
     parser.add_argument("--step-time", type=float, default=0.0, help="seconds each step sleeps (a slower model)")
+    parser.add_argument("--events", default=None, help="a directory: each worker writes <pid>.jsonl there, a line "
+                        "per committed step and per recovery (for tests and measurements)")
     return parser.parse_args()
 
 
@@ -84,17 +88,32 @@ def main() -> None:
         opt.step()
         return total
 
+    events = open(os.path.join(args.events, f"{os.getpid()}.jsonl"), "a") if args.events else None
+
+    def event(**fields) -> None:
+        if events is not None:
+            events.write(json.dumps({"t": time.monotonic(), "pid": os.getpid(), **fields}) + "\n")
+            events.flush()
+
     with shards, live, loader:
         rank = live.round.rank
         print(f"rank {rank}: shard {shards.index} of {shards.size} (shard group {shards.generation}), "
               f"starting at step {live.step}", flush=True)
+        event(ev="start", rank=rank, shard=shards.index, step=live.step)
         for done in live.run(train_step, data=loader, until=args.steps):
             sched.step()  # exactly once per committed step, on every rank
+            event(ev="step", step=done.step, world=done.world_size)
             if live.rank == 0 and (done.step + 1) % args.log_every == 0:
                 print(f"step {done.step + 1}/{args.steps} loss {done.result:.5f} lr {sched.get_last_lr()[0]:.2e} "
                       f"(replicas {done.world_size // shards.size})", flush=True)
-        print(f"rank {live.round.rank} done: step {live.step}, lr {sched.get_last_lr()[0]:.6e}, shard {shards.index} of "
-              f"{shards.size}, params {hsdp.shard_checksum(model)}", flush=True)
+        for recovery in live.recoveries:
+            event(ev="recovery", round=recovery.round, generation=recovery.generation, cause=recovery.cause.value,
+                  role=recovery.role.value, step=recovery.step, nbytes=recovery.nbytes, began=recovery.began,
+                  formed=recovery.formed, healed=recovery.healed)
+        line = (f"rank {live.round.rank} done: step {live.step}, lr {sched.get_last_lr()[0]:.6e}, shard {shards.index} "
+                f"of {shards.size}, params {hsdp.shard_checksum(model)}")
+        event(ev="done", line=line)
+        print(line, flush=True)
 
 
 if __name__ == "__main__":

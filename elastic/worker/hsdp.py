@@ -19,8 +19,7 @@ watchdog sees the death within :data:`WATCH_INTERVAL` and exits the process (cod
 :data:`BROKEN_REPLICA_EXIT`), so the agent replaces the whole replica; its new workers form the
 node's next shard group and heal shard by shard while the other replicas train on. A node's
 workers find each other through a file store in the system's temporary directory named after
-the run, the host and their parent (the node's agent): workers must be the agent's children
-(not forked from templates).
+the run, the host and the node's log directory (:func:`_node_store_path`).
 """
 
 from __future__ import annotations
@@ -119,8 +118,14 @@ def _alive(pid: int) -> bool:
 
 
 def _node_store_path(environ: Mapping[str, str]) -> str:
+    """Where this node's workers meet: named after the run, the host and the agent's log
+    directory for the node (``<root>/<run>/<node>/attempt_<k>/<local rank>/error.json``), or
+    the parent process (the agent) without one."""
     run_id = environ.get("TORCHELASTIC_RUN_ID") or "none"
-    key = hashlib.sha256(f"{run_id}/{socket.gethostname()}/{os.getppid()}".encode()).hexdigest()[:16]
+    rank_dir = os.path.dirname(environ.get("TORCHELASTIC_ERROR_FILE", ""))
+    attempt_dir = os.path.dirname(rank_dir)
+    node = os.path.dirname(attempt_dir) if os.path.basename(attempt_dir).startswith("attempt_") else f"pid {os.getppid()}"
+    key = hashlib.sha256(f"{run_id}/{socket.gethostname()}/{node}".encode()).hexdigest()[:16]
     return os.path.join(tempfile.gettempdir(), f"elastic-hsdp-{key}")
 
 
@@ -147,7 +152,7 @@ def form_shard_group(environ: Mapping[str, str] | None = None, timeout: float = 
         store = dist.FileStore(_node_store_path(environ), -1)
         store.set_timeout(timedelta(seconds=timeout))
         generation = (store.add("arrivals", 1) - 1) // size
-        name = f"elastic-hsdp-shard-{os.getppid()}-{generation}"
+        name = f"elastic-hsdp-shard-{generation}"
         generation_store = dist.PrefixStore(f"generation-{generation}", store)
         generation_store.set(f"pid-{index}", str(os.getpid()))
         group = _gloo_group(dist.PrefixStore("group", generation_store), index, size, name, timeout)
