@@ -71,7 +71,7 @@ def main() -> None:
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: min(1.0, (step + 1) / 20))  # a warm-up
     loader = ElasticLoader(Synthetic(), batch_size=8, accumulation=2, seed=0)
     state = {"model": hsdp.ShardState(model), "opt": hsdp.OptimizerShardState(opt), "sched": sched}
-    live = LiveTraining(state=state, options=LiveOptions(hsdp=True))
+    live = LiveTraining(state=state, options=LiveOptions(hsdp=True), on_reform=shards.register)
 
     def train_step(step):  # run again when not committed: the optimizer step last
         opt.zero_grad(set_to_none=True)

@@ -70,6 +70,11 @@ class ShardGroup:
     def close(self) -> None:
         self.watch.close()
 
+    def register(self, *_: object) -> None:
+        """Make the group known to torch again after a re-forming forgot it: pass it as
+        ``LiveTraining(on_reform=shards.register)``."""
+        register(self.group)
+
     def __enter__(self) -> ShardGroup:
         return self
 
@@ -159,6 +164,7 @@ def form_shard_group(environ: Mapping[str, str] | None = None, timeout: float = 
         pids = {peer: int(generation_store.get(f"pid-{peer}")) for peer in range(size) if peer != index}
     except (RuntimeError, ValueError, dist.DistStoreError) as error:
         raise LiveRecoveryError(f"local rank {index}: the shard group of {size} did not form: {error}") from error
+    register(group)
     mesh = DeviceMesh("cpu", torch.arange(size), _init_backend=False, _rank=index)
     mesh._dim_group_names = [name]
     mesh._pg_registry[name] = group
@@ -166,23 +172,30 @@ def form_shard_group(environ: Mapping[str, str] | None = None, timeout: float = 
 
 
 def _gloo_group(store: Any, rank: int, size: int, name: str, timeout: float) -> dist.ProcessGroup:
-    """A gloo group outside the default group's world, registered by ``name`` (DTensor's
-    collectives resolve groups by name) with its own ranks as global ranks."""
+    """A gloo group outside the default group's world (``destroy_process_group()`` at each
+    re-forming would shut it down), named ``name``."""
     try:
         group = dist.ProcessGroup(store, rank, size)
         backend = dist.ProcessGroupGloo(store, rank, size, timedelta(seconds=timeout))
         group._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
         group._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, backend)
         group._set_group_name(name)
-        world = dist.distributed_c10d._world
-        world.pg_group_ranks[group] = {r: r for r in range(size)}
-        world.pg_map[group] = ("gloo", store)
-        world.pg_names[group] = name
-        world.pg_backend_config[group] = "cpu:gloo"
-        dist.distributed_c10d._register_process_group(name, group)
     except (AttributeError, TypeError) as error:
         raise LiveRecoveryError(f"cannot build a shard group with torch {torch.__version__}: {error}") from error
     return group
+
+
+def register(group: dist.ProcessGroup) -> None:
+    """Make ``group`` known to torch by its ranks and name (DTensor's collectives find groups by
+    name); every re-forming's ``destroy_process_group()`` forgets it, so call it after each."""
+    world = dist.distributed_c10d._world
+    if group in world.pg_group_ranks:
+        return
+    world.pg_group_ranks[group] = {rank: rank for rank in range(group.size())}
+    try:
+        dist.distributed_c10d._register_process_group(group.group_name, group)
+    except RuntimeError:
+        pass  # still registered by name: only the ranks were forgotten
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
@@ -202,6 +215,7 @@ def average_gradients(live: LiveTraining, module: torch.nn.Module, shards: Shard
             it: the step runs again after the group is re-formed.
         RuntimeError: the shard group failed (a partner died: the replica is broken).
     """
+    shards.register()
     params = list(module.parameters())
     slot = sum(_slot_numel(p, shards.size) for p in params)
     flat = torch.zeros(slot * shards.size)
