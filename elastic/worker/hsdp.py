@@ -44,7 +44,8 @@ from elastic.worker.errors import GroupLost, LiveRecoveryError, WorkerEnvError
 if TYPE_CHECKING:
     from elastic.worker.live import LiveTraining
 
-__all__ = ["BROKEN_REPLICA_EXIT", "OptimizerShardState", "PartnerWatch", "ShardGroup", "ShardState", "average_gradients", "form_shard_group", "shard_checksum"]
+__all__ = ["BROKEN_REPLICA_EXIT", "OptimizerShardState", "PartnerWatch", "ShardGroup", "ShardState",
+           "average_gradients", "form_shard_group", "register", "shard_checksum"]
 
 
 WATCH_INTERVAL = 0.05
