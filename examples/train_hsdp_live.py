@@ -95,6 +95,16 @@ def main() -> None:
             events.write(json.dumps({"t": time.monotonic(), "pid": os.getpid(), **fields}) + "\n")
             events.flush()
 
+    reported: set[int] = set()
+
+    def report_recoveries() -> None:
+        for recovery in live.recoveries:
+            if events is not None and id(recovery) not in reported:
+                reported.add(id(recovery))
+                event(ev="recovery", round=recovery.round, generation=recovery.generation, cause=recovery.cause.value,
+                      role=recovery.role.value, step=recovery.step, nbytes=recovery.nbytes, began=recovery.began,
+                      formed=recovery.formed, healed=recovery.healed)
+
     with shards, live, loader:
         rank = live.round.rank
         print(f"rank {rank}: shard {shards.index} of {shards.size} (shard group {shards.generation}), "
@@ -103,13 +113,11 @@ def main() -> None:
         for done in live.run(train_step, data=loader, until=args.steps):
             sched.step()  # exactly once per committed step, on every rank
             event(ev="step", step=done.step, world=done.world_size)
+            report_recoveries()
             if live.rank == 0 and (done.step + 1) % args.log_every == 0:
                 print(f"step {done.step + 1}/{args.steps} loss {done.result:.5f} lr {sched.get_last_lr()[0]:.2e} "
                       f"(replicas {done.world_size // shards.size})", flush=True)
-        for recovery in live.recoveries:
-            event(ev="recovery", round=recovery.round, generation=recovery.generation, cause=recovery.cause.value,
-                  role=recovery.role.value, step=recovery.step, nbytes=recovery.nbytes, began=recovery.began,
-                  formed=recovery.formed, healed=recovery.healed)
+        report_recoveries()
         line = (f"rank {live.round.rank} done: step {live.step}, lr {sched.get_last_lr()[0]:.6e}, shard {shards.index} "
                 f"of {shards.size}, params {hsdp.shard_checksum(model)}")
         event(ev="done", line=line)

@@ -123,9 +123,11 @@ def test_an_hsdp_replica_heals_shard_by_shard_after_a_worker_crash_and_a_node_lo
         gaps[pid] = max((later["t"] - earlier["t"], later["step"]) for earlier, later in zip(done_steps, done_steps[1:])
                         if later["t"] > crashed)
     heals = [r for events in (b, b2) for lines in events.values() for r in lines
-             if r["ev"] == "recovery" and r["role"] == "receiver"]
+             if r["ev"] == "recovery" and r["role"] == "receiver" and r["step"] > FAULT_STEP]
     print(f"\nhsdp: healthy replica's longest step gap {max(gaps.values())} after the faults; "
           f"heals (bytes, seconds): {[(r['nbytes'], round(r['healed'] - r['formed'], 3)) for r in heals]}; "
           f"the crash at {crashed:.2f}, the node loss at {lost:.2f}")
     assert len(heals) == 4, heals  # two replacements, two returning workers: one shard each
+    # A shard, not the model: the model's parameters and AdamW's two moments are 3 * 1153 floats.
+    assert all(r["nbytes"] < 3 * 1153 * 4 for r in heals), heals
     assert max(gap for gap, _ in gaps.values()) <= 0.5, gaps
