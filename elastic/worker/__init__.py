@@ -33,8 +33,9 @@ its :class:`Cause` for ``live.recoveries``); and the errors a training loop may 
 :class:`LiveRecoveryError` (the base), :class:`LiveOptionsError`, :class:`TrainingStateError`
 and :class:`WorkerEnvError` (on construction), :class:`StateTransferError`, :class:`GroupLost`
 (recoverable; ``run`` and ``train_step`` swallow it) and :class:`RecoveryFailed` (terminal) with
-:class:`FailingRoundsError`. The modules of this package are internal: the agent imports the
-pipes' codec from :mod:`elastic.worker.rounds`.
+:class:`FailingRoundsError`. HSDP with FSDP2 (``LiveOptions(hsdp=True)``) uses the public module
+:mod:`elastic.worker.hsdp`. The other modules of this package are internal: the agent imports
+the pipes' codec from :mod:`elastic.worker.rounds`.
 
 Importing this package does not import torch; ``LiveTraining``, ``ElasticLoader``,
 ``StepAttempt``, ``CommittedStep``, ``Recovery`` and ``Cause`` load it on first use.

@@ -29,6 +29,8 @@ __all__ = [
     "interrupt_due",
     "suspect_completion",
     "plan_heal",
+    "plan_shard_heals",
+    "whole_replicas",
 ]
 
 
@@ -198,6 +200,25 @@ def plan_heal(marks: Sequence[Mark], init_sync: bool) -> HealPlan:
     return HealPlan(top, source if receivers else None, receivers)
 
 
+def plan_shard_heals(marks: Sequence[Mark], shards: Sequence[int], init_sync: bool) -> dict[int, HealPlan]:
+    """HSDP's heal: one :func:`plan_heal` per shard index among the ranks holding it
+    (``shards[r]`` is rank ``r``'s), in the group's ranks; each shard index's receivers get its
+    state from a rank with the same index, every shard index at once.
+
+    Raises:
+        ValueError: ``marks`` and ``shards`` differ in length, or as :func:`plan_heal`.
+    """
+    if len(marks) != len(shards):
+        raise ValueError(f"{len(marks)} marks for {len(shards)} shard indices.")
+    plans = {}
+    for index in sorted(set(shards)):
+        ranks = [rank for rank, shard in enumerate(shards) if shard == index]
+        plan = plan_heal([marks[rank] for rank in ranks], init_sync)
+        plans[index] = HealPlan(plan.mark, None if plan.source is None else ranks[plan.source],
+                                tuple(ranks[receiver] for receiver in plan.receivers))
+    return plans
+
+
 class LossAction(enum.Enum):
     """What a worker whose group was lost does next."""
 
@@ -314,6 +335,8 @@ class CloseView:
         window_over: the regroup window has passed since this rank first saw a holder arrive.
         deadline_over: the form timeout has passed.
         newer: a newer round is pending, or the round's generation moved past this one.
+        replica_size: HSDP: ranks ``k * replica_size .. (k + 1) * replica_size - 1`` are one
+            replica (a node's shard group), which trains whole or not at all; 1 otherwise.
     """
 
     world_size: int
@@ -323,6 +346,7 @@ class CloseView:
     window_over: bool
     deadline_over: bool
     newer: bool
+    replica_size: int = 1
 
 
 @dataclass(frozen=True)
@@ -345,15 +369,31 @@ def decide_close(view: CloseView) -> Close:
     process, a GPU's initialisation) joins later in a generation of its own. With no holder
     there (a job's first formation: everyone is fresh) it waits for every rank, up to the form
     timeout. A newer round or generation abandons it whatever else holds.
+
+    With replicas (HSDP) only whole replicas are members: a replica with a rank missing waits
+    for it through the window (a replacement and its partners arrive together), then stays out
+    (its ranks form the next generation); a formation with no whole replica holding the newest
+    state waits.
     """
     if view.newer:
         return Close(CloseAction.ABANDON)
     if len(view.present) >= view.world_size:
         return Close(CloseAction.GO, tuple(range(view.world_size)))
-    present = tuple(sorted(view.present))
+    whole = whole_replicas(view.present, view.world_size, view.replica_size)
+    present = tuple(sorted(whole))
+    over = view.window_over or view.deadline_over
     if view.expected is not None:
-        if view.expected <= view.present:
+        if view.expected <= view.present and (whole == view.present or over):
             return Close(CloseAction.GO, present)
-    elif view.holders and (view.window_over or view.deadline_over):
+    elif view.holders & whole and over:
         return Close(CloseAction.GO, present)
     return Close(CloseAction.TIMEOUT if view.deadline_over else CloseAction.WAIT)
+
+
+def whole_replicas(present: frozenset[int], world_size: int, replica_size: int) -> frozenset[int]:
+    """The ranks of ``present`` whose replica (``rank // replica_size``) is all there."""
+    if replica_size <= 1:
+        return present
+    return frozenset(rank for rank in present
+                     if all(peer in present for peer in range(rank - rank % replica_size,
+                                                              min(world_size, rank - rank % replica_size + replica_size))))

@@ -257,7 +257,8 @@ def _barrier(store: Any, round_: Round, options: LiveOptions, mailbox: RoundMail
                 first_holder = now
             view = CloseView(world, frozenset(arrivals), holders, expected,
                              window_over=first_holder is not None and now - first_holder >= options.regroup_window,
-                             deadline_over=now >= deadline, newer=mailbox.pending is not None or moved())
+                             deadline_over=now >= deadline, newer=mailbox.pending is not None or moved(),
+                             replica_size=round_.local_world_size if options.hsdp else 1)
             close = decide_close(view)
             if close.action is CloseAction.WAIT:
                 mailbox.wait(delay)

@@ -4,7 +4,9 @@ Every rank all-gathers its :class:`~elastic.worker.decisions.Mark` (steps commit
 round it committed the last one in); :func:`~elastic.worker.decisions.plan_heal` picks the
 lowest-ranked rank with the highest mark as the source and everyone below it as receivers;
 the source encodes ``state_dict()`` and sends it point to point; each receiver loads it with
-``load_state_dict``. Ranks that are level with the source do nothing.
+``load_state_dict``. Ranks that are level with the source do nothing. With HSDP
+(``LiveOptions.hsdp``) each shard index heals on its own (:func:`~elastic.worker.decisions.plan_shard_heals`):
+a rank's state is its own shard, sent by a rank holding the same one.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from elastic.worker.codec import encode_state
-from elastic.worker.decisions import Mark, plan_heal
+from elastic.worker.decisions import Mark, plan_heal, plan_shard_heals
 from elastic.worker.group import FormedGroup
 from elastic.worker.options import LiveOptions
 from elastic.worker.transfer import receive_state, send_state, wire_device
@@ -67,8 +69,12 @@ def heal(formed: FormedGroup, mark: Mark, options: LiveOptions, state_dict: Call
     formed.registry.launch([dist.all_gather(gathered, mine, group=group, async_op=True)]).wait()
     marks = [Mark(*(int(value) for value in pair.tolist())) for pair in gathered]
     agreed_at = clock()
-    plan = plan_heal(marks, options.init_sync)
     rank = formed.rank
+    if options.hsdp:  # each shard index from a rank holding it (the round's ranks are node-major)
+        shards = [member % formed.round.local_world_size for member in (formed.members or range(formed.world_size))]
+        plan = plan_shard_heals(marks, shards, options.init_sync)[shards[rank]]
+    else:
+        plan = plan_heal(marks, options.init_sync)
     nbytes = 0
     role = HealRole.LEVEL
     if plan.source == rank:

@@ -53,6 +53,10 @@ class LiveOptions:
             and the live rank (:mod:`elastic.worker.rng`), so a joiner and a step run again draw
             what the rank would have; it travels in a heal. ``None``: the generators are left
             alone (a joiner's then differ from its peers').
+        hsdp: HSDP's layout (:mod:`elastic.worker.hsdp`): a node's workers are one replica,
+            sharded over their own fixed group; a group forms with whole replicas only, and a
+            heal sends each shard index's state from a rank with that index (its local rank).
+            Every node must run the same number of workers.
     """
 
     backend: str | None = None
@@ -69,6 +73,7 @@ class LiveOptions:
     max_failed_rounds: int = 8
     regroup_window: float = 0.2
     seed: int | None = 0
+    hsdp: bool = False
 
     def __post_init__(self) -> None:
         if self.backend not in (None, "gloo", "nccl"):
@@ -94,3 +99,5 @@ class LiveOptions:
             raise LiveOptionsError(f"The seed ({self.seed!r:.40}) must be None or an integer in [-2**63, 2**64).")
         if not isinstance(self.init_sync, bool):
             raise LiveOptionsError(f"init_sync ({self.init_sync!r}) must be True or False.")
+        if not isinstance(self.hsdp, bool):
+            raise LiveOptionsError(f"hsdp ({self.hsdp!r}) must be True or False.")

@@ -19,6 +19,7 @@ from elastic.worker.decisions import (
     interrupt_due,
     Mark,
     plan_heal,
+    plan_shard_heals,
 )
 
 
@@ -162,6 +163,44 @@ def view(present, holders=(), world=3, expected=None, window=False, deadline=Fal
 ])
 def test_decide_close(given, close):
     assert decide_close(given) == close
+
+
+def replicas(present, holders=(), expected=None, window=False, deadline=False):
+    """Two nodes of two workers: replicas {0, 1} and {2, 3}."""
+    return CloseView(4, frozenset(present), frozenset(holders), None if expected is None else frozenset(expected),
+                     window, deadline, False, replica_size=2)
+
+
+@pytest.mark.parametrize(("given", "close"), [
+    (replicas({0, 1, 2, 3}), Close(GO, (0, 1, 2, 3))),                               # everyone
+    (replicas({0, 1, 2}, {0, 1, 2}), Close(WAIT)),                                  # a worker crashed: within the window
+    (replicas({0, 1, 2}, {0, 1, 2}, window=True), Close(GO, (0, 1))),               # ... past it: its partner stays out
+    (replicas({0, 1}, {0, 1}, window=True), Close(GO, (0, 1))),                     # a node lost
+    (replicas({2}, {2}, window=True), Close(WAIT)),                                 # no whole replica: wait
+    (replicas({0, 1, 2}, {0, 1}, expected={0, 1}), Close(WAIT)),                    # a regroup: the joiner's partner may come
+    (replicas({0, 1, 2, 3}, {0, 1}, expected={0, 1}), Close(GO, (0, 1, 2, 3))),     # ... it came: the replica joins whole
+    (replicas({0, 1, 2}, {0, 1}, expected={0, 1}, window=True), Close(GO, (0, 1))),  # ... not by the window: go without
+])
+def test_a_formation_with_replicas_takes_whole_replicas_only(given, close):
+    assert decide_close(given) == close
+
+
+@pytest.mark.parametrize(("given", "shards", "plans"), [
+    # a replica (ranks 2, 3) healing: each shard index from the rank of the live replica holding it
+    (((5, 1), (5, 1), (0, -1), (0, -1)), (0, 1, 0, 1),
+     {0: HealPlan(Mark(5, 1), 0, (2,)), 1: HealPlan(Mark(5, 1), 1, (3,))}),
+    # nobody behind: nobody sends
+    (((5, 1), (5, 1)), (0, 1), {0: HealPlan(Mark(5, 1), None, ()), 1: HealPlan(Mark(5, 1), None, ())}),
+    # the first formation with init_sync: the lowest rank of each shard index sends
+    (((0, -1),) * 4, (0, 1, 0, 1), {0: HealPlan(Mark(0, -1), 0, (2,)), 1: HealPlan(Mark(0, -1), 1, (3,))}),
+])
+def test_a_sharded_heal_pairs_ranks_of_one_shard_index(given, shards, plans):
+    assert plan_shard_heals(marks(*given), shards, True) == plans
+
+
+def test_a_sharded_heal_needs_a_shard_index_per_rank():
+    with pytest.raises(ValueError, match="2 marks for 3 shard indices"):
+        plan_shard_heals(marks((1, 1), (1, 1)), (0, 1, 0), True)
 
 
 @pytest.mark.parametrize(("standing", "holds"), [
