@@ -201,6 +201,23 @@ def _read(round_: Round, read: Callable[[], Any]) -> Any:
         raise CollectiveFailed(f"round {round_.round}: {error}", round_.round) from error
 
 
+_CONNECTS: set[threading.Thread] = set()
+"""Connects to a round's store still running, some left behind for a newer round."""
+
+
+def wait_for_connects(timeout: float, clock: Callable[[], float] = time.monotonic) -> int:
+    """Wait up to ``timeout`` seconds for the connects left behind to end; how many still run.
+
+    Why: one that comes back from torch's C++ into a finalizing interpreter aborts the process
+    (SIGABRT, "terminate called without an active exception") after a run that succeeded. A
+    connect to a store that is gone ends by its timeout; one to a frozen store may never end,
+    and then blocks nothing (its thread is a daemon that never comes back)."""
+    deadline = clock() + timeout
+    for thread in list(_CONNECTS):
+        thread.join(max(0.0, deadline - clock()))
+    return sum(thread.is_alive() for thread in list(_CONNECTS))
+
+
 def _connect(round_: Round, options: LiveOptions, mailbox: RoundMailbox, clock: Callable[[], float]) -> Any:
     """A client of the round's store, connected in a helper thread so that a
     newer round does not wait for the connect timeout of a store that is gone."""
@@ -214,9 +231,12 @@ def _connect(round_: Round, options: LiveOptions, mailbox: RoundMailbox, clock: 
         except Exception as error:  # reported to the waiting thread below
             result["error"] = error
         finally:
+            _CONNECTS.discard(threading.current_thread())
             done.set()
 
-    threading.Thread(target=connect, name="elastic-store-connect", daemon=True).start()
+    thread = threading.Thread(target=connect, name="elastic-store-connect", daemon=True)
+    _CONNECTS.add(thread)
+    thread.start()
     while not done.wait(_MAX_POLL):
         if mailbox.pending is not None:
             raise Superseded(f"round {round_.round}: a newer round arrived while connecting its store", round_.round)

@@ -38,7 +38,7 @@ from elastic.worker.errors import (
     Superseded,
 )
 from elastic.worker.formation import ArrivalRecord
-from elastic.worker.group import form_group
+from elastic.worker.group import form_group, wait_for_connects
 from elastic.worker.heal import heal
 from elastic.worker.options import LiveOptions
 from elastic.worker.refill import GenerationState, GenerationStore, leave_round, move_generation, read_generation
@@ -162,6 +162,9 @@ class Recoverer:
         if left:
             log.warning("%s: %d abandoned collective(s) still run after %gs; gloo may abort this process at exit",
                         self._env.label, left, self._options.drain_timeout)
+        if wait_for_connects(0.0 if self.gave_up else self._options.store_timeout + 1.0):
+            log.warning("%s: a connect to a round's store left behind still runs (its store is frozen?)",
+                        self._env.label)
         self._reporter.close()
 
     # -- step boundaries ----------------------------------------------------------------------
