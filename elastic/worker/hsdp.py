@@ -71,10 +71,13 @@ class ShardGroup:
     def close(self) -> None:
         self.watch.close()
 
-    def register(self, *_: object) -> None:
-        """Make the group known to torch again after a re-forming forgot it: pass it as
+    def register(self, live: LiveTraining | None = None) -> None:
+        """Make the group known to torch again after a re-forming forgot it, and let the
+        watchdog abandon ``live``'s collectives when a partner's failed: pass it as
         ``LiveTraining(on_reform=shards.register)``."""
         register(self.group)
+        if live is not None:
+            self.watch.follow(live)
 
     def __enter__(self) -> ShardGroup:
         return self
@@ -89,9 +92,42 @@ class PartnerWatch:
 
     def __init__(self, store: Any, index: int, pids: dict[int, int], interval: float = WATCH_INTERVAL) -> None:
         self._store, self._index, self._pids, self._interval = store, index, pids, interval
+        self._live: LiveTraining | None = None
+        self._seen_lost = b""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="elastic-hsdp-partners", daemon=True)
         self._thread.start()
+
+    def follow(self, live: LiveTraining) -> None:
+        """Abandon ``live``'s collectives in flight when a partner says their group failed."""
+        self._live = live
+
+    def tell_lost(self, identity: tuple[int, int] | None) -> None:
+        """Say that the group ``identity`` (round, generation) failed here: a partner hung in
+        one of its collectives (gloo's ring waits on a live peer that left it) gives it up."""
+        if identity is None:
+            return
+        try:
+            self._store.set("lost", f"{identity[0]}/{identity[1]}/{self._index}")
+        except (RuntimeError, dist.DistStoreError):
+            pass  # the partner then waits for the interrupt grace
+
+    def _check_lost(self) -> None:
+        live = self._live
+        if live is None:
+            return
+        try:
+            if not self._store.check(["lost"]):
+                return
+            raw = self._store.get("lost")
+        except (RuntimeError, dist.DistStoreError):
+            return
+        if raw == self._seen_lost:
+            return
+        self._seen_lost = raw
+        round_, generation, index = (int(part) for part in raw.decode().split("/"))
+        if index != self._index:
+            live.abandon_collectives((round_, generation), f"shard partner {index} saw the group fail")
 
     def close(self) -> None:
         self._stop.set()
@@ -102,6 +138,7 @@ class PartnerWatch:
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval):
+            self._check_lost()
             for index, pid in self._pids.items():
                 if _alive(pid) or self._stop.is_set():
                     continue
@@ -233,6 +270,7 @@ def average_gradients(live: LiveTraining, module: torch.nn.Module, shards: Shard
         live.all_reduce(flat)
     except GroupLost as error:
         lost = error
+        shards.watch.tell_lost(live.group_identity)
     agreed = torch.tensor([0 if lost else 1], dtype=torch.int64)
     dist.all_reduce(agreed, op=dist.ReduceOp.MIN, group=shards.group)
     if lost is not None:

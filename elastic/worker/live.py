@@ -216,6 +216,17 @@ class LiveTraining:
         """
         return self._recoverer.in_use.all_reduce(tensor, op)
 
+    @property
+    def group_identity(self) -> tuple[int, int] | None:
+        """The group in use's round and generation (``None`` between groups)."""
+        return self._recoverer.in_use.identity
+
+    def abandon_collectives(self, identity: tuple[int, int], reason: str) -> int:
+        """Abandon the collectives in flight on the group in use if it is ``identity`` (its
+        round and generation), because a peer outside it saw it fail (HSDP: a shard partner);
+        they raise ``GroupLost`` and the step runs again. The number abandoned."""
+        return self._recoverer.in_use.abandon(identity, reason)
+
     def ddp(self, module: torch.nn.Module, **kwargs: Any) -> torch.nn.parallel.DistributedDataParallel:
         """A DDP of ``module`` whose gradients are averaged over the live group; it survives
         every re-forming (see :func:`elastic.worker.ddp.live_ddp`)."""
