@@ -30,6 +30,7 @@ import socket
 import sys
 import tempfile
 import threading
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Mapping
@@ -271,16 +272,33 @@ def average_gradients(live: LiveTraining, module: torch.nn.Module, shards: Shard
     except GroupLost as error:
         lost = error
         shards.watch.tell_lost(live.group_identity)
-    agreed = torch.tensor([0 if lost else 1], dtype=torch.int64)
+    due = live.reform_due
+    agreed = torch.tensor([0 if lost else 1, 0 if due else 1], dtype=torch.int64)
     dist.all_reduce(agreed, op=dist.ReduceOp.MIN, group=shards.group)
     if lost is not None:
         raise lost
-    if not agreed.item():
+    if not agreed[0].item():
         raise GroupLost(f"step {live.step}: a shard partner's all-reduce failed; the replica runs the step again",
                         live.round.round)
+    if not agreed[1].item() and not due:
+        _await_reform(live)
     flat.div_(max(1, live.world_size // shards.size))
     for grad, start in grads:
         grad.copy_(flat[start:start + grad.numel()].view_as(grad))
+
+
+REFORM_WAIT = 2.0
+"""The longest a rank waits to see the round or generation a shard partner will re-form at this
+step boundary (both learn of it from their agent's pipe or the store, milliseconds apart)."""
+
+
+def _await_reform(live: LiveTraining, clock: Any = time.monotonic) -> None:
+    """Wait until this rank also re-forms at the step boundary: a partner going to the
+    formation alone would leave it in FSDP's next all-gather, and the formation (whole
+    replicas only) waiting for it."""
+    deadline = clock() + REFORM_WAIT
+    while not live.reform_due and clock() < deadline:
+        time.sleep(0.002)
 
 
 def _slot_numel(param: torch.Tensor, size: int) -> int:

@@ -146,6 +146,13 @@ class LiveTraining:
         """Whether a newer round is waiting to be formed at the next step boundary (cheap)."""
         return self._recoverer.mailbox.pending is not None
 
+    @property
+    def reform_due(self) -> bool:
+        """Whether the next step boundary re-forms the group: a newer round is pending, or the
+        round's generation moved past the group's (a rank joins)."""
+        recoverer = self._recoverer
+        return recoverer.mailbox.pending is not None or (recoverer._watch is not None and recoverer._watch.moved is not None)
+
     # -- lifecycle ----------------------------------------------------------------------------
     def start(self) -> LiveTraining:
         """Form the first round's group (from the environment) and heal; returns ``self``.
