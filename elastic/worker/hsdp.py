@@ -79,6 +79,7 @@ class ShardGroup:
         register(self.group)
         if live is not None:
             self.watch.follow(live)
+            live.boundary_hook = lambda: agree_at_boundary(live, self)
 
     def __enter__(self) -> ShardGroup:
         return self
@@ -272,16 +273,13 @@ def average_gradients(live: LiveTraining, module: torch.nn.Module, shards: Shard
     except GroupLost as error:
         lost = error
         shards.watch.tell_lost(live.group_identity)
-    due = live.reform_due
-    agreed = torch.tensor([0 if lost else 1, 0 if due else 1], dtype=torch.int64)
+    agreed = torch.tensor([0 if lost else 1], dtype=torch.int64)
     dist.all_reduce(agreed, op=dist.ReduceOp.MIN, group=shards.group)
     if lost is not None:
         raise lost
-    if not agreed[0].item():
+    if not agreed.item():
         raise GroupLost(f"step {live.step}: a shard partner's all-reduce failed; the replica runs the step again",
                         live.round.round)
-    if not agreed[1].item() and not due:
-        _await_reform(live)
     flat.div_(max(1, live.world_size // shards.size))
     for grad, start in grads:
         grad.copy_(flat[start:start + grad.numel()].view_as(grad))
@@ -292,10 +290,20 @@ REFORM_WAIT = 2.0
 step boundary (both learn of it from their agent's pipe or the store, milliseconds apart)."""
 
 
-def _await_reform(live: LiveTraining, clock: Any = time.monotonic) -> None:
-    """Wait until this rank also re-forms at the step boundary: a partner going to the
-    formation alone would leave it in FSDP's next all-gather, and the formation (whole
-    replicas only) waiting for it."""
+def agree_at_boundary(live: LiveTraining, shards: ShardGroup, clock: Any = time.monotonic) -> None:
+    """At a step boundary, before the group is re-formed there: if a partner will re-form
+    (a newer round or generation) and this rank does not see it yet, wait until it does, so
+    the replica goes to the formation whole. A partner going alone would leave this rank in
+    FSDP's next all-gather, and the formation (whole replicas only) waiting for it.
+
+    Raises:
+        RuntimeError: the shard group failed (a partner died).
+    """
+    due = live.reform_due
+    flag = torch.tensor([1 if due else 0], dtype=torch.int64)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=shards.group)
+    if due or not flag.item():
+        return
     deadline = clock() + REFORM_WAIT
     while not live.reform_due and clock() < deadline:
         time.sleep(0.002)

@@ -94,6 +94,9 @@ class LiveTraining:
         self._started = False
         self._closed = False
         self._steps = Steps(self, self._recoverer, self._training, lambda: self._started and not self._closed)
+        self.boundary_hook: Callable[[], None] | None = None
+        """Called at every step boundary before the group is re-formed there (HSDP: a replica's
+        ranks agree to re-form at the same boundary, :mod:`elastic.worker.hsdp`)."""
 
     # -- what the loop reads ------------------------------------------------------------------
     @property

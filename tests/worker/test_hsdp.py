@@ -21,7 +21,7 @@ pytestmark = pytest.mark.needs_torch
 class OneReplica:
     """What ``average_gradients`` reads of a LiveTraining: a group of one."""
 
-    step, world_size, reform_due = 0, 1, False
+    step, world_size = 0, 1
 
     class round:  # noqa: N801 - the attribute LiveTraining has
         round = 0
