@@ -89,6 +89,20 @@ class GroupInUse:
         work = dist.all_reduce(buffer, group=formed.group, async_op=True)
         return formed.registry.launch([work], lambda: buffer.div_(world)).future
 
+    @property
+    def identity(self) -> tuple[int, int] | None:
+        """The group in use's round and generation, if any."""
+        formed = self._formed
+        return None if formed is None else (formed.round.round, formed.generation)
+
+    def abandon(self, identity: tuple[int, int], reason: str) -> int:
+        """Abandon the collectives in flight on the group in use if it is ``identity`` (a peer
+        outside the group saw it fail); the number abandoned."""
+        formed = self._formed
+        if formed is None or (formed.round.round, formed.generation) != identity:
+            return 0
+        return formed.registry.abandon(reason)
+
     def abandoned_works(self) -> int:
         """Works of abandoned groups still running; drops the groups whose works all ended."""
         return self._graveyard.reap()

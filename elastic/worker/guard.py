@@ -178,6 +178,15 @@ class OpRegistry:
         self._record(lost)
         return sum(op.settle(error=lost) for op in due)
 
+    def abandon(self, reason: str) -> int:
+        """Fail the ops in flight with :class:`CollectiveFailed` (``reason``: who saw the group
+        fail); the number abandoned. For a peer that cannot reach this group's collectives."""
+        lost = CollectiveFailed(f"round {self.round}: {reason}", self.round)
+        self._record(lost)
+        with self._lock:
+            due = list(self._ops)
+        return sum(op.settle(error=lost) for op in due)
+
     def close(self, reason: str) -> list[Any]:
         """Fail every op still in flight (no new launch succeeds) and return the works still running."""
         lost = Superseded(f"round {self.round}: the group was left ({reason})", self.round)

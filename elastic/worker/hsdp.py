@@ -30,6 +30,7 @@ import socket
 import sys
 import tempfile
 import threading
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Mapping
@@ -71,10 +72,14 @@ class ShardGroup:
     def close(self) -> None:
         self.watch.close()
 
-    def register(self, *_: object) -> None:
-        """Make the group known to torch again after a re-forming forgot it: pass it as
+    def register(self, live: LiveTraining | None = None) -> None:
+        """Make the group known to torch again after a re-forming forgot it, and let the
+        watchdog abandon ``live``'s collectives when a partner's failed: pass it as
         ``LiveTraining(on_reform=shards.register)``."""
         register(self.group)
+        if live is not None:
+            self.watch.follow(live)
+            live.boundary_hook = lambda: agree_at_boundary(live, self)
 
     def __enter__(self) -> ShardGroup:
         return self
@@ -89,9 +94,42 @@ class PartnerWatch:
 
     def __init__(self, store: Any, index: int, pids: dict[int, int], interval: float = WATCH_INTERVAL) -> None:
         self._store, self._index, self._pids, self._interval = store, index, pids, interval
+        self._live: LiveTraining | None = None
+        self._seen_lost = b""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="elastic-hsdp-partners", daemon=True)
         self._thread.start()
+
+    def follow(self, live: LiveTraining) -> None:
+        """Abandon ``live``'s collectives in flight when a partner says their group failed."""
+        self._live = live
+
+    def tell_lost(self, identity: tuple[int, int] | None) -> None:
+        """Say that the group ``identity`` (round, generation) failed here: a partner hung in
+        one of its collectives (gloo's ring waits on a live peer that left it) gives it up."""
+        if identity is None:
+            return
+        try:
+            self._store.set("lost", f"{identity[0]}/{identity[1]}/{self._index}")
+        except (RuntimeError, dist.DistStoreError):
+            pass  # the partner then waits for the interrupt grace
+
+    def _check_lost(self) -> None:
+        live = self._live
+        if live is None:
+            return
+        try:
+            if not self._store.check(["lost"]):
+                return
+            raw = self._store.get("lost")
+        except (RuntimeError, dist.DistStoreError):
+            return
+        if raw == self._seen_lost:
+            return
+        self._seen_lost = raw
+        round_, generation, index = (int(part) for part in raw.decode().split("/"))
+        if index != self._index:
+            live.abandon_collectives((round_, generation), f"shard partner {index} saw the group fail")
 
     def close(self) -> None:
         self._stop.set()
@@ -102,6 +140,7 @@ class PartnerWatch:
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval):
+            self._check_lost()
             for index, pid in self._pids.items():
                 if _alive(pid) or self._stop.is_set():
                     continue
@@ -233,6 +272,7 @@ def average_gradients(live: LiveTraining, module: torch.nn.Module, shards: Shard
         live.all_reduce(flat)
     except GroupLost as error:
         lost = error
+        shards.watch.tell_lost(live.group_identity)
     agreed = torch.tensor([0 if lost else 1], dtype=torch.int64)
     dist.all_reduce(agreed, op=dist.ReduceOp.MIN, group=shards.group)
     if lost is not None:
@@ -243,6 +283,30 @@ def average_gradients(live: LiveTraining, module: torch.nn.Module, shards: Shard
     flat.div_(max(1, live.world_size // shards.size))
     for grad, start in grads:
         grad.copy_(flat[start:start + grad.numel()].view_as(grad))
+
+
+REFORM_WAIT = 2.0
+"""The longest a rank waits to see the round or generation a shard partner will re-form at this
+step boundary (both learn of it from their agent's pipe or the store, milliseconds apart)."""
+
+
+def agree_at_boundary(live: LiveTraining, shards: ShardGroup, clock: Any = time.monotonic) -> None:
+    """At a step boundary, before the group is re-formed there: if a partner will re-form
+    (a newer round or generation) and this rank does not see it yet, wait until it does, so
+    the replica goes to the formation whole. A partner going alone would leave this rank in
+    FSDP's next all-gather, and the formation (whole replicas only) waiting for it.
+
+    Raises:
+        RuntimeError: the shard group failed (a partner died).
+    """
+    due = live.reform_due
+    flag = torch.tensor([1 if due else 0], dtype=torch.int64)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=shards.group)
+    if due or not flag.item():
+        return
+    deadline = clock() + REFORM_WAIT
+    while not live.reform_due and clock() < deadline:
+        time.sleep(0.002)
 
 
 def _slot_numel(param: torch.Tensor, size: int) -> int:

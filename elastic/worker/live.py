@@ -94,6 +94,9 @@ class LiveTraining:
         self._started = False
         self._closed = False
         self._steps = Steps(self, self._recoverer, self._training, lambda: self._started and not self._closed)
+        self.boundary_hook: Callable[[], None] | None = None
+        """Called at every step boundary before the group is re-formed there (HSDP: a replica's
+        ranks agree to re-form at the same boundary, :mod:`elastic.worker.hsdp`)."""
 
     # -- what the loop reads ------------------------------------------------------------------
     @property
@@ -145,6 +148,13 @@ class LiveTraining:
     def new_round_pending(self) -> bool:
         """Whether a newer round is waiting to be formed at the next step boundary (cheap)."""
         return self._recoverer.mailbox.pending is not None
+
+    @property
+    def reform_due(self) -> bool:
+        """Whether the next step boundary re-forms the group: a newer round is pending, or the
+        round's generation moved past the group's (a rank joins)."""
+        recoverer = self._recoverer
+        return recoverer.mailbox.pending is not None or (recoverer._watch is not None and recoverer._watch.moved is not None)
 
     # -- lifecycle ----------------------------------------------------------------------------
     def start(self) -> LiveTraining:
@@ -215,6 +225,17 @@ class LiveTraining:
             GroupLost: the collective failed, or a newer round abandoned it.
         """
         return self._recoverer.in_use.all_reduce(tensor, op)
+
+    @property
+    def group_identity(self) -> tuple[int, int] | None:
+        """The group in use's round and generation (``None`` between groups)."""
+        return self._recoverer.in_use.identity
+
+    def abandon_collectives(self, identity: tuple[int, int], reason: str) -> int:
+        """Abandon the collectives in flight on the group in use if it is ``identity`` (its
+        round and generation), because a peer outside it saw it fail (HSDP: a shard partner);
+        they raise ``GroupLost`` and the step runs again. The number abandoned."""
+        return self._recoverer.in_use.abandon(identity, reason)
 
     def ddp(self, module: torch.nn.Module, **kwargs: Any) -> torch.nn.parallel.DistributedDataParallel:
         """A DDP of ``module`` whose gradients are averaged over the live group; it survives

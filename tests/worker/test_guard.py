@@ -132,6 +132,16 @@ def test_a_late_result_after_an_interrupt_is_ignored():
         op.wait()
 
 
+def test_a_peer_outside_the_group_can_abandon_every_op_in_flight_as_a_failure():
+    registry = OpRegistry(4, "run t")
+    first, second = registry.launch([FutureWork()]), registry.launch([FutureWork()])
+    assert registry.abandon("shard partner 1 saw the group fail") == 2
+    for op in (first, second):
+        with pytest.raises(CollectiveFailed, match="round 4: shard partner 1 saw the group fail"):
+            op.wait()
+    assert isinstance(registry.failure, CollectiveFailed)
+
+
 def test_close_fails_ops_in_flight_and_returns_the_works_still_running():
     registry = OpRegistry(2, "run t")
     running, finished = FutureWork(), FutureWork()
