@@ -40,21 +40,16 @@ from elastic.worker.errors import (
 from elastic.worker.formation import ArrivalRecord
 from elastic.worker.group import form_group, wait_for_connects
 from elastic.worker.heal import heal
+from elastic.worker.leaving import FormedRound
 from elastic.worker.options import LiveOptions
-from elastic.worker.refill import GenerationState, GenerationStore, leave_round, move_generation, read_generation
-from elastic.worker.regroup import GenerationWatch, within
+from elastic.worker.refill import GenerationState, GenerationStore, move_generation, read_generation
+from elastic.worker.regroup import GenerationWatch
 from elastic.worker.reporting import Cause, Recovery, Reporter
 from elastic.worker.rounds import ROUND_FD_VAR, ReadyEvent, Round, export_round
-from elastic.worker.standing import StandingBook
 
 log = logging.getLogger(__name__)
 
 __all__ = ["Recoverer", "StateHooks"]
-
-_STORE_LOOK = 0.25
-"""The longest a look at a round's store outside a formation may take (its master may be
-frozen or gone): the generation after a loss, the end of a round's generations when leaving it."""
-
 
 @dataclass(frozen=True)
 class StateHooks:
@@ -81,8 +76,7 @@ class Recoverer:
     Args:
         env: the worker's start (its first round, its pipes).
         environ: updated with each round's ranks when mutable (:func:`elastic.worker.rounds.export_round`).
-        state: what a heal sends and applies.
-        commits: counted into at each step's end, and moved by each heal.
+        state: what a heal sends and applies. commits: counted at each step's end, moved by each heal.
         reporter: keeps and logs each recovery, and tells the agent.
         options: the timeouts and limits.
         on_formed: called after every group formed and healed.
@@ -112,9 +106,8 @@ class Recoverer:
         self._lost: GroupLost | None = None
         self._generation = 0  # the generation of the round last formed (or being formed)
         self._refilled: tuple[int, int] | None = None  # the (round, generation) last moved past
-        self._standing = StandingBook()  # whether this worker holds the newest state, for its arrivals
-        self._store: Any = None  # the store of the round last formed (its generation key)
         self._watch = GenerationWatch(env.label) if env.round_fd is not None else None
+        self._formed = FormedRound(self._watch)  # its store, and this worker's standing for its arrivals
         self.gave_up = False
         """A recovery failed (:class:`RecoveryFailed`): the worker exits non-zero."""
 
@@ -157,14 +150,7 @@ class Recoverer:
         if self._watch is not None:
             self._watch.stop()
         self.in_use.leave("closed")
-        # A worker that gave up exits non-zero anyway: it does not wait for hung works first.
-        left = self.in_use.drain(0.0 if self.gave_up else self._options.drain_timeout)
-        if left:
-            log.warning("%s: %d abandoned collective(s) still run after %gs; gloo may abort this process at exit",
-                        self._env.label, left, self._options.drain_timeout)
-        if wait_for_connects(0.0 if self.gave_up else self._options.store_timeout + 1.0):
-            log.warning("%s: a connect to a round's store left behind still runs (its store is frozen?)",
-                        self._env.label)
+        _drain(self.in_use, self._options, self.gave_up, self._env.label)
         self._reporter.close()
 
     # -- step boundaries ----------------------------------------------------------------------
@@ -206,7 +192,7 @@ class Recoverer:
     def _lose(self, lost: GroupLost) -> None:
         """The group in use was lost: told to the agent and counted by :meth:`_settle_loss`."""
         self._lost = lost
-        self._standing.lost(isinstance(lost, CollectiveFailed) and lost.stalled)
+        self._formed.standing.lost(isinstance(lost, CollectiveFailed) and lost.stalled)
 
     def _tell_loss(self) -> None:
         assert self._lost is not None
@@ -215,41 +201,18 @@ class Recoverer:
 
     def _settle_loss(self) -> tuple[bool, bool]:
         """Whether the lost group's round moved to a newer generation, and whether it was left for
-        a newer round, as its store says now. Either means a peer left the group on purpose (or
-        already repairs it): not a failure to report. Otherwise the loss is told and counted."""
-        moved = left = False
-        formed = self._standing
-        if (self._reachable() and formed.formed_round == self.round.round
-                and not isinstance(self._lost, Superseded)):
-            state = within(_STORE_LOOK, lambda: read_generation(self._store), "reading the round's generation",
-                           self.where())
-            if state is not None:
-                left = state.left_for is not None
-                moved = not left and state.number > formed.formed_generation
-        if moved or left:
+        a newer round (:meth:`FormedRound.settle`); if neither, the loss is told and counted."""
+        settled = self._formed.settle(self.round, isinstance(self._lost, Superseded), self.where())
+        if settled.moved or settled.left:
             log.info("%s: step %d runs again in %s", self.where(), self._commits.step,
-                     "a newer generation of the round" if moved else "the newer round a peer left for")
+                     "a newer generation of the round" if settled.moved else "the newer round a peer left for")
         else:
             self._tell_loss()
-        return moved, left
-
-    def _reachable(self) -> bool:
-        """Whether the round last formed has a store that did not fail the watcher's last look."""
-        return self._store is not None and not (self._watch is not None and self._watch.unreachable(self._store))
+        return settled.moved, settled.left
 
     def _depart(self) -> None:
-        """Before leaving the round in use for the pending one: end the round's generations in its
-        store, so the peers left behind wait for the newer round rather than train on without this
-        rank, and learn whether one formed without it meanwhile (:func:`~elastic.worker.refill.leave_round`)."""
         pending = self.mailbox.pending
-        if pending is None or not self._reachable() or self._standing.formed_round != self.round.round:
-            self._standing.departed(False)
-            return
-        round_, store, generation = self.round, self._store, self._standing.formed_generation
-        clean = within(_STORE_LOOK, lambda: leave_round(store, generation, round_.rank, round_.world_size,
-                                                         pending.record.round),
-                       f"ending round {round_.round}'s generations", self.where())
-        self._standing.departed(clean is True)
+        self._formed.depart(self.round, None if pending is None else pending.record.round, self.where())
 
     # -- the loop -----------------------------------------------------------------------------
     def _recover(self, cause: Cause, first: _Target | None) -> None:
@@ -318,38 +281,24 @@ class Recoverer:
             elif action is LossAction.WAIT:
                 self.mailbox.wait(max(0.0, deadline - self._clock()))
             else:
-                raise self._give_up(action) from self._lost
-
-    def _give_up(self, action: LossAction) -> RecoveryFailed:
-        if action is LossAction.GIVE_UP_AGENT_GONE:
-            why = "the round pipe is closed (the agent is gone)" if self._env.has_pipe else f"there is no round pipe ({ROUND_FD_VAR})"
-            return AgentGoneError(f"{self.where()}: the group was lost ({self._lost}) and {why}: no round can come.")
-        if action is LossAction.GIVE_UP_FAILING:
-            return FailingRoundsError(f"{self.where()}: {self._commits.failed_in_a_row} groups failed in a row without a "
-                                      f"committed step (max_failed_rounds={self._options.max_failed_rounds}), the "
-                                      f"last: {self._lost}.")
-        return NoRoundError(f"{self.where()}: the group was lost ({self._lost}) and no newer round came within "
-                            f"{self._options.round_wait_timeout:g}s.")
+                raise _give_up(action, self.where(), self._lost, self._env.has_pipe, self._commits.failed_in_a_row,
+                                 self._options) from self._lost
 
     def _form(self, cause: Cause, plan: _Target, began: float, attempts: int) -> None:
         arrival = plan.arrival
         target = arrival.record
-        if target.local_rank != self.round.local_rank:
-            log.warning("%s: round %d moves this worker from local rank %d to %d (its device does not change)",
-                        self.where(), target.round, self.round.local_rank, target.local_rank)
+        _export(target, self.round, self._environ, self.where())
         if target is not self.round:  # not the first round, nor a generation of the round in use
             self._generation = 0  # a newer round starts at its generation 0
             if target.round <= self.round.round:
                 self._commits.renumbered()
-                self._standing.renumbered()
+                self._formed.standing.renumbered()
         self.round = target
-        if isinstance(self._environ, MutableMapping):
-            export_round(target, self._environ)
         mark = self._commits.mark
-        joining = ArrivalRecord(target.rank, self._standing.holds(target.round), mark.step, mark.round)
+        joining = ArrivalRecord(target.rank, self._formed.standing.holds(target.round), mark.step, mark.round)
         formed = form_group(target, self._options, self.mailbox, self._env.label, self._clock,
                             fenced=self._env.has_pipe, pick=plan.pick, wait_until=plan.wait_until, arrival=joining,
-                            on_left_out=self._standing.left_out)
+                            on_left_out=self._formed.standing.left_out)
         self.in_use.use(formed)
         self._generation = formed.generation
         if isinstance(self._environ, MutableMapping) and formed.world_size != target.world_size:
@@ -360,10 +309,7 @@ class Recoverer:
                       self._clock)
         self._commits.adopt(healed.mark)
         self._lost = None
-        self._store = formed.store
-        self._standing.formed(target.round, formed.generation)
-        if self._watch is not None and formed.store is not None:
-            self._watch.watch(formed.store, formed.generation)
+        self._formed.formed(target.round, formed.generation, formed.store)
         recovery = Recovery(
             round=target.round, cause=cause, step=healed.step, steps_before=healed.steps, role=healed.role,
             nbytes=healed.nbytes, began=began, round_arrived=None if cause is Cause.START and attempts == 1 else arrival.at,
@@ -378,3 +324,36 @@ class Recoverer:
 def _past_current(store: GenerationStore) -> GenerationState:
     """A replacement's generation: one past the current, which its predecessor may have formed."""
     return move_generation(store, read_generation(store).number)
+
+
+def _give_up(action: LossAction, where: str, lost: GroupLost | None, has_pipe: bool, failed_in_a_row: int,
+             options: LiveOptions) -> RecoveryFailed:
+    """The terminal error for a :func:`~elastic.worker.decisions.decide_after_loss` that gives up."""
+    if action is LossAction.GIVE_UP_AGENT_GONE:
+        why = "the round pipe is closed (the agent is gone)" if has_pipe else f"there is no round pipe ({ROUND_FD_VAR})"
+        return AgentGoneError(f"{where}: the group was lost ({lost}) and {why}: no round can come.")
+    if action is LossAction.GIVE_UP_FAILING:
+        return FailingRoundsError(f"{where}: {failed_in_a_row} groups failed in a row without a committed step "
+                                  f"(max_failed_rounds={options.max_failed_rounds}), the last: {lost}.")
+    return NoRoundError(f"{where}: the group was lost ({lost}) and no newer round came within "
+                        f"{options.round_wait_timeout:g}s.")
+
+
+def _drain(in_use: GroupInUse, options: LiveOptions, gave_up: bool, label: str) -> None:
+    """Wait (bounded) for the abandoned collectives and the store connects left behind; a worker
+    that gave up exits non-zero anyway and does not wait."""
+    left = in_use.drain(0.0 if gave_up else options.drain_timeout)
+    if left:
+        log.warning("%s: %d abandoned collective(s) still run after %gs; gloo may abort this process at exit",
+                    label, left, options.drain_timeout)
+    if wait_for_connects(0.0 if gave_up else options.store_timeout + 1.0):
+        log.warning("%s: a connect to a round's store left behind still runs (its store is frozen?)", label)
+
+
+def _export(target: Round, previous: Round, environ: Mapping[str, str], where: str) -> None:
+    """Put ``target``'s ranks in ``environ`` when it is mutable; say when the local rank moves."""
+    if target.local_rank != previous.local_rank:
+        log.warning("%s: round %d moves this worker from local rank %d to %d (its device does not change)",
+                    where, target.round, previous.local_rank, target.local_rank)
+    if isinstance(environ, MutableMapping):
+        export_round(target, environ)
