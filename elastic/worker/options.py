@@ -71,7 +71,7 @@ class LiveOptions:
     coalesce_bytes: int = 4 * 1024 * 1024
     drain_timeout: float = 60.0
     max_failed_rounds: int = 8
-    regroup_window: float = 0.2
+    regroup_window: float = 0.1
     seed: int | None = 0
     hsdp: bool = False
 
