@@ -79,7 +79,7 @@ class ShardGroup:
         register(self.group)
         if live is not None:
             self.watch.follow(live)
-            live.boundary_hook = lambda: agree_at_boundary(live, self)
+            live.control.boundary_hook = lambda: agree_at_boundary(live, self)
 
     def __enter__(self) -> ShardGroup:
         return self
@@ -129,7 +129,7 @@ class PartnerWatch:
         self._seen_lost = raw
         round_, generation, index = (int(part) for part in raw.decode().split("/"))
         if index != self._index:
-            live.abandon_collectives((round_, generation), f"shard partner {index} saw the group fail")
+            live.control.abandon((round_, generation), f"shard partner {index} saw the group fail")
 
     def close(self) -> None:
         self._stop.set()
@@ -272,7 +272,7 @@ def average_gradients(live: LiveTraining, module: torch.nn.Module, shards: Shard
         live.all_reduce(flat)
     except GroupLost as error:
         lost = error
-        shards.watch.tell_lost(live.group_identity)
+        shards.watch.tell_lost(live.control.identity)
     agreed = torch.tensor([0 if lost else 1], dtype=torch.int64)
     dist.all_reduce(agreed, op=dist.ReduceOp.MIN, group=shards.group)
     if lost is not None:
@@ -299,13 +299,13 @@ def agree_at_boundary(live: LiveTraining, shards: ShardGroup, clock: Any = time.
     Raises:
         RuntimeError: the shard group failed (a partner died).
     """
-    due = live.reform_due
+    due = live.control.reform_due
     flag = torch.tensor([1 if due else 0], dtype=torch.int64)
     dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=shards.group)
     if due or not flag.item():
         return
     deadline = clock() + REFORM_WAIT
-    while not live.reform_due and clock() < deadline:
+    while not live.control.reform_due and clock() < deadline:
         time.sleep(0.002)
 
 

@@ -32,6 +32,7 @@ import torch.distributed as dist
 from elastic.worker.backend import choose_backend
 from elastic.worker.codec import check_state
 from elastic.worker.commits import Commits
+from elastic.worker.control import GroupControl
 from elastic.worker.decisions import Mark
 from elastic.worker.environment import read_worker_env
 from elastic.worker.errors import LiveRecoveryError
@@ -94,9 +95,9 @@ class LiveTraining:
         self._started = False
         self._closed = False
         self._steps = Steps(self, self._recoverer, self._training, lambda: self._started and not self._closed)
-        self.boundary_hook: Callable[[], None] | None = None
-        """Called at every step boundary before the group is re-formed there (HSDP: a replica's
-        ranks agree to re-form at the same boundary, :mod:`elastic.worker.hsdp`)."""
+        recoverer = self._recoverer
+        self.control = GroupControl(recoverer.mailbox, recoverer.generation_watch, recoverer.in_use)
+        """For a layer over the loop (HSDP's shard group): :mod:`elastic.worker.control`."""
 
     # -- what the loop reads ------------------------------------------------------------------
     @property
@@ -149,13 +150,6 @@ class LiveTraining:
         """Whether a newer round is waiting to be formed at the next step boundary (cheap)."""
         return self._recoverer.mailbox.pending is not None
 
-    @property
-    def reform_due(self) -> bool:
-        """Whether the next step boundary re-forms the group: a newer round is pending, or the
-        round's generation moved past the group's (a rank joins)."""
-        recoverer = self._recoverer
-        return recoverer.mailbox.pending is not None or (recoverer._watch is not None and recoverer._watch.moved is not None)
-
     # -- lifecycle ----------------------------------------------------------------------------
     def start(self) -> LiveTraining:
         """Form the first round's group (from the environment) and heal; returns ``self``.
@@ -166,13 +160,8 @@ class LiveTraining:
             StateTransferError: ``state_dict()`` holds a value that cannot be sent.
             RecoveryFailed: the first round could not be formed and no newer one came.
         """
-        if self._started:
-            raise LiveRecoveryError(f"{self._label}: start() was called twice.")
-        self.options = choose_backend(self.options, self._environ, self._label, live=self._env.has_pipe)
+        self.options = _check_start(self._started, self.options, self._environ, self._env.has_pipe, self._label)
         self._recoverer.use_options(self.options)
-        if dist.is_initialized():
-            raise LiveRecoveryError(f"{self._label}: the default process group is already initialized; "
-                                    "LiveTraining forms it itself (remove the init_process_group call).")
         check_state(self._training.compose(self.step))
         self._started = True
         atexit.register(self.close)
@@ -226,17 +215,6 @@ class LiveTraining:
         """
         return self._recoverer.in_use.all_reduce(tensor, op)
 
-    @property
-    def group_identity(self) -> tuple[int, int] | None:
-        """The group in use's round and generation (``None`` between groups)."""
-        return self._recoverer.in_use.identity
-
-    def abandon_collectives(self, identity: tuple[int, int], reason: str) -> int:
-        """Abandon the collectives in flight on the group in use if it is ``identity`` (its
-        round and generation), because a peer outside it saw it fail (HSDP: a shard partner);
-        they raise ``GroupLost`` and the step runs again. The number abandoned."""
-        return self._recoverer.in_use.abandon(identity, reason)
-
     def ddp(self, module: torch.nn.Module, **kwargs: Any) -> torch.nn.parallel.DistributedDataParallel:
         """A DDP of ``module`` whose gradients are averaged over the live group; it survives
         every re-forming (see :func:`elastic.worker.ddp.live_ddp`)."""
@@ -244,3 +222,19 @@ class LiveTraining:
 
         return live_ddp(self._recoverer.in_use, module, **kwargs)
 
+
+def _check_start(started: bool, options: LiveOptions, environ: Mapping[str, str], live: bool,
+                 label: str) -> LiveOptions:
+    """The options to form with (the backend chosen, :func:`~elastic.worker.backend.choose_backend`).
+
+    Raises:
+        LiveRecoveryError: started already, or the default process group exists.
+        UnsupportedBackendError: see :func:`~elastic.worker.backend.choose_backend`.
+    """
+    if started:
+        raise LiveRecoveryError(f"{label}: start() was called twice.")
+    options = choose_backend(options, environ, label, live=live)
+    if dist.is_initialized():
+        raise LiveRecoveryError(f"{label}: the default process group is already initialized; "
+                                "LiveTraining forms it itself (remove the init_process_group call).")
+    return options

@@ -106,8 +106,8 @@ class Recoverer:
         self._lost: GroupLost | None = None
         self._generation = 0  # the generation of the round last formed (or being formed)
         self._refilled: tuple[int, int] | None = None  # the (round, generation) last moved past
-        self._watch = GenerationWatch(env.label) if env.round_fd is not None else None
-        self._formed = FormedRound(self._watch)  # its store, and this worker's standing for its arrivals
+        self.generation_watch = GenerationWatch(env.label) if env.round_fd is not None else None
+        self._formed = FormedRound(self.generation_watch)  # its store, and this worker's standing for its arrivals
         self.gave_up = False
         """A recovery failed (:class:`RecoveryFailed`): the worker exits non-zero."""
 
@@ -136,8 +136,8 @@ class Recoverer:
         """
         if self._watcher is not None:
             self._watcher.start()
-        if self._watch is not None:
-            self._watch.start()
+        if self.generation_watch is not None:
+            self.generation_watch.start()
         # The agent may now tell the survivors: they wait in the barrier no longer.
         self._reporter.tell(ReadyEvent.JOINING, self.round, self._commits.step)
         first = Arrival(self.round, self._clock())
@@ -147,8 +147,8 @@ class Recoverer:
         """Stop watching the pipe, leave the group, and wait (bounded) for abandoned collectives."""
         if self._watcher is not None:
             self._watcher.stop()
-        if self._watch is not None:
-            self._watch.stop()
+        if self.generation_watch is not None:
+            self.generation_watch.stop()
         self.in_use.leave("closed")
         _drain(self.in_use, self._options, self.gave_up, self._env.label)
         self._reporter.close()
@@ -164,7 +164,7 @@ class Recoverer:
             self._recover(Cause.LOST, None)
         elif self.mailbox.pending is not None:
             self._recover(Cause.ROUND, None)
-        elif self._watch is not None and self._watch.moved is not None:
+        elif self.generation_watch is not None and self.generation_watch.moved is not None:
             self._recover(Cause.REGROUP, _Target(Arrival(self.round, self._clock())))
 
     def after_step(self, error: BaseException | None) -> bool:
@@ -227,8 +227,8 @@ class Recoverer:
         if cause is Cause.ROUND:
             self._depart()  # before the peers see this rank leave
         self.in_use.leave(f"{cause.value} at step {self._commits.step}")
-        if self._watch is not None:
-            self._watch.clear()
+        if self.generation_watch is not None:
+            self.generation_watch.clear()
         moved, left = self._settle_loss() if cause is Cause.LOST else (False, False)
         deadline = began + self._options.round_wait_timeout
         attempts = 0

@@ -90,8 +90,8 @@ class Steps:
         """
         if not self._is_open():
             raise LiveRecoveryError(f"{self._recoverer.where()}: {what} needs start() first and close() not yet.")
-        if self._live.boundary_hook is not None:
-            self._live.boundary_hook()
+        if self._live.control.boundary_hook is not None:
+            self._live.control.boundary_hook()
         self._recoverer.before_step()
         return self._live.step
 
