@@ -17,7 +17,8 @@ the round, the first failure of a worker in it, and when the node left it. From 
   in that round (their connections to it break), their leaving the round, or (`noticed_lost`)
   their next round without it or a ``member_lost`` while their round had it.
 
-The job trains in a round from when its last member started training until the round stopped;
+The job trains in a round from when its last member started training (with kept live workers:
+from when the first node with kept workers formed it) until the round stopped;
 `downtime` turns the gaps between those spans into interruptions with their causes.
 """
 
@@ -271,13 +272,23 @@ def round_spans(nodes: Sequence[NodeLog], noticed: Mapping[str, float]) -> tuple
                 deaths[log.node] = death
     spans = []
     for (run_id, number), members in by_key.items():
-        starts = [m.trains for m in members]
-        start = None if any(s is None for s in starts) else max(starts)  # type: ignore[type-var]
+        start = _round_start(members)
         stops = [s for s in (_stop(m, deaths) for m in members) if s is not None]
         stop = min(stops, key=first_cause) if stops else None
         spans.append(RoundSpan(run_id, number, tuple(members), start, stop))
     spans.sort(key=lambda s: (s.start if s.start is not None else min(m.joined for m in s.members), s.run_id))
     return spans, deaths
+
+
+def _round_start(members: Sequence[NodeRound]) -> float | None:
+    """When the job trained in a round: once its last member trained in it; with kept live
+    workers, once the first node with kept workers formed it (survivors train on without a
+    node whose new workers are not ready: they join at a later step, docs/live-recovery.md)."""
+    kept = [m.trains for m in members if m.kept and m.trains is not None]
+    if kept:
+        return min(kept)
+    starts = [m.trains for m in members]
+    return None if any(s is None for s in starts) else max(starts)  # type: ignore[type-var]
 
 
 def _stop(member: NodeRound, deaths: Mapping[str, Sign]) -> Sign | None:
