@@ -306,9 +306,12 @@ def test_a_replaced_worker_rejoins_its_round_as_a_new_generation_without_a_new_r
         # The survivors do not wait for the replacement's start (a cold torch import here): they
         # train on as two (issue 37), and take it in at a step boundary once it arrives.
         assert first_step_after(logs[slot], killed_at)["world"] == 2
-        resumed = [r for r in recoveries(logs[slot]) if r["formed"] > recoveries(logs["w4"])[0]["began"]][0]
-        # "lost" when the other survivor left their group first at its step boundary, under this one
-        assert resumed["members"] == [0, 1, 2] and resumed["cause"] in ("regroup", "lost"), resumed
+        # Taken in at a step boundary ("lost" when the other survivor left their group first,
+        # under this one): with all three, possibly after a formation of two when a survivor
+        # arrived after the regroup window (a loaded machine) and joined at the next boundary.
+        after = [r for r in recoveries(logs[slot]) if r["formed"] > recoveries(logs["w4"])[0]["began"]]
+        whole = [r for r in after if r["members"] == [0, 1, 2]]
+        assert whole and all(r["cause"] in ("regroup", "lost") for r in after[:after.index(whole[0]) + 1]), after
     for slot, predecessor in (("w3", "w2"), ("w4", "w3")):
         joined = recoveries(logs[slot])
         assert [(r["round"], r["cause"], r["role"]) for r in joined] == [(0, "start", "receiver")], joined
