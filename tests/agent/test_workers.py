@@ -315,6 +315,27 @@ def test_stop_is_idempotent_and_a_stopped_group_cannot_start(harness):
         never_started.start()
 
 
+def test_a_group_of_one_attempt_answers_no_to_what_live_recovery_asks(harness):
+    """The agent asks every group the live questions; a plain group says no: its view does not
+    follow rounds, a failed worker is replaced by nobody, and it cannot move to another round."""
+    group = harness.start(harness.group("""
+    if RANK == 1:
+        sys.exit(3)
+    time.sleep(60)
+    """))
+    wait_until(lambda: group.look().failures, 20, "rank 1 to fail")
+    view = group.look()
+    assert not view.follows_rounds and view.silent and view.formed is None
+    assert group.refill(attempt=1, restart_count=0, use_agent_store=False) == ()
+    group.held(None)
+    assert group.look().failures == view.failures
+    later = RendezvousInfo(run_id=harness.run_id, round=1, group_rank=0, group_world_size=1,
+                           master_addr="127.0.0.1", master_port=29999, members=())
+    with pytest.raises(WorkerStartError, match="cannot move to round 1"):
+        group.move_to(later, attempt=1, restart_count=0, use_agent_store=False)
+    assert group.look().running == frozenset({0})
+
+
 def test_a_stop_interrupted_by_a_signal_is_redone_by_the_next_stop(harness, monkeypatch):
     body = """
     mark("ready", os.getpid())
