@@ -181,7 +181,7 @@ def test_an_attempt_whose_collective_failed_while_fn_went_on_is_not_committed(li
     def fn(attempt):
         seen.append((attempt.step, attempt.attempt))
         if (attempt.step, attempt.attempt) == (0, 1):  # as a DDP bucket's failure, which fn does not see
-            live._recoverer.in_use.require().registry._record(CollectiveFailed("round 0: a collective failed", 0))
+            live._parts.recoverer.in_use.require().registry._record(CollectiveFailed("round 0: a collective failed", 0))
         return attempt.step
 
     assert [(c.step, c.result, c.attempts) for c in live.run(fn, until=2)] == [(0, 0, 2), (1, 1, 1)]
