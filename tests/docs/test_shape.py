@@ -112,3 +112,14 @@ def test_no_class_in_the_worker_or_the_agent_is_longer_than_250_lines():
     over = [f"{shape.where}: {shape.name} is {shape.lines} lines"
             for shape in package_shapes(ONE_JOB) if shape.lines > MAX_CLASS_LINES]
     assert not over, f"At most {MAX_CLASS_LINES} lines a class; split it by job:\n" + "\n".join(over)
+
+
+MAX_FACADE_LINES = 150
+"""The training loop's facade only reads its arguments and delegates to the jobs behind it."""
+
+
+def test_the_live_training_facade_stays_a_facade():
+    [facade] = [shape for shape in package_shapes(("elastic/worker",)) if shape.name == "LiveTraining"]
+    assert facade.lines <= MAX_FACADE_LINES, (
+        f"{facade.where}: LiveTraining is {facade.lines} lines; move what is not the user's API into the "
+        f"jobs behind it (elastic/worker/assembly.py, lifecycle.py, recoverer.py, steps.py)")
