@@ -1,7 +1,7 @@
 """Form the default process group of one round from its store, and leave it.
 
 Forming is interruptible up to the moment the group's members are decided: the store is
-connected in a helper thread, and the ranks meet at a barrier on the round's store whose
+connected in a tracked helper thread (:mod:`elastic.worker.leftover`), and the ranks meet at a barrier on the round's store whose
 outcome is one compare-and-set (the verdict, :mod:`elastic.worker.formation`): ``go`` with the
 members, or ``abandon`` when a rank saw a newer round first. Each arriving rank appends its
 arrival (its round rank, whether it holds the newest training state); the verdict is decided
@@ -21,7 +21,6 @@ as soon as the round's generation key moves past it, for the newest.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -47,6 +46,7 @@ from elastic.worker.formation import (
     parse_verdict,
 )
 from elastic.worker.guard import Graveyard, OpRegistry
+from elastic.worker.leftover import start_call
 from elastic.worker.options import LiveOptions
 from elastic.worker.refill import (
     GenerationState,
@@ -201,51 +201,22 @@ def _read(round_: Round, read: Callable[[], Any]) -> Any:
         raise CollectiveFailed(f"round {round_.round}: {error}", round_.round) from error
 
 
-_CONNECTS: set[threading.Thread] = set()
-"""Connects to a round's store still running, some left behind for a newer round."""
-
-
-def wait_for_connects(timeout: float, clock: Callable[[], float] = time.monotonic) -> int:
-    """Wait up to ``timeout`` seconds for the connects left behind to end; how many still run.
-
-    Why: one that comes back from torch's C++ into a finalizing interpreter aborts the process
-    (SIGABRT, "terminate called without an active exception") after a run that succeeded. A
-    connect to a store that is gone ends by its timeout; one to a frozen store may never end,
-    and then blocks nothing (its thread is a daemon that never comes back)."""
-    deadline = clock() + timeout
-    for thread in list(_CONNECTS):
-        thread.join(max(0.0, deadline - clock()))
-    return sum(thread.is_alive() for thread in list(_CONNECTS))
-
-
 def _connect(round_: Round, options: LiveOptions, mailbox: RoundMailbox, clock: Callable[[], float]) -> Any:
-    """A client of the round's store, connected in a helper thread so that a
-    newer round does not wait for the connect timeout of a store that is gone."""
-    result: dict[str, Any] = {}
-    done = threading.Event()
-
-    def connect() -> None:
-        try:
-            result["store"] = dist.TCPStore(round_.master_addr, round_.master_port, is_master=False,
-                                            wait_for_workers=False, timeout=timedelta(seconds=options.store_timeout))
-        except Exception as error:  # reported to the waiting thread below
-            result["error"] = error
-        finally:
-            _CONNECTS.discard(threading.current_thread())
-            done.set()
-
-    thread = threading.Thread(target=connect, name="elastic-store-connect", daemon=True)
-    _CONNECTS.add(thread)
-    thread.start()
-    while not done.wait(_MAX_POLL):
+    """A client of the round's store, connected in a tracked helper thread
+    (:func:`elastic.worker.leftover.start_call`) so that a newer round does not wait for the
+    connect timeout of a store that is gone; a connect left behind is waited for at close."""
+    call = start_call(lambda: dist.TCPStore(round_.master_addr, round_.master_port, is_master=False,
+                                            wait_for_workers=False, timeout=timedelta(seconds=options.store_timeout)),
+                      name="elastic-store-connect")
+    while not call.wait(_MAX_POLL):
         if mailbox.pending is not None:
             raise Superseded(f"round {round_.round}: a newer round arrived while connecting its store", round_.round)
-    if "error" in result:
-        error = result["error"]
+    if call.error is not None:
+        error = call.error
         raise CollectiveFailed(f"round {round_.round}: its store {round_.master_addr}:{round_.master_port} "
                                f"cannot be reached: {str(error).strip().splitlines()[0] if str(error).strip() else error!r}",
                                round_.round) from error
-    return result["store"]
+    return call.value
 
 
 def _barrier(store: Any, round_: Round, options: LiveOptions, mailbox: RoundMailbox, deadline: float,

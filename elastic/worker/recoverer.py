@@ -38,8 +38,9 @@ from elastic.worker.errors import (
     Superseded,
 )
 from elastic.worker.formation import ArrivalRecord
-from elastic.worker.group import form_group, wait_for_connects
+from elastic.worker.group import form_group
 from elastic.worker.heal import heal
+from elastic.worker.leftover import wait_for_leftovers
 from elastic.worker.leaving import FormedRound
 from elastic.worker.options import LiveOptions
 from elastic.worker.refill import GenerationState, GenerationStore, move_generation, read_generation
@@ -340,14 +341,16 @@ def _give_up(action: LossAction, where: str, lost: GroupLost | None, has_pipe: b
 
 
 def _drain(in_use: GroupInUse, options: LiveOptions, gave_up: bool, label: str) -> None:
-    """Wait (bounded) for the abandoned collectives and the store connects left behind; a worker
-    that gave up exits non-zero anyway and does not wait."""
+    """Wait (bounded) for the abandoned collectives and the store calls left behind (connects,
+    looks: :mod:`elastic.worker.leftover`); a worker that gave up exits non-zero anyway and does
+    not wait."""
     left = in_use.drain(0.0 if gave_up else options.drain_timeout)
     if left:
         log.warning("%s: %d abandoned collective(s) still run after %gs; gloo may abort this process at exit",
                     label, left, options.drain_timeout)
-    if wait_for_connects(0.0 if gave_up else options.store_timeout + 1.0):
-        log.warning("%s: a connect to a round's store left behind still runs (its store is frozen?)", label)
+    running = wait_for_leftovers(0.0 if gave_up else options.store_timeout + 1.0)
+    if running:
+        log.warning("%s: %d call(s) to a round's store left behind still run (its store is frozen?)", label, running)
 
 
 def _export(target: Round, previous: Round, environ: Mapping[str, str], where: str) -> None:

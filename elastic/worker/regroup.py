@@ -18,6 +18,7 @@ import logging
 import threading
 from typing import Any, Callable, TypeVar
 
+from elastic.worker.leftover import start_call
 from elastic.worker.refill import GenerationState, read_generation
 
 log = logging.getLogger(__name__)
@@ -100,24 +101,14 @@ class GenerationWatch:
 
 def within(seconds: float, call: Callable[[], T], what: str, label: str) -> T | None:
     """``call()``'s value if it returns within ``seconds``; None (logged) if it raises or takes longer
-    (it then runs on in a daemon thread, bounded by the store's own timeout)."""
-    result: dict[str, Any] = {}
-    done = threading.Event()
-
-    def run() -> None:
-        try:
-            result["value"] = call()
-        except Exception as error:  # reported below
-            result["error"] = error
-        finally:
-            done.set()
-
-    threading.Thread(target=run, name="elastic-store-look", daemon=True).start()
-    if not done.wait(seconds):
+    (it then runs on in a tracked daemon thread, bounded by the store's own timeout, and is waited
+    for at close: :mod:`elastic.worker.leftover`)."""
+    look = start_call(call, name="elastic-store-look")
+    if not look.wait(seconds):
         log.warning("%s: %s took over %gs; going on without it", label, what, seconds)
         return None
-    if "error" in result:
-        error = result["error"]
+    if look.error is not None:
+        error = look.error
         log.warning("%s: %s failed: %s", label, what, str(error).splitlines()[0] if str(error) else type(error).__name__)
         return None
-    return result["value"]
+    return look.value

@@ -18,7 +18,8 @@ SCRIPT = textwrap.dedent("""
     import sys, time
     from types import SimpleNamespace
     from elastic.worker.errors import Superseded
-    from elastic.worker.group import _connect, wait_for_connects
+    from elastic.worker.group import _connect
+    from elastic.worker.leftover import wait_for_leftovers
     from elastic.worker.options import LiveOptions
     from elastic.worker.rounds import Round
 
@@ -31,7 +32,7 @@ SCRIPT = textwrap.dedent("""
         _connect(round_, LiveOptions(store_timeout=timeout), mailbox, time.monotonic)
     except Superseded:
         print("superseded", flush=True)
-    print(wait_for_connects(wait), round(time.monotonic() - began, 2), flush=True)
+    print(wait_for_leftovers(wait), round(time.monotonic() - began, 2), flush=True)
 """)
 
 
@@ -66,3 +67,35 @@ def test_a_connect_left_behind_to_a_frozen_store_is_waited_for_no_longer_than_as
         silent.close()
     assert running == 1
     assert 3.0 <= took < 20.0
+
+
+LOOK_SCRIPT = textwrap.dedent("""
+    import sys, threading, time
+    from datetime import timedelta
+    import torch.distributed as dist
+    from elastic.worker.collectives import GroupInUse
+    from elastic.worker.options import LiveOptions
+    from elastic.worker.recoverer import _drain
+    from elastic.worker.regroup import within
+
+    timeout = float(sys.argv[1])
+    master = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
+    client = dist.TCPStore("127.0.0.1", master.port, is_master=False, wait_for_workers=False,
+                           timeout=timedelta(seconds=timeout))
+    print(within(0.05, lambda: client.get("never-set"), "a look at a key that never comes", "test"), flush=True)
+    began = time.monotonic()
+    _drain(GroupInUse("test"), LiveOptions(store_timeout=timeout), False, "test")
+    looks = sum(thread.name == "elastic-store-look" for thread in threading.enumerate())
+    print(looks, round(time.monotonic() - began, 2), flush=True)
+""")
+
+
+def test_a_bounded_look_at_a_store_left_behind_is_waited_for_when_the_worker_closes():
+    # The look (elastic/worker/regroup.py:within) gives up after 0.05 s; its store call runs on
+    # until the client's 1 s timeout. Closing (the recoverer's drain) waits for it to end.
+    done = subprocess.run([sys.executable, "-c", LOOK_SCRIPT, "1.0"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    given_up, (running, took) = done.stdout.split()[0], done.stdout.split()[1:3]
+    assert given_up == "None", done.stdout
+    assert int(running) == 0, done.stdout
+    assert float(took) < 20.0
