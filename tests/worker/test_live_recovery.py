@@ -133,7 +133,10 @@ def test_a_frozen_peer_is_abandoned_when_the_next_round_arrives_and_heals_when_i
         causes = [r["cause"] for r in recoveries(logs[slot])]
         # Round 2 reaches each survivor at a step boundary ("round"), unless the other survivor
         # read it first and left round 1's group under it, failing its collective ("lost").
-        assert causes[:2] == ["start", "lost"] and causes[2] in ("round", "lost") and len(causes) == 3, causes
+        # A survivor that reached round 2's barrier after the regroup window (a loaded machine) is
+        # left out of its first generation and joins the next at a step boundary ("regroup").
+        assert causes[:2] == ["start", "lost"] and causes[2] in ("round", "lost"), causes
+        assert all(cause == "regroup" for cause in causes[3:]), causes
     thawed = recoveries(logs["w2"])
     assert [r["round"] for r in thawed] == [0, 2] and thawed[1]["role"] == "receiver"
     assert gap < 3.0, f"the survivor's first step came {gap:.2f}s after the round arrived"
@@ -316,6 +319,8 @@ def test_a_replaced_worker_rejoins_its_round_as_a_new_generation_without_a_new_r
         joined = recoveries(logs[slot])
         assert [(r["round"], r["cause"], r["role"]) for r in joined] == [(0, "start", "receiver")], joined
         assert joined[0]["generation"] > max(r["generation"] for r in recoveries(logs[predecessor]))
-        assert joined[0]["generation"] in {r["generation"] for r in recoveries(logs["w0"])}
+        # Formed with a survivor: both, or one when the other came after the regroup window.
+        survivors = {r["generation"] for survivor in ("w0", "w1") for r in recoveries(logs[survivor])}
+        assert joined[0]["generation"] in survivors
         assert steps(logs[slot])[0]["step"] == joined[0]["step"]
     assert len(agent.rounds) == 1
