@@ -208,6 +208,8 @@ class Run:
         common = ["--nproc-per-node", str(self.nproc), "--max-restarts", "1000", "--monitor-interval", "0.1"]
         if self.system == "torchft":
             env.update(REPLICA_GROUP_ID=str(node), TORCHFT_LIGHTHOUSE=self.lighthouse_addr)
+            if self.hsdp:  # two workers restarted together: torch's workaround for pytorch/pytorch#135712
+                env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
             return [self.torchft_python, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1", *common,
                     str(HSDP_TORCHFT_WORKER if self.hsdp else TORCHFT_WORKER)], env
         env.update(CKPT_PATH=str(self.workdir / "checkpoint.pt"), CKPT_EVERY=str(CHECKPOINT_EVERY),

@@ -8,9 +8,12 @@ events to $LIVE_LOG as ``torchft_train.py`` does.
 Settings (environment): LIVE_STEPS, LIVE_STEP_SLEEP, REPLICA_GROUP_ID, TORCHFT_LIGHTHOUSE and
 the replica group's RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT (torchrun sets them).
 
-Each rank's Manager heals its own shard (:class:`elastic.worker.hsdp.ShardState` and
-``OptimizerShardState``: the DTensors' local tensors) from the rank of a live replica group with
-the same group rank. Every rank logs ``start``; group rank 0 logs the committed steps
+Each rank's Manager heals its own shard (:class:`ParamShards` and
+:class:`elastic.worker.hsdp.OptimizerShardState`: the DTensors' local tensors) from the rank of a
+live replica group with the same group rank. TorchFT asks for the state on its quorum thread
+while the training thread runs forward and backward, so :class:`ParamShards` reads the sharded
+parameters it kept a hold of, never ``module.state_dict()`` (FSDP2's state-dict hooks reshard
+the module under the running backward: ``setStorage: ... out of bounds for storage of size 0``). Every rank logs ``start``; group rank 0 logs the committed steps
 (``world``: ranks); every rank logs a ``heal`` (``fetch_s``, ``load_s``, ``nbytes``).
 """
 
@@ -29,7 +32,7 @@ import torch.nn.functional as F  # noqa: E402
 from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
 from torchft import Manager, ProcessGroupGloo  # noqa: E402
 
-from elastic.worker.hsdp import OptimizerShardState, ShardState  # noqa: E402
+from elastic.worker.hsdp import OptimizerShardState  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from hsdp_model import batch, make_sharded  # noqa: E402
@@ -50,7 +53,24 @@ group_rank, shards = dist.get_rank(), dist.get_world_size()
 mesh = init_device_mesh("cpu", (shards,), mesh_dim_names=("shard",))
 model = make_sharded(mesh)
 opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-state = {"model": ShardState(model), "opt": OptimizerShardState(opt)}
+
+
+class ParamShards:
+    """The sharded parameters' local tensors, held from the start: safe to read on another thread."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        self.params = dict(module.named_parameters())  # the sharded DTensors, outside forward
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {name: param.to_local().detach() for name, param in self.params.items()}
+
+    def load_state_dict(self, received) -> None:
+        with torch.no_grad():
+            for name, param in self.params.items():
+                param.to_local().copy_(received[name])
+
+
+state = {"model": ParamShards(model), "opt": OptimizerShardState(opt)}
 
 
 def state_dict():
