@@ -31,14 +31,15 @@ import sys
 import tempfile
 import time
 from contextlib import ExitStack
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # support: the tests' helpers, not shipped
 
-from live_figures import (FaultFigures, back_cell, commits, fault_figures, gap_cell, gap_note, outcome,  # noqa: E402
-                          ratio, shard_heal_figures, state_figures, step_period, useful_and_redone)
+from live_figures import (FaultFigures, back_cell, commits, fault_figures, first_after, gap_cell, gap_note,  # noqa: E402
+                          outcome, ratio, shard_heal_figures, state_figures, step_period,
+                          useful_and_redone)
 from live_systems import LABELS, REPO, Run, SystemFailed, torchft_python  # noqa: E402
 
 FAULT_STEP = 25
@@ -242,9 +243,16 @@ def measure_fault_and_state(run: Run, kind: str, window: float):
 
 
 def measure_hsdp_fault(run: Run, kind: str, window: float):
-    """:func:`measure_fault` for an HSDP run, plus how its state came back: (figures, heal)."""
+    """:func:`measure_fault` for an HSDP run, plus how its state came back: (figures, heal).
+
+    ``back_s`` counts node 1's commits from its first worker started after the fault: the crashed
+    worker's partner can log a step it had all but committed just after the kill."""
     figures, fault_at = _measured(run, kind, window)
-    return figures, shard_heal_figures(run.events(0) + run.events(1), fault_at)
+    events = run.events(1)
+    restarted = min((e["t"] for e in events if e.get("ev") == "start" and e["t"] > fault_at), default=None)
+    back = None if restarted is None else first_after(commits(events), restarted, fault_at + window)
+    figures = replace(figures, back_s=None if back is None else back + restarted - fault_at)
+    return figures, shard_heal_figures(run.events(0) + events, fault_at)
 
 
 def measure_schedule(run: Run, seconds: float) -> ScheduleFigures:
