@@ -84,19 +84,19 @@ def measure_reload(workdir: Path, state_mb: int, timeout: float) -> dict:
         SystemFailed: the workers failed or did not finish in ``timeout``.
     """
     env = clean_env(PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", HSDP_HIDDEN=str(hsdp_hidden(state_mb)),
-                    CKPT_DIR=str(workdir / "checkpoint"), LOGLEVEL="WARNING")
+                    CKPT_DIR=str(workdir / "checkpoint"), RESULT_DIR=str(workdir), LOGLEVEL="WARNING")
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(DCP_WORKER)]
-    proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     try:
-        out, err = proc.communicate(timeout=timeout)
+        _, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired as expired:
         raise SystemFailed(f"the reload did not finish in {timeout:g}s") from expired
     finally:
         if proc.poll() is None:
             kill_tree(proc.pid)
             proc.wait(timeout=10)
-    ranks = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    ranks = [json.loads(path.read_text()) for path in sorted(workdir.glob("rank*.json"))]
     if proc.returncode != 0 or len(ranks) != 2:
         raise SystemFailed(f"the reload exited {proc.returncode}: {err.strip().splitlines()[-1:]}")
     if not all(rank["same"] for rank in ranks):

@@ -1,8 +1,10 @@
 """One HSDP replica's sharded checkpoint, saved once and loaded into a fresh FSDP2 model and
 optimizer: the reload ``benchmarks/hsdp_heal.py`` sets beside a live shard heal. Run by
-``torchrun --standalone --nproc-per-node 2`` (gloo, CPU); each rank prints one JSON line.
+``torchrun --standalone --nproc-per-node 2`` (gloo, CPU); each rank writes one JSON object to
+``RESULT_DIR/rank<r>.json`` (torchrun's forwarded stdout can join two ranks' lines).
 
-Settings (environment): HSDP_HIDDEN (the model's hidden width), CKPT_DIR (where to save).
+Settings (environment): HSDP_HIDDEN (the model's hidden width), CKPT_DIR (where to save),
+RESULT_DIR.
 
 Per rank: ``save_s`` (``dcp.save``), ``load_s`` (from a barrier: ``get_state_dict`` of the fresh
 model and optimizer, ``dcp.load`` from local disk, ``set_state_dict``; the slowest rank's is the
@@ -61,6 +63,10 @@ dcp.load(state, checkpoint_id=directory)
 set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["opt"])
 load_s = time.monotonic() - began
 disk = sum(os.path.getsize(os.path.join(directory, name)) for name in os.listdir(directory))
-print(json.dumps({"rank": rank, "save_s": save_s, "load_s": load_s, "bytes": local_nbytes(model, opt),
-                  "disk_bytes": disk, "same": shard_checksum(model) == saved_sum}), flush=True)
+result = {"rank": rank, "save_s": save_s, "load_s": load_s, "bytes": local_nbytes(model, opt), "disk_bytes": disk,
+          "same": shard_checksum(model) == saved_sum}
+partial = os.path.join(os.environ["RESULT_DIR"], f"rank{rank}.json.partial")
+with open(partial, "w") as file:
+    json.dump(result, file)
+os.replace(partial, partial[:-len(".partial")])
 dist.destroy_process_group()
