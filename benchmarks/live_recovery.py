@@ -3,6 +3,8 @@
 Run:  python benchmarks/live_recovery.py --side-by-side [--systems ...]
                                          [--faults crash,node_loss,freeze,control_plane,slow_replacement,sigterm]
                                          [--window 60] [--schedule 120] [--state-mb 100] [--repetitions N] [--quick]
+      python benchmarks/live_recovery.py --side-by-side --hsdp [--systems live+prewarm,torchrun,torchft]
+                                         [--faults crash,node_loss] [--window 20] [--repetitions N]
       python benchmarks/live_recovery.py [--cases crash,freeze,transfer] [--repetitions N] [--json FILE]
 
 ``--side-by-side`` (``live_side.py``, ``live_systems.py``): the same small DDP model under
@@ -18,6 +20,14 @@ every worker's model has ~N MiB of parameters + Adam state (LIVE_BIG_MB), and a 
 gives per fault and system the state's size, the joiner's transfer from a live peer (live
 systems), the checkpoint save and the reload after the fault (checkpointing systems, local disk)
 and TorchFT's heal, from the workers' events (not for ``control_plane``).
+
+``--side-by-side --hsdp``: HSDP instead (``live_systems.Run(hsdp=True)``): the model of
+``examples/train_hsdp_live.py`` on 2 nodes x 2 workers (replicate 2, shard 2) under
+``elasticrun --live-recovery`` (that example), stock torchrun (FSDP2 over a 2-D mesh, a sharded
+``torch.distributed.checkpoint`` every 10 steps) and TorchFT 0.2.0 (FSDP2 per replica group,
+its Manager's all-reduce across groups), for a worker crash and a node loss; a heal table gives
+the ranks that took state in, bytes per rank and the slowest one's seconds.
+``benchmarks/hsdp_heal.py`` times a ~100 MB HSDP heal beside a sharded checkpoint reload.
 
 Without it, the worker-side figures, with :class:`support.live_agent.SimulatedAgent`
 standing in for the agents (it hosts each round's TCPStore and writes the round lines as soon as
