@@ -202,3 +202,34 @@ def state_figures(events: Iterable[dict], fault_at: float) -> StateFigures:
         save_s=statistics.median(saves) if saves else None,
         reload_s=max(loads) if loads else None,
         heal_s=heal["fetch_s"] + heal["load_s"] if heal and heal.get("fetch_s") is not None else None)
+
+
+@dataclass(frozen=True)
+class HealFigures:
+    """How an HSDP run moved its state back after a fault (``--hsdp``); None: not seen.
+
+    ``ranks``: the ranks that took state in (a live heal's receivers, a checkpoint reload's
+    ranks, TorchFT's healed ranks); ``bytes_per_rank``: the most one of them took in (its own
+    shard of parameters and optimizer state); ``seconds``: the slowest of them (a live heal's
+    ``healed - formed``, a reload's ``dcp.load`` and ``set_state_dict``, TorchFT's fetch and
+    load), as the ranks take theirs in parallel.
+    """
+
+    ranks: int
+    bytes_per_rank: int | None
+    seconds: float | None
+
+
+def shard_heal_figures(events: Iterable[dict], fault_at: float) -> HealFigures:
+    """The heal figures from both nodes' worker events after ``fault_at``: ``recovery`` records
+    as receiver, ``loaded`` (with ``bytes``) or ``heal`` events, whichever the system wrote."""
+    events = [e for e in events if e.get("t", 0.0) > fault_at]
+    received = [(e["nbytes"], e["healed"] - e["formed"]) for e in events
+                if e.get("ev") == "recovery" and e.get("role") == "receiver"]
+    loaded = [(e.get("bytes"), e["load_s"]) for e in events if e.get("ev") == "loaded"]
+    healed = [(e["nbytes"], (e.get("fetch_s") or 0.0) + e["load_s"]) for e in events if e.get("ev") == "heal"]
+    taken = received or loaded or healed
+    if not taken:
+        return HealFigures(0, None, None)
+    sizes = [size for size, _ in taken if size is not None]
+    return HealFigures(len(taken), max(sizes) if sizes else None, max(seconds for _, seconds in taken))

@@ -3,6 +3,8 @@
 Run:  python benchmarks/live_recovery.py --side-by-side [--systems ...]
                                          [--faults crash,node_loss,freeze,control_plane,slow_replacement,sigterm]
                                          [--window 60] [--schedule 120] [--state-mb 100] [--repetitions N] [--quick]
+      python benchmarks/live_recovery.py --side-by-side --hsdp [--systems live+prewarm,torchrun,torchft]
+                                         [--faults crash,node_loss] [--window 20] [--repetitions N]
       python benchmarks/live_recovery.py [--cases crash,freeze,transfer] [--repetitions N] [--json FILE]
 
 ``--side-by-side`` (``live_side.py``, ``live_systems.py``): the same small DDP model under
@@ -18,6 +20,14 @@ every worker's model has ~N MiB of parameters + Adam state (LIVE_BIG_MB), and a 
 gives per fault and system the state's size, the joiner's transfer from a live peer (live
 systems), the checkpoint save and the reload after the fault (checkpointing systems, local disk)
 and TorchFT's heal, from the workers' events (not for ``control_plane``).
+
+``--side-by-side --hsdp``: HSDP instead (``live_systems.Run(hsdp=True)``): the model of
+``examples/train_hsdp_live.py`` on 2 nodes x 2 workers (replicate 2, shard 2) under
+``elasticrun --live-recovery`` (that example), stock torchrun (FSDP2 over a 2-D mesh, a sharded
+``torch.distributed.checkpoint`` every 10 steps) and TorchFT 0.2.0 (FSDP2 per replica group,
+its Manager's all-reduce across groups), for a worker crash and a node loss; a heal table gives
+the ranks that took state in, bytes per rank and the slowest one's seconds.
+``benchmarks/hsdp_heal.py`` times a ~100 MB HSDP heal beside a sharded checkpoint reload.
 
 Without it, the worker-side figures, with :class:`support.live_agent.SimulatedAgent`
 standing in for the agents (it hosts each round's TCPStore and writes the round lines as soon as
@@ -66,6 +76,9 @@ from support.live_agent import SimulatedAgent  # noqa: E402
 from elastic.worker.rounds import Ready, ReadyEvent  # noqa: E402
 from live_side import FAULTS  # noqa: E402
 from live_systems import SYSTEMS  # noqa: E402
+
+HSDP_SYSTEMS = ("live+prewarm", "torchrun", "torchft")
+HSDP_FAULTS = ("crash", "node_loss")
 
 WORKER = REPO / "tests" / "worker" / "workers" / "live_train.py"
 CASES = ("crash", "freeze", "transfer")
@@ -242,6 +255,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     side.add_argument("--keep-logs", action="store_true",
                       help="keep every run's worker and launcher logs (kept anyway when a run failed)")
     side.add_argument("--quick", action="store_true", help="a smoke: live+prewarm and torchrun, a crash, a 10 s window")
+    side.add_argument("--hsdp", action="store_true",
+                      help=f"HSDP: 2 nodes x 2 workers, FSDP2 (replicate 2, shard 2); systems {','.join(HSDP_SYSTEMS)} "
+                           f"(default), faults {','.join(HSDP_FAULTS)}")
     args = parser.parse_args(argv)
     if args.repetitions < 1:
         parser.error("--repetitions must be at least 1")
@@ -256,6 +272,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def _side_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.Namespace:
+    if args.hsdp:
+        return _hsdp_args(parser, args)
     args.systems = [name for name in args.systems.split(",") if name]
     args.faults = [name for name in args.faults.split(",") if name]
     if args.quick:
@@ -268,6 +286,28 @@ def _side_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> arg
                      f"faults {', '.join(FAULTS)})")
     if args.step_seconds <= 0 or args.window <= 0 or args.schedule < 0 or args.state_mb < 0:
         parser.error("--step-seconds and --window must be positive, --schedule and --state-mb not negative")
+    return args
+
+
+def _hsdp_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.Namespace:
+    """``--side-by-side --hsdp``: its own default systems, and only the faults it measures."""
+    given = {action.dest: action.default for action in parser._actions}
+    systems = HSDP_SYSTEMS if args.systems == given["systems"] else args.systems
+    faults = HSDP_FAULTS if args.faults == given["faults"] else args.faults
+    args.systems = [name for name in systems.split(",") if name] if isinstance(systems, str) else list(systems)
+    args.faults = [name for name in faults.split(",") if name] if isinstance(faults, str) else list(faults)
+    if args.quick:
+        args.systems = [name for name in ("live+prewarm", "torchrun") if name in args.systems]
+        args.faults, args.window = ["crash"], args.window or 10.0
+    args.window = 60.0 if args.window is None else args.window
+    unknown = sorted(set(args.systems) - set(HSDP_SYSTEMS) | set(args.faults) - set(HSDP_FAULTS))
+    if unknown:
+        parser.error(f"--hsdp does not run {', '.join(unknown)} (systems {', '.join(HSDP_SYSTEMS)}; "
+                     f"faults {', '.join(HSDP_FAULTS)})")
+    if args.schedule or args.state_mb:
+        parser.error("--hsdp takes neither --schedule nor --state-mb (benchmarks/hsdp_heal.py times a big heal)")
+    if args.step_seconds <= 0 or args.window <= 0:
+        parser.error("--step-seconds and --window must be positive")
     return args
 
 

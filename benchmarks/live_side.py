@@ -26,18 +26,20 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import statistics
 import sys
 import tempfile
 import time
 from contextlib import ExitStack
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # support: the tests' helpers, not shipped
 
-from live_figures import (FaultFigures, back_cell, commits, fault_figures, gap_cell, gap_note, outcome,  # noqa: E402
-                          ratio, state_figures, step_period, useful_and_redone)
+from live_figures import (FaultFigures, back_cell, commits, fault_figures, first_after, gap_cell, gap_note,  # noqa: E402
+                          outcome, ratio, shard_heal_figures, state_figures, step_period,
+                          useful_and_redone)
 from live_systems import LABELS, REPO, Run, SystemFailed, torchft_python  # noqa: E402
 
 FAULT_STEP = 25
@@ -79,15 +81,17 @@ def _start(run: Run) -> None:
     def both_training() -> bool:
         survivor = commits(run.events(0))
         return (bool(survivor) and survivor[-1].step >= FAULT_STEP and bool(commits(run.events(1)))
-                and one_world(run.events(0), run.events(1)))
+                and one_world(run.events(0), run.events(1), world=run.world))
 
-    run.wait_for(f"step {FAULT_STEP} on both nodes, in one world of 2", both_training)
+    run.wait_for(f"step {FAULT_STEP} on both nodes, in one world of {run.world}", both_training)
 
 
-def one_world(*logs: list[dict]) -> bool:
-    """Whether every log's last step was taken in a world of ``len(logs)`` (not two jobs of one)."""
+def one_world(*logs: list[dict], world: int | None = None) -> bool:
+    """Whether every log's last step was taken in a world of ``world`` ranks (default: one per
+    log), not two jobs of one node each."""
+    world = len(logs) if world is None else world
     last = [next((e for e in reversed(events) if e.get("ev") == "step"), None) for events in logs]
-    return all(event is not None and event.get("world") == len(logs) for event in last)
+    return all(event is not None and event.get("world") == world for event in last)
 
 
 def median_run(costs: list[float]) -> int:
@@ -107,6 +111,16 @@ def spread_note(runs: list[FaultFigures]) -> str:
     stalled = sum(figures.stalled for figures in runs)
     return (f"median of {len(runs)} runs: gap {gaps[0]:.2f}-{gaps[-1]:.2f} s, goodput {goodputs[0]:.3f}-"
             f"{goodputs[-1]:.3f}, redone {redone[0]}-{redone[-1]}" + (f", {stalled} stalled" if stalled else ""))
+
+
+def heal_spread_note(heals: list) -> str:
+    """``--hsdp``: the heal's seconds and bytes per rank over several runs; empty for one run."""
+    seconds = sorted(heal.seconds for heal in heals if heal is not None and heal.seconds is not None)
+    sizes = sorted(heal.bytes_per_rank for heal in heals if heal is not None and heal.bytes_per_rank is not None)
+    if len(heals) < 2 or not seconds:
+        return ""
+    return (f"heal {statistics.median(seconds):.3f} s (median; {seconds[0]:.3f}-{seconds[-1]:.3f}), "
+            f"{sizes[0]}-{sizes[-1]} bytes/rank" if sizes else f"heal {seconds[0]:.3f}-{seconds[-1]:.3f} s")
 
 
 def _hold(run: Run, until: float) -> None:
@@ -228,6 +242,19 @@ def measure_fault_and_state(run: Run, kind: str, window: float):
     return figures, state_figures(run.events(0) + run.events(1), fault_at)
 
 
+def measure_hsdp_fault(run: Run, kind: str, window: float):
+    """:func:`measure_fault` for an HSDP run, plus how its state came back: (figures, heal).
+
+    ``back_s`` counts node 1's commits from its first worker started after the fault: the crashed
+    worker's partner can log a step it had all but committed just after the kill."""
+    figures, fault_at = _measured(run, kind, window)
+    events = run.events(1)
+    restarted = min((e["t"] for e in events if e.get("ev") == "start" and e["t"] > fault_at), default=None)
+    back = None if restarted is None else first_after(commits(events), restarted, fault_at + window)
+    figures = replace(figures, back_s=None if back is None else back + restarted - fault_at)
+    return figures, shard_heal_figures(run.events(0) + events, fault_at)
+
+
 def measure_schedule(run: Run, seconds: float) -> ScheduleFigures:
     _start(run)
     began = time.monotonic()
@@ -295,6 +322,21 @@ def state_table(states: dict[tuple[str, str], object], systems: list[str], state
     return "\n".join(lines)
 
 
+def heal_table(heals: dict[tuple[str, str], object], systems: list[str]) -> str:
+    """``--hsdp``: per fault and system, how the state came back (:class:`HealFigures`)."""
+    lines = ["heal: the ranks that took state in after the fault, the most bytes one took, the slowest one's "
+             "seconds (live: shard heal from a live replica; torchrun: dcp.load of the newest sharded checkpoint; "
+             "TorchFT: its Manager's heal)",
+             f"{'fault':<{KIND_WIDTH}} {'system':<{WIDTH}} {'ranks':>5} {'bytes/rank':>10} {'heal s':>7}"]
+    for kind in FAULTS:
+        for system in systems:
+            figures = heals.get((kind, system))
+            if figures is not None:
+                lines.append(f"{kind:<{KIND_WIDTH}} {LABELS[system]:<{WIDTH}} {figures.ranks:>5} "
+                             f"{_fmt(figures.bytes_per_rank, 'd'):>10} {_fmt(figures.seconds, '.3f'):>7}")
+    return "\n".join(lines)
+
+
 def schedule_table(results: dict[str, object], systems: list[str], seconds: float) -> str:
     lines = [f"schedule: a fault every {SCHEDULE_EVERY_S:g} s for {seconds:g} s (crash, node loss, ...)",
              f"{'system':<{WIDTH}} {'useful/undisturbed':>19} {'fraction':>8} {'redone':>6} {'faults':>6}"]
@@ -339,6 +381,7 @@ def main(args) -> int:
     fault_errors: dict[tuple[str, str], list[str]] = {}
     schedule_errors: dict[str, list[str]] = {}
     state_mb = getattr(args, "state_mb", 0)
+    hsdp = getattr(args, "hsdp", False)
     repetitions = getattr(args, "repetitions", 1)
     failed = 0
     with ExitStack() as cleanup:
@@ -365,7 +408,8 @@ def main(args) -> int:
                     cluster = EtcdCluster(ETCD_MEMBERS)
                     endpoints = cluster.endpoints()
                 run = Run(system, rundir, endpoints, args.step_seconds, python, args.timeout,
-                          rejoin_timeout=args.rejoin_timeout, state_mb=state_mb, start_sleep=start_sleep(kind))
+                          rejoin_timeout=args.rejoin_timeout, state_mb=state_mb, start_sleep=start_sleep(kind),
+                          hsdp=hsdp)
                 note, state = "", None
                 if kind == "schedule":
                     figures = measure_schedule(run, args.schedule)
@@ -376,6 +420,11 @@ def main(args) -> int:
                     figures, note = measure_freeze(run, args.window)
                 elif kind == "sigterm":
                     figures, note = measure_sigterm(run, args.window)
+                elif hsdp:
+                    figures, state = measure_hsdp_fault(run, kind, args.window)
+                    note = outcome(figures)
+                    print(f"  {kind:<{KIND_WIDTH}} {LABELS[system]:<{WIDTH}} {asdict(state)}", file=sys.stderr,
+                          flush=True)
                 elif state_mb:
                     figures, state = measure_fault_and_state(run, kind, args.window)
                     note = outcome(figures)
@@ -404,6 +453,7 @@ def main(args) -> int:
         lost = fault_errors.pop(key, [])
         faults[key] = figures
         parts = (note, gap_note(figures), spread_note([each for each, _, _ in runs]),
+                 heal_spread_note([heal for _, _, heal in runs]) if hsdp else "",
                  f"{len(lost)} run(s) failed" if lost else "")
         row_notes[key] = "; ".join(part for part in parts if part)
         if state is not None:
@@ -428,7 +478,7 @@ def main(args) -> int:
     if faults:
         print(fault_table(faults, systems, args.window, row_notes))
     if states:
-        print(state_table(states, systems, state_mb))
+        print(heal_table(states, systems) if hsdp else state_table(states, systems, state_mb))
     if schedule:
         print(schedule_table(schedule, systems, args.schedule))
         for system, note in schedule_notes.items():

@@ -29,6 +29,15 @@ then run against.
 Every node's worker appends JSON events (``{"ev": "step", "step", "t"}``) to ``node<i>.jsonl`` in
 the run's directory; a node started again appends to the same file. Node 1 takes the faults
 (node 0 hosts torchrun's store).
+
+``Run(hsdp=True)``: 2 nodes x 2 workers, one FSDP2 replica per node (replicate 2, shard 2), the
+model of ``examples/train_hsdp_live.py``. The live systems run that example (``LiveOptions(hsdp=
+True)``; each worker writes ``<pid>.jsonl`` to the node's directory ``node<i>/``, and
+:meth:`Run.events` reads the steps of the node's shard-0 worker with every worker's other
+events); ``torchrun`` and ``prewarm`` run ``workers/hsdp_ckpt_train.py`` (a 2-D mesh, a
+``torch.distributed.checkpoint`` save every 10 steps); ``torchft`` runs
+``workers/hsdp_torchft_train.py`` (FSDP2 over the replica group, its Manager's all-reduce
+across replica groups). Those two log the steps of local rank 0.
 """
 
 from __future__ import annotations
@@ -52,6 +61,20 @@ REPO = Path(__file__).resolve().parents[1]
 LIVE_WORKER = REPO / "tests" / "worker" / "workers" / "live_train.py"
 CKPT_WORKER = REPO / "benchmarks" / "workers" / "ckpt_train.py"
 TORCHFT_WORKER = REPO / "benchmarks" / "workers" / "torchft_train.py"
+HSDP_LIVE_WORKER = REPO / "examples" / "train_hsdp_live.py"
+HSDP_CKPT_WORKER = REPO / "benchmarks" / "workers" / "hsdp_ckpt_train.py"
+HSDP_TORCHFT_WORKER = REPO / "benchmarks" / "workers" / "hsdp_torchft_train.py"
+HSDP_SHARDS = 2
+"""Workers per node with ``Run(hsdp=True)``: the shard dimension."""
+HSDP_STATE_BYTES_PER_HIDDEN = 3 * 18 * 4
+"""Bytes of a replica's parameters and AdamW moments per unit of the HSDP model's hidden width:
+Linear(16, H) and Linear(H, 1) hold 18 H + 1 floats, AdamW two more of each."""
+
+
+def hsdp_hidden(state_mb: int) -> int:
+    """The HSDP model's hidden width for ~``state_mb`` MB (10^6 bytes) of parameters and AdamW
+    state over the whole replica; the example's 64 for 0."""
+    return state_mb * 1_000_000 // HSDP_STATE_BYTES_PER_HIDDEN if state_mb else 64
 SYSTEMS = ("live", "live+prewarm", "prewarm", "torchrun", "torchft")
 LABELS = {"live": "elasticrun --live-recovery --no-prewarm", "live+prewarm": "elasticrun --live-recovery --prewarm",
           "prewarm": "elasticrun --prewarm", "torchrun": "torchrun (c10d)", "torchft": "TorchFT 0.2.0"}
@@ -134,6 +157,21 @@ class Run:
     """LIVE_BIG_MB of every worker: ~this many MiB of parameters + Adam state (0: the small model)."""
     start_sleep: float = 0.0
     """Seconds every worker but its node's first sleeps before its training starts (0: none)."""
+    hsdp: bool = False
+    """2 workers per node, one FSDP2 replica each (the module's docstring)."""
+
+    @property
+    def world(self) -> int:
+        """The ranks of the whole job (both nodes)."""
+        return 2 * self.nproc
+
+    @property
+    def nproc(self) -> int:
+        return HSDP_SHARDS if self.hsdp else 1
+
+    @property
+    def live(self) -> bool:
+        return self.system in ("live", "live+prewarm")
 
     def __post_init__(self) -> None:
         self.store_port = free_port()
@@ -153,6 +191,10 @@ class Run:
     def log(self, node: int) -> Path:
         return self.workdir / f"node{node}.jsonl"
 
+    def events_dir(self, node: int) -> Path:
+        """Where the HSDP example's workers of ``node`` write their ``<pid>.jsonl``."""
+        return self.workdir / f"node{node}"
+
     def _popen(self, argv: list[str], name: str, env: dict[str, str]) -> subprocess.Popen:
         with open(self.workdir / f"{name}.log", "ab") as out:
             return subprocess.Popen(argv, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
@@ -163,12 +205,16 @@ class Run:
                         LIVE_STEP_SLEEP=str(self.step_seconds), OMP_NUM_THREADS="1", LOGLEVEL="WARNING",
                         LIVE_BIG_MB=str(self.state_mb), LIVE_LATE_START_SLEEP=f"{self.start_sleep:g}",
                         LIVE_RESTART_SLEEP=f"{self.start_sleep:g}")
-        common = ["--nproc-per-node", "1", "--max-restarts", "1000", "--monitor-interval", "0.1"]
+        common = ["--nproc-per-node", str(self.nproc), "--max-restarts", "1000", "--monitor-interval", "0.1"]
         if self.system == "torchft":
             env.update(REPLICA_GROUP_ID=str(node), TORCHFT_LIGHTHOUSE=self.lighthouse_addr)
+            if self.hsdp:  # two workers restarted together: torch's workaround for pytorch/pytorch#135712
+                env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
             return [self.torchft_python, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1", *common,
-                    str(TORCHFT_WORKER)], env
-        env.update(CKPT_PATH=str(self.workdir / "checkpoint.pt"), CKPT_EVERY=str(CHECKPOINT_EVERY))
+                    str(HSDP_TORCHFT_WORKER if self.hsdp else TORCHFT_WORKER)], env
+        env.update(CKPT_PATH=str(self.workdir / "checkpoint.pt"), CKPT_EVERY=str(CHECKPOINT_EVERY),
+                   CKPT_DIR=str(self.workdir / "dcp"))
+        ckpt_worker = HSDP_CKPT_WORKER if self.hsdp else CKPT_WORKER
         rendezvous = ["--nnodes", "1:2", "--rdzv-id", self.run_id, "--local-addr", "127.0.0.1", *common]
         if self.system == "torchrun":
             env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"  # torch's workaround for pytorch/pytorch#135712
@@ -177,25 +223,36 @@ class Run:
             conf = (f"last_call_timeout={LAST_CALL_S},keep_alive_interval=1,keep_alive_max_attempt={LEASE_TTL_S},"
                     f"is_host={'true' if node == 0 else 'false'}")
             return [sys.executable, "-m", "torch.distributed.run", "--rdzv-backend", "c10d", "--rdzv-endpoint",
-                    f"127.0.0.1:{self.store_port}", "--rdzv-conf", conf, *rendezvous, str(CKPT_WORKER)], env
+                    f"127.0.0.1:{self.store_port}", "--rdzv-conf", conf, *rendezvous, str(ckpt_worker)], env
         conf = f"lease_ttl={LEASE_TTL_S},last_call_timeout={LAST_CALL_S}"
         head = [sys.executable, "-m", "elastic.run", "--rdzv-backend", "etcd", "--rdzv-endpoint", self.etcd_endpoint,
                 *rendezvous]
         if self.system == "prewarm":
-            return [*head, "--rdzv-conf", conf, "--prewarm", str(CKPT_WORKER)], env
+            return [*head, "--rdzv-conf", conf, "--prewarm", str(ckpt_worker)], env
         head += ["--rdzv-conf", f"{conf},rejoin_timeout={self.rejoin_timeout:g}"]
         env.update(LIVE_OPTIONS=json.dumps(LIVE_OPTIONS), LIVE_CHECK="0", LIVE_SLOT=f"node{node}")
         extra = LIVE_PREWARM if self.system == "live+prewarm" else ["--no-prewarm"]
+        if self.hsdp:  # the node's shard-group store in the run's directory, as the e2e test does
+            env["TMPDIR"] = str(self.workdir)
+            return [*head, "--live-recovery", *extra, str(HSDP_LIVE_WORKER), "--steps", "1000000",
+                    "--step-time", f"{self.step_seconds:g}", "--hidden", str(hsdp_hidden(self.state_mb)),
+                    "--events", str(self.events_dir(node))], env
         return [*head, "--live-recovery", *extra, str(LIVE_WORKER)], env
 
     def start_node(self, node: int) -> None:
         argv, env = self._argv(node)
+        if self.hsdp and self.live:
+            self.events_dir(node).mkdir(exist_ok=True)
         self.nodes[node] = self._popen(argv, f"node{node}", env)
         if node == 0 and self.system == "torchrun":
             _wait_for_port(self.store_port, 30)
 
     def events(self, node: int) -> list[dict]:
-        return read_events(self.log(node))
+        """The node's events in time order; for the HSDP example, the steps of its shard-0
+        workers and every worker's other events."""
+        if not (self.hsdp and self.live):
+            return read_events(self.log(node))
+        return hsdp_node_events([read_events(path) for path in self.events_dir(node).glob("*.jsonl")])
 
     def worker_pid(self, node: int) -> int | None:
         """The newest worker of ``node`` that still runs."""
@@ -291,7 +348,7 @@ class Run:
                 kill_tree(proc.pid)
             proc.wait(timeout=10)
         for node in (0, 1):
-            for event in self.events(node):
+            for event in self.events(node):  # every worker's start: only steps are filtered
                 if event.get("ev") == "start" and _running(event["pid"]):
                     os.kill(event["pid"], signal.SIGKILL)
 
@@ -306,4 +363,15 @@ def _running(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z" and (b"live_train.py" in argv or b"ckpt_train.py" in argv or b"torchft_train.py" in argv
-                             or b"elastic" in argv)
+                             or b"elastic" in argv or b"hsdp" in argv)
+
+
+def hsdp_node_events(workers: list[list[dict]]) -> list[dict]:
+    """One node's events from its HSDP example workers' logs (one list per process): the steps of
+    the workers holding shard 0 (one series per replica), every other event of all, by time."""
+    merged = []
+    for events in workers:
+        start = next((e for e in events if e.get("ev") == "start"), None)
+        keep_steps = start is not None and start.get("shard") == 0
+        merged += [e for e in events if keep_steps or e.get("ev") != "step"]
+    return sorted(merged, key=lambda e: e.get("t", 0.0))

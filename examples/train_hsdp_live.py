@@ -39,6 +39,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=300, help="committed steps to train (default 300)")
     parser.add_argument("--log-every", type=int, default=10, help="committed steps between loss lines")
     parser.add_argument("--step-time", type=float, default=0.0, help="seconds each step sleeps (a slower model)")
+    parser.add_argument("--hidden", type=int, default=64, help="the hidden layer's width (default 64; "
+                        "benchmarks/hsdp_heal.py makes the model ~100 MB of state with it)")
     parser.add_argument("--events", default=None, help="a directory: each worker writes <pid>.jsonl there, a line "
                         "per committed step and per recovery (for tests and measurements)")
     return parser.parse_args()
@@ -63,7 +65,8 @@ def main() -> None:
     args = parse_args()
     shards = hsdp.form_shard_group()  # this node's workers: one replica, fixed for its life
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Dropout(0.1), torch.nn.Linear(64, 1))
+    model = torch.nn.Sequential(torch.nn.Linear(16, args.hidden), torch.nn.ReLU(), torch.nn.Dropout(0.1),
+                                torch.nn.Linear(args.hidden, 1))
     for layer in (model[0], model[3]):
         fully_shard(layer, mesh=shards.mesh)
     fully_shard(model, mesh=shards.mesh)

@@ -162,3 +162,20 @@ def test_of_equal_gaps_the_first_is_the_one_that_began(figures):
 def test_a_longest_gap_well_after_the_fault_is_pointed_out(figures, gap_from_s, stalled, note):
     result = figures.FaultFigures(0.6, 0, 12.5, 470, 480.0, stalled=stalled, gap_from_s=gap_from_s)
     assert figures.gap_note(result) == note
+
+
+def test_an_hsdp_heal_counts_each_receiving_rank_and_reports_the_largest_shard_and_the_slowest(figures):
+    events = [{"ev": "recovery", "role": "receiver", "nbytes": 9, "formed": 0.5, "healed": 0.6, "t": 0.6},  # before
+              {"ev": "recovery", "role": "sender", "nbytes": 8000, "formed": 2.0, "healed": 2.1, "t": 2.1},
+              {"ev": "recovery", "role": "receiver", "nbytes": 8000, "formed": 2.0, "healed": 2.02, "t": 2.1},
+              {"ev": "recovery", "role": "receiver", "nbytes": 8780, "formed": 2.0, "healed": 2.03, "t": 2.1}]
+    heal = figures.shard_heal_figures(events, fault_at=1.0)
+    assert (heal.ranks, heal.bytes_per_rank) == (2, 8780) and heal.seconds == pytest.approx(0.03)
+
+
+def test_an_hsdp_checkpoint_reload_and_a_torchft_heal_are_read_from_their_own_events(figures):
+    loads = [{"ev": "loaded", "bytes": b, "load_s": s, "t": 3.0} for b, s in ((10, 0.2), (12, 0.5), (10, 0.1), (12, 0.3))]
+    assert figures.shard_heal_figures(loads, 1.0) == figures.HealFigures(4, 12, 0.5)
+    heals = [{"ev": "heal", "nbytes": 7, "fetch_s": 0.25, "load_s": 0.05, "t": 3.0}]
+    assert figures.shard_heal_figures(heals, 1.0) == figures.HealFigures(1, 7, pytest.approx(0.3))
+    assert figures.shard_heal_figures(heals, 5.0) == figures.HealFigures(0, None, None)

@@ -95,3 +95,40 @@ def test_a_slow_replacement_run_tells_every_systems_worker_how_long_a_restart_ta
 def test_side_by_side_takes_the_slow_replacement_and_sigterm_faults(bench):
     args = bench.parse_args(["--side-by-side", "--faults", "slow_replacement,sigterm", "--systems", "live,torchft"])
     assert (args.faults, args.systems) == (["slow_replacement", "sigterm"], ["live", "torchft"])
+
+
+def test_hsdp_side_by_side_runs_its_three_systems_for_a_crash_and_a_node_loss(bench):
+    args = bench.parse_args(["--side-by-side", "--hsdp"])
+    assert (args.systems, args.faults) == (["live+prewarm", "torchrun", "torchft"], ["crash", "node_loss"])
+    args = bench.parse_args(["--side-by-side", "--hsdp", "--systems", "torchrun", "--faults", "node_loss"])
+    assert (args.systems, args.faults) == (["torchrun"], ["node_loss"])
+
+
+def test_hsdp_side_by_side_refuses_what_it_does_not_measure_with_one_line(bench, capsys):
+    with pytest.raises(SystemExit) as exited:
+        bench.parse_args(["--side-by-side", "--hsdp", "--faults", "crash,freeze"])
+    assert exited.value.code == 2 and "--hsdp does not run freeze" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--side-by-side", "--hsdp", "--state-mb", "100"])
+
+
+@pytest.mark.parametrize("system, script", [("live+prewarm", "examples/train_hsdp_live.py"),
+                                            ("torchrun", "benchmarks/workers/hsdp_ckpt_train.py")])
+def test_an_hsdp_run_starts_two_workers_per_node_of_its_hsdp_script(tmp_path, system, script):
+    with loaded("live_systems_bench", "live_systems.py") as systems:
+        run = systems.Run(system, tmp_path, "http://127.0.0.1:2379", 0.1, hsdp=True)
+        argv, env = run._argv(1)
+        assert run.world == 4
+    assert argv[argv.index("--nproc-per-node") + 1] == "2" and any(arg.endswith(script) for arg in argv)
+    if system == "live+prewarm":
+        assert argv[argv.index("--hidden") + 1] == "64" and env["TMPDIR"] == str(tmp_path)
+
+
+def test_an_hsdp_live_nodes_steps_are_its_shard_0_workers_and_its_other_events_everyones():
+    with loaded("live_systems_bench", "live_systems.py") as systems:
+        merged = systems.hsdp_node_events([
+            [{"ev": "start", "shard": 1, "pid": 2, "t": 1.0}, {"ev": "step", "step": 0, "t": 2.1},
+             {"ev": "recovery", "role": "receiver", "t": 3.0}],
+            [{"ev": "start", "shard": 0, "pid": 1, "t": 1.1}, {"ev": "step", "step": 0, "t": 2.0}]])
+        assert systems.hsdp_hidden(100) == 462_962 and systems.hsdp_hidden(0) == 64
+    assert [(e["ev"], e["t"]) for e in merged] == [("start", 1.0), ("start", 1.1), ("step", 2.0), ("recovery", 3.0)]
