@@ -4,8 +4,10 @@ of two workers each (one FSDP2 replica per node, gloo, CPU) on a real etcd.
 In one run a worker of node b is SIGKILLed (its replica breaks: its partner exits and both are
 replaced, then heal shard by shard), then node b's whole process tree is SIGKILLed and a new
 agent started in its place (a returning node: it heals shard by shard). The healthy replica
-(node a) keeps its processes and trains through both faults. The measured figures are printed
-(``pytest -s`` shows them).
+(node a) keeps its processes and trains through both faults. In another, node b's whole process
+tree is frozen (SIGSTOP) until the healthy replica trains alone, then thawed: the healthy replica
+waits at most for b's lease, and b's replica comes back in its own processes and heals shard by
+shard. The measured figures are printed (``pytest -s`` shows them).
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from pathlib import Path
 import pytest
 
 from elastic.testing import agents
-from e2e import FAST_CONF, run_id
+from e2e import FAST_CONF, LEASE_TTL, run_id
+
+from support.freeze import freeze, thaw
 
 pytestmark = [pytest.mark.slow, pytest.mark.etcd, pytest.mark.needs_torch]
 
@@ -139,3 +143,75 @@ def _gap(lines: list[dict], after: float, until: float) -> tuple[float, int]:
     done = _steps(lines)
     return max((later["t"] - earlier["t"], later["step"]) for earlier, later in zip(done, done[1:])
                if after < later["t"] <= until)
+
+
+FREEZE_GAP = LEASE_TTL + 1.0
+"""The most a frozen node may cost the healthy replica, as its longest step gap (seconds). Its
+collectives hang and nothing fails, so only etcd's expiry of the frozen agent's lease moves the
+round on: due ``LEASE_TTL`` after its last renewal at the latest (the renewal precedes the
+freeze), and etcd's lessor revokes expired leases on a 0.5 s tick. Then the path of a node
+loss, which the test above bounds at 0.5 s: the rejoin window (``REJOIN``), the replica's
+formation and the step run again."""
+HELD = 5
+"""Steps the healthy replica trains alone before node b is thawed."""
+
+
+def test_a_frozen_hsdp_node_costs_the_healthy_replica_at_most_the_lease_ttl(procs, etcd_server, tmp_path):
+    rid = run_id()
+    dirs = {name: tmp_path / name for name in ("a", "b")}
+    for directory in dirs.values():
+        directory.mkdir()
+    frozen_pids: list[int] = []
+    try:
+        for name in ("a", "b"):
+            _agent(procs, etcd_server, rid, name, dirs[name])
+        procs.wait_for("both replicas past the fault step", lambda: _trained(dirs["b"], FAULT_STEP, 4), names=["a", "b"])
+        # The agent, its store helper, its templates and its workers (forked from the templates).
+        frozen_pids = sorted({process.pid for process in procs["b"].tree()} | set(_events(dirs["b"])))
+        frozen = time.monotonic()
+        for pid in frozen_pids:
+            os.kill(pid, signal.SIGSTOP)  # all at once, as a machine that hangs
+        for pid in frozen_pids:
+            freeze(pid)  # SIGSTOP again, and wait until every thread of it has stopped
+        at_freeze = max(s["step"] for lines in _events(dirs["a"]).values() for s in _steps(lines))
+        procs.wait_for("node a to train alone", lambda: _trained(dirs["a"], at_freeze + HELD, 2), names=["a"])
+        for pid in frozen_pids:
+            thaw(pid)
+        thawed = time.monotonic()
+        assert [procs[name].wait(120) for name in ("a", "b")] == [0, 0], procs.logs()
+    finally:
+        for pid in frozen_pids:  # a failed wait may leave them stopped: SIGCONT before any SIGKILL
+            try:
+                thaw(pid)
+            except ProcessLookupError:
+                pass
+        _kill_stray_workers(*dirs.values())
+    a, b = (_events(dirs[name]) for name in ("a", "b"))
+    assert len(a) == 2, "the healthy replica's workers were replaced"
+    assert len(b) == 2, "the frozen replica's workers were replaced"
+    done = {pid: DONE.fullmatch(lines[-1]["line"]) for events in (a, b) for pid, lines in events.items()}
+    assert all(done.values()), done
+    finals = {(m[2], m[3]) for m in done.values()}
+    assert finals == {(str(STEPS), next(iter(finals))[1])}, f"the ranks ended at different steps or lrs: {finals}"
+    by_shard = {}
+    for m in done.values():
+        by_shard.setdefault(m[4], set()).add(m[6])
+    assert sorted(by_shard) == ["0", "1"] and all(len(sums) == 1 for sums in by_shard.values()), by_shard
+    for pid, lines in a.items():
+        assert [s["step"] for s in _steps(lines)] == list(range(STEPS)), f"healthy pid {pid} redid or skipped steps"
+    for pid, lines in b.items():  # left behind while frozen, it jumps ahead at its heal
+        committed = [s["step"] for s in _steps(lines)]
+        assert committed == sorted(set(committed)), f"pid {pid} committed a step twice"
+    heals = [r for lines in b.values() for r in lines
+             if r["ev"] == "recovery" and r["role"] == "receiver" and r["formed"] > thawed]
+    assert sorted(r["pid"] for r in heals) == sorted(b), heals  # each thawed rank healed, once
+    assert all(r["step"] > at_freeze + HELD and r["nbytes"] < 3 * 1153 * 4 for r in heals), heals  # a shard each
+    lost = min((r for lines in a.values() for r in lines if r["ev"] == "recovery" and r["formed"] > frozen),
+               key=lambda r: r["formed"])
+    gap = max(_gap(lines, frozen, thawed) for lines in a.values())
+    back = max(_gap(lines, thawed, float("inf")) for lines in a.values())
+    print(f"\nhsdp freeze: the healthy replica's longest step gap {gap[0]:.3f}s (step {gap[1]}; re-formed alone "
+          f"{lost['formed'] - frozen:.3f}s after SIGSTOP; lease TTL {LEASE_TTL:g}s, bound {FREEZE_GAP:g}s), "
+          f"{back[0]:.3f}s after the thaw (step {back[1]}); heals (bytes, seconds): "
+          f"{[(r['nbytes'], round(r['healed'] - r['formed'], 3)) for r in heals]}")
+    assert gap[0] <= FREEZE_GAP, f"the healthy replica's step gap was {gap[0]:.2f}s at the freeze"
