@@ -36,6 +36,7 @@ from elastic.worker.hsdp import OptimizerShardState  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from hsdp_model import batch, make_sharded  # noqa: E402
+from torchft_timing import fetches, timed_fetches  # noqa: E402
 
 steps = int(os.environ.get("LIVE_STEPS", "40"))
 step_sleep = float(os.environ.get("LIVE_STEP_SLEEP", "0.05"))
@@ -86,24 +87,6 @@ def load_state_dict(received):
     nbytes += sum(v.numel() * v.element_size() for entry in received["opt"]["state"].values()
                   for v in entry.values() if isinstance(v, torch.Tensor) and v.dim() > 0)
     emit(ev="heal", fetch_s=fetches[-1] if fetches else None, load_s=done - began, nbytes=nbytes, t=done)
-
-
-fetches: list[float] = []  # seconds of each recv_checkpoint, appended on TorchFT's quorum thread
-
-
-def timed_fetches(transport):
-    """Time ``transport.recv_checkpoint`` (the heal's fetch from a peer) into ``fetches``, as
-    ``torchft_train.py`` does."""
-    recv = transport.recv_checkpoint
-
-    def recv_checkpoint(*args, **kwargs):
-        began = time.monotonic()
-        try:
-            return recv(*args, **kwargs)
-        finally:
-            fetches.append(time.monotonic() - began)
-
-    transport.recv_checkpoint = recv_checkpoint
 
 
 manager = Manager(pg=ProcessGroupGloo(timeout=timedelta(seconds=10)), min_replica_size=1, load_state_dict=load_state_dict,

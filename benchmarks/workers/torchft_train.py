@@ -39,6 +39,7 @@ from live_model import LR, big_hidden, make_model, shard, state_nbytes  # noqa: 
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from late_start import read_log, restart_sleep  # noqa: E402
+from torchft_timing import fetches, timed_fetches  # noqa: E402
 
 steps = int(os.environ.get("LIVE_STEPS", "40"))
 step_sleep = float(os.environ.get("LIVE_STEP_SLEEP", "0.05"))
@@ -49,23 +50,6 @@ log_file = open(os.environ["LIVE_LOG"], "a", buffering=1)
 
 def emit(**event):
     log_file.write(json.dumps(event) + "\n")
-
-
-fetches: list[float] = []  # seconds of each recv_checkpoint, appended on TorchFT's quorum thread
-
-
-def timed_fetches(transport):
-    """Time ``transport.recv_checkpoint`` (the heal's fetch from a peer) into ``fetches``."""
-    recv = transport.recv_checkpoint
-
-    def recv_checkpoint(*args, **kwargs):
-        began = time.monotonic()
-        try:
-            return recv(*args, **kwargs)
-        finally:
-            fetches.append(time.monotonic() - began)
-
-    transport.recv_checkpoint = recv_checkpoint
 
 
 class DDP(DistributedDataParallel):
