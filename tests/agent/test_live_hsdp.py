@@ -113,13 +113,8 @@ def test_an_hsdp_replica_heals_shard_by_shard_after_a_worker_crash_and_a_node_lo
         _kill_stray_workers(*dirs.values())
     a, b, b2 = (_events(dirs[name]) for name in ("a", "b", "b2"))
     done = {pid: DONE.fullmatch(lines[-1]["line"]) for events in (a, b2) for pid, lines in events.items()}
-    assert len(done) == 4 and all(done.values()), done
-    finals = {(m[2], m[3]) for m in done.values()}
-    assert finals == {(str(STEPS), next(iter(finals))[1])}, f"the ranks ended at different steps or lrs: {finals}"
-    by_shard = {}
-    for m in done.values():
-        by_shard.setdefault(m[4], set()).add(m[6])
-    assert sorted(by_shard) == ["0", "1"] and all(len(sums) == 1 for sums in by_shard.values()), by_shard
+    assert len(done) == 4
+    _assert_the_final_lines_agree(done)
     assert len(a) == 2, "the healthy replica's workers were replaced"
     for pid, lines in {**a, **b, **b2}.items():
         committed = [s["step"] for s in _steps(lines)]
@@ -136,6 +131,18 @@ def test_an_hsdp_replica_heals_shard_by_shard_after_a_worker_crash_and_a_node_lo
     # A shard, not the model: the model's parameters and AdamW's two moments are 3 * 1153 floats.
     assert all(r["nbytes"] < 3 * 1153 * 4 for r in heals), heals
     assert max(gap for gap, _ in gaps.values()) <= 0.5, gaps
+
+
+def _assert_the_final_lines_agree(done: dict[int, re.Match | None]) -> None:
+    """Every worker printed its ``rank R done:`` line, all at the last step with one lr, and the
+    ranks of each shard index with one checksum."""
+    assert all(done.values()), done
+    finals = {(m[2], m[3]) for m in done.values()}
+    assert finals == {(str(STEPS), next(iter(finals))[1])}, f"the ranks ended at different steps or lrs: {finals}"
+    by_shard = {}
+    for m in done.values():
+        by_shard.setdefault(m[4], set()).add(m[6])
+    assert sorted(by_shard) == ["0", "1"] and all(len(sums) == 1 for sums in by_shard.values()), by_shard
 
 
 def _gap(lines: list[dict], after: float, until: float) -> tuple[float, int]:
@@ -191,13 +198,7 @@ def test_a_frozen_hsdp_node_costs_the_healthy_replica_at_most_the_lease_ttl(proc
     assert len(a) == 2, "the healthy replica's workers were replaced"
     assert len(b) == 2, "the frozen replica's workers were replaced"
     done = {pid: DONE.fullmatch(lines[-1]["line"]) for events in (a, b) for pid, lines in events.items()}
-    assert all(done.values()), done
-    finals = {(m[2], m[3]) for m in done.values()}
-    assert finals == {(str(STEPS), next(iter(finals))[1])}, f"the ranks ended at different steps or lrs: {finals}"
-    by_shard = {}
-    for m in done.values():
-        by_shard.setdefault(m[4], set()).add(m[6])
-    assert sorted(by_shard) == ["0", "1"] and all(len(sums) == 1 for sums in by_shard.values()), by_shard
+    _assert_the_final_lines_agree(done)
     for pid, lines in a.items():
         assert [s["step"] for s in _steps(lines)] == list(range(STEPS)), f"healthy pid {pid} redid or skipped steps"
     for pid, lines in b.items():  # left behind while frozen, it jumps ahead at its heal
