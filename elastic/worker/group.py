@@ -1,9 +1,9 @@
 """Form the default process group of one round from its store, and leave it.
 
 Forming is interruptible up to the moment the group's members are decided: the store is
-connected in a tracked helper thread (:mod:`elastic.worker.leftover`), and the ranks meet at a barrier on the round's store whose
-outcome is one compare-and-set (the verdict, :mod:`elastic.worker.formation`): ``go`` with the
-members, or ``abandon`` when a rank saw a newer round first. Each arriving rank appends its
+connected in a tracked helper thread (:mod:`elastic.worker.leftover`), and the ranks meet at a
+barrier on the round's store whose outcome is one compare-and-set (the verdict,
+:mod:`elastic.worker.formation`): ``go`` with the members, or ``abandon`` when a rank saw a newer round first. Each arriving rank appends its
 arrival (its round rank, whether it holds the newest training state); the verdict is decided
 by :func:`elastic.worker.decisions.decide_close`: every rank there, or, once a rank holding
 the newest state has been there for the regroup window, the ranks present. So survivors do
