@@ -23,11 +23,21 @@ rank of a world resumes at the same step with the same parameters (a node that r
 old copy, or none, takes the newest). Every rank says where it resumes. The directory is private
 to the user (0700, checked): in a world-writable ``/tmp`` another user could otherwise plant a
 checkpoint under the predictable name, and ``ps`` shows the run id.
+
+At the end it destroys its process group for good, so that gloo's threads are joined before the
+interpreter exits. ``destroy_process_group()`` alone does not end a group that something still
+refers to: DDP does (through reference cycles), and so does ``torch.distributed.nn`` when it is
+first imported after the group exists (DDP's construction imports it; the ``group=`` defaults of
+its functions keep the group). A gloo thread that drops the last collective of a backward pass
+(it holds a Python object) while the interpreter finalizes aborts the process (SIGABRT,
+"terminate called without an active exception"), rarely, on a loaded machine. So the example
+imports ``torch.distributed.nn`` before the group exists, and collects DDP before destroying it.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import hashlib
 import os
 import stat
@@ -37,6 +47,7 @@ import time
 
 import torch
 import torch.distributed as dist
+import torch.distributed.nn  # before the group exists: see the module docstring
 from torch.nn.parallel import DistributedDataParallel
 
 
@@ -173,7 +184,9 @@ def main() -> None:
         print(f"done: nothing to train, {args.checkpoint} is already at step {start} of {args.steps}", flush=True)
     elif rank == 0:
         print(f"done: {args.steps} steps, final loss {loss.item():.5f}, world size {world}", flush=True)
-    dist.destroy_process_group()
+    del ddp
+    gc.collect()  # DDP's reference cycles: the group must have no other holder (see the module docstring)
+    dist.destroy_process_group()  # ends the group and joins gloo's threads
 
 
 if __name__ == "__main__":

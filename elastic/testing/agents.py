@@ -232,9 +232,12 @@ class Launched:
                              f"{self.timeout if timeout is None else timeout:g}s; {self.describe()}")
         return code
 
-    def describe(self, chars: int = STDERR_TAIL) -> str:
-        """Its exit status and stderr tail, and where it waited if a wait for its exit expired."""
+    def describe(self, chars: int = STDERR_TAIL, *, stdout_chars: int = 0) -> str:
+        """Its exit status and stderr tail (and with ``stdout_chars``, its stdout tail: what
+        workers that inherit it printed), and where it waited if a wait for its exit expired."""
         text = f"--- {self.name} (pid {self.pid}, exit {self.proc.poll()}) stderr tail:\n{self.tail(chars)}"
+        if stdout_chars > 0 and self.stdout_path != self.stderr_path:
+            text += f"\n--- {self.name}'s stdout tail:\n{self.stdout[-stdout_chars:]}"
         return f"{text}\n--- {self.name}'s threads:\n{self.hang}" if self.hang else text
 
     def tree(self) -> list[psutil.Process]:

@@ -23,17 +23,24 @@ REPO = Path(__file__).resolve().parents[2]
 QUICK_START = ["--standalone", "--nproc-per-node=2", "examples/train_ddp.py"]
 OMP_LINE = ("elasticrun: OMP_NUM_THREADS is not set: each of this node's 2 workers gets OMP_NUM_THREADS=1 "
             "(torchrun's default, so they do not overload the machine); set it yourself to tune")
+FAILURE_TAIL = 12000
+"""How much of the agent's stderr a failure quotes: with ``-v`` its own lines come between the workers'."""
 UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
 
 def run_quick_start(tmp_path: Path, *extra: str, **env: str) -> Launched:
+    """The quick start's agent, exited 0 with the last step done; else a failure that quotes the
+    agent's stderr (the workers' own stderr comes through it, untouched by default) and the
+    workers' prints. ``PYTHONFAULTHANDLER``: a worker killed by a signal (a rare SIGABRT inside
+    torch was seen once) prints the Python stacks of its threads there too."""
     agent = Launched([sys.executable, "-m", "elastic.run", *extra, *QUICK_START], name="quickstart", logdir=tmp_path,
-                     env=clean_env(TMPDIR=str(tmp_path), **env), cwd=REPO, new_session=True, timeout=180)
+                     env=clean_env(TMPDIR=str(tmp_path), PYTHONFAULTHANDLER="1", **env), cwd=REPO, new_session=True,
+                     timeout=180)
     try:
-        assert agent.wait() == 0, agent.describe()
+        assert agent.wait() == 0, agent.describe(FAILURE_TAIL, stdout_chars=2000)
     finally:
         agent.kill_tree()
-    assert "done: 200 steps" in agent.stdout, agent.stdout[-2000:]
+    assert "done: 200 steps" in agent.stdout, agent.describe(FAILURE_TAIL, stdout_chars=2000)
     return agent
 
 

@@ -130,6 +130,16 @@ def test_a_launched_process_keeps_its_output_in_files_and_its_exit_code(job, tmp
         job.start("done", [sys.executable, "-c", "pass"])
 
 
+def test_describe_adds_the_stdout_tail_only_when_asked(job):
+    script = "import sys; print('x' * 50 + 'out'); print('err', file=sys.stderr); sys.exit(3)"
+    done = job.start("done", [sys.executable, "-c", script])
+    assert done.wait() == 3
+    assert done.describe() == f"--- done (pid {done.pid}, exit 3) stderr tail:\nerr\n"
+    assert done.describe(stdout_chars=4).endswith("\n--- done's stdout tail:\nout\n")
+    merged = job.start("merged", [sys.executable, "-c", "print('once')"], merge_output=True)
+    assert merged.wait() == 0 and merged.describe(stdout_chars=100).count("once") == 1  # one file, quoted once
+
+
 def test_a_wait_that_expires_says_where_the_process_waits(job):
     """Under with_stacks, the failure holds its OS threads and its Python stack (SIGUSR1)."""
     script = "import time\ndef waiting_here():\n    print('ready', flush=True)\n    time.sleep(60)\nwaiting_here()\n"
