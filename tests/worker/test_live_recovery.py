@@ -78,16 +78,25 @@ def test_a_crashed_worker_is_dropped_and_a_new_one_heals_from_a_survivor(live_ag
     logs = {slot: agent.events(slot) for slot in ("w0", "w1", "w2", "w3")}
     by_step = assert_consistent(logs)
     assert_follows_reference(by_step, total)
+    # A survivor that reached a round's barrier after the regroup window (a loaded machine) is
+    # left out of its first generation, joins the next at a step boundary and is healed forward.
+    late = any(r["generation"] > 0 for slot in ("w0", "w1") for r in recoveries(logs[slot]))
     for slot in ("w0", "w1"):
+        assert_each_step_once(logs[slot])
+        rounds = [r["round"] for r in recoveries(logs[slot])]
+        assert rounds == sorted(rounds) and sorted(set(rounds)) == [0, 1, 2], rounds
+        if late:
+            continue
         assert_no_redo(logs[slot])
-        assert [r["round"] for r in recoveries(logs[slot])] == [0, 1, 2]
+        assert rounds == [0, 1, 2]
         assert [r["role"] for r in recoveries(logs[slot])][1] == "level"  # nobody was behind after the crash
         _, smaller, larger = recoveries(logs[slot])
         assert arrived_smaller <= smaller["round_arrived"] and arrived_larger <= larger["round_arrived"]
         assert first_step_after(logs[slot], smaller["healed"])["world"] == 2
         assert first_step_after(logs[slot], larger["healed"])["world"] == 3
     joiner = recoveries(logs["w3"])
-    assert [r["role"] for r in joiner] == ["receiver"] and joiner[0]["steps_before"][2] == 0
+    assert joiner[0]["role"] == "receiver" and joiner[0]["steps_before"][-1] == 0  # w3, the round's rank 2
+    assert len(joiner) == 1 or late, joiner  # re-formed again when a survivor came late
     assert steps(logs["w3"])[0]["step"] == joiner[0]["step"]
     assert_no_redo(logs["w3"], first=joiner[0]["step"])
     assert gap_after(logs["w0"], arrived_smaller) < 5.0
@@ -132,17 +141,22 @@ def test_a_frozen_peer_is_abandoned_when_the_next_round_arrives_and_heals_when_i
         causes = [r["cause"] for r in recoveries(logs[slot])]
         # Round 2 reaches each survivor at a step boundary ("round"), unless the other survivor
         # read it first and left round 1's group under it, failing its collective ("lost").
-        # A survivor that reached round 2's barrier after the regroup window (a loaded machine) is
+        # A survivor that reached a round's barrier after the regroup window (a loaded machine) is
         # left out of its first generation and joins the next at a step boundary: the others
-        # ("regroup") trained on without it, and it is healed forward past their steps.
-        assert causes[:2] == ["start", "lost"] and causes[2] in ("round", "lost"), causes
-        assert all(cause == "regroup" for cause in causes[3:]), causes
+        # ("regroup") trained on without it, and it is healed forward past their steps. So each
+        # round has one first formation per rank, then re-formings of it.
+        firsts = {}
+        for r in recoveries(logs[slot]):
+            assert r["round"] >= max(firsts, default=0), causes
+            if r["round"] in firsts:  # "lost" when the other rank left for the regroup first
+                assert r["cause"] in ("regroup", "lost"), causes
+            firsts.setdefault(r["round"], r["cause"])
+        assert firsts.keys() == {0, 1, 2} and firsts[0] == "start" and firsts[1] == "lost", causes
+        assert firsts[2] in ("round", "lost"), causes
         assert_each_step_once(logs[slot])
-    assert [slot for slot in ("w0", "w1") if any(r["role"] == "receiver" for r in recoveries(logs[slot])[1:])] in (
-        [], ["w0"], ["w1"]), "both survivors were healed: nobody kept the state"
     thawed = recoveries(logs["w2"])
     assert [r["round"] for r in thawed][:2] == [0, 2] and thawed[1]["role"] == "receiver"
-    assert all(r["round"] == 2 and r["cause"] == "regroup" for r in thawed[2:]), thawed
+    assert all(r["round"] == 2 for r in thawed[2:]), thawed  # re-formed again when a survivor came late
     assert gap < 3.0, f"the survivor's first step came {gap:.2f}s after the round arrived"
     # Leak: while the abandoned group's collective runs it keeps its threads and sockets; once the
     # collective timeout ends it, they are released, and with the same world size the survivor
