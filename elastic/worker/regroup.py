@@ -54,6 +54,8 @@ class GenerationWatch:
         """Watch ``store``'s generation key (a round's store, under its prefix) past ``generation``."""
         with self._cond:
             self._target, self.moved = (store, generation), None
+            if self._failed is not store:  # only the store in use is asked about; keep no other alive
+                self._failed = None
 
     def clear(self) -> None:
         """No group is in use: watch nothing, forget what was seen."""
@@ -62,7 +64,8 @@ class GenerationWatch:
 
     def unreachable(self, store: Any) -> bool:
         """Whether the last read of ``store`` failed (its master is gone: no need to look again;
-        torch prints a warning with a stack for every failed store call)."""
+        torch prints a warning with a stack for every failed store call). Known for the store
+        watched last only: watching another forgets it."""
         return store is not None and self._failed is store
 
     def stop(self) -> None:
@@ -79,24 +82,32 @@ class GenerationWatch:
                 if self._stopped:
                     return
                 target = self._target
-            if target is None or self.moved is not None:
-                continue
-            store, generation = target
-            if self._failed is store:
-                continue
-            try:
-                state = read_generation(store)
-            except (RuntimeError, ValueError) as error:  # the store is gone or holds garbage: a collective will tell
-                self._failed = store
-                log.info("%s: cannot read the round's generation (%s); not watching it", self._label,
-                         str(error).splitlines()[0] if str(error) else type(error).__name__)
-                continue
-            if state.left_for is None and state.number > generation:
-                with self._cond:
-                    if self._target is target:
-                        self.moved = state
-                        log.info("%s: the round moved to generation %d (%s); leaving generation %d at the next "
-                                 "step boundary", self._label, state.number, state.move.value, generation)
+            if target is not None and self.moved is None:
+                self._look(target)
+            # Hold no store between looks: a store no longer watched (its client's socket) is
+            # released when its user drops it, not at this thread's next look.
+            target = None
+
+    def _look(self, target: tuple[Any, int]) -> None:
+        """One read of the watched generation key; sets :attr:`moved` if it moved past ``target``."""
+        store, generation = target
+        if self._failed is store:
+            return
+        try:
+            state = read_generation(store)
+        except (RuntimeError, ValueError) as error:  # the store is gone or holds garbage: a collective will tell
+            with self._cond:
+                if self._target is target or self._target is None:  # not for a store no longer watched
+                    self._failed = store
+            log.info("%s: cannot read the round's generation (%s); not watching it", self._label,
+                     str(error).splitlines()[0] if str(error) else type(error).__name__)
+            return
+        if state.left_for is None and state.number > generation:
+            with self._cond:
+                if self._target is target:
+                    self.moved = state
+                    log.info("%s: the round moved to generation %d (%s); leaving generation %d at the next "
+                             "step boundary", self._label, state.number, state.move.value, generation)
 
 
 def within(seconds: float, call: Callable[[], T], what: str, label: str) -> T | None:
