@@ -3,7 +3,7 @@
 Stock DDP talks to its process group directly: a broadcast at construction, a broadcast when it
 rebuilds its buckets after the first iteration, one for buffers in every forward. Those calls
 block in C++ and would hang on a frozen peer, and a DDP built on one round's group is useless
-on the next. So, as TorchFT's DDP does, the module is given a private one-rank gloo group
+on the next. So, as TorchFT's DDP does, the module is given a private one-rank group
 (those calls become local no-ops) and a comm hook that sends each bucket through
 :meth:`~elastic.worker.collectives.GroupInUse.bucket_allreduce` on whatever group is current:
 one DDP lives through every re-forming, and a hung bucket is abandoned when the next round arrives.
@@ -18,6 +18,13 @@ Consequences, by design:
 * Buffers (BatchNorm statistics) are not broadcast each forward; they travel in the state when
   a rank heals. Put them in ``state_dict()``.
 * ``init_sync`` is off: the first heal sends rank 0's state to everyone (``LiveOptions.init_sync``).
+
+The private group runs no thread (torch's ``FakeProcessGroup``, whose collectives are the
+identity of a one-rank group): a gloo one ran two worker threads and a socket loop for as long
+as the DDP lived, and a DDP sits in reference cycles, so with a module-level ``ddp`` or the
+garbage collector off they were still running while the interpreter finalized, where a gloo
+thread that drops the last work of a backward pass aborts the process (the exit race of
+``examples/train_ddp.py``). A torch without that backend gets a one-rank gloo group instead.
 
 Users who prefer stock DDP on :attr:`LiveTraining.group` can rebuild it in ``on_reform``; its
 own collectives then wait for the collective timeout on a frozen peer.
@@ -51,7 +58,8 @@ _FORCED = ("process_group", "init_sync", "find_unused_parameters", "device_mesh"
 
 
 def local_group() -> dist.ProcessGroup:
-    """A one-rank gloo process group private to this process (no network, no store peers).
+    """A one-rank process group private to this process (no network, no store peers, no thread):
+    torch's ``FakeProcessGroup`` as its backend, or gloo on a torch without it.
 
     Raises:
         LiveRecoveryError: this torch's private API for building a group changed.
@@ -59,14 +67,27 @@ def local_group() -> dist.ProcessGroup:
     store = dist.HashStore()
     try:
         group = dist.ProcessGroup(store, 0, 1)
-        backend = dist.ProcessGroupGloo(store, 0, 1, timedelta(seconds=60))
-        group._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
-        group._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, backend)
+        backend, kind = _threadless_backend()
+        if backend is None:
+            backend, kind = dist.ProcessGroupGloo(store, 0, 1, timedelta(seconds=60)), dist.ProcessGroup.BackendType.GLOO
+        group._set_default_backend(kind)
+        group._register_backend(torch.device("cpu"), kind, backend)
         if torch.cuda.is_available():
-            group._register_backend(torch.device("cuda"), dist.ProcessGroup.BackendType.GLOO, backend)
+            group._register_backend(torch.device("cuda"), kind, backend)
     except (AttributeError, TypeError, RuntimeError) as error:
         raise LiveRecoveryError(f"cannot build a local process group with torch {torch.__version__}: {error}") from error
     return group
+
+
+def _threadless_backend() -> tuple[Any, Any]:
+    """torch's one-rank ``FakeProcessGroup`` and its backend type, or (None, None) where this
+    torch has none (then the caller falls back to gloo, threads and all)."""
+    try:
+        from torch._C._distributed_c10d import FakeProcessGroup
+
+        return FakeProcessGroup._create_internal(0, 1), dist.ProcessGroup.BackendType.CUSTOM
+    except (ImportError, AttributeError, TypeError, RuntimeError):
+        return None, None
 
 
 _warning_spent = threading.Event()

@@ -59,6 +59,7 @@ class Lifecycle:
         """
         parts = self._parts
         options = _check_start(self.started, options, parts.environ, parts.env.has_pipe, parts.env.label)
+        _import_group_defaults()
         parts.recoverer.use_options(options)
         check_state(parts.whole_state())
         self.started = True
@@ -72,6 +73,19 @@ class Lifecycle:
         self.closed = True
         atexit.unregister(self.close)
         self._parts.recoverer.close()
+
+
+def _import_group_defaults() -> None:
+    """Import ``torch.distributed.nn`` while no default process group exists.
+
+    Its functions take ``group=group.WORLD`` as a default, evaluated at its import: the default
+    group of that moment, kept for the life of the process. DDP's construction (``live.ddp()``)
+    imports it, after the first round's group formed, unless something imported it before; that
+    group then outlived its ``destroy_process_group()``, threads and sockets running while the
+    interpreter finalized (where a gloo thread dropping the last work of a backward pass aborts
+    the process). Imported here, the defaults are None, whatever the program imports.
+    """
+    import torch.distributed.nn  # noqa: F401
 
 
 def _check_start(started: bool, options: LiveOptions, environ: Mapping[str, str], live: bool,
