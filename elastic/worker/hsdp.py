@@ -73,7 +73,9 @@ class ShardGroup:
         self.watch.close()
         # DTensor's caches keep the mesh for the process's life; without the group in it, the
         # group (its gloo threads) ends with the model instead of at the interpreter's exit
-        self.mesh._pg_registry.pop(self.group.group_name, None)
+        registry = getattr(self.mesh, "_pg_registry", None)  # private to torch: absent, nothing to drop
+        if isinstance(registry, dict):
+            registry.pop(self.group.group_name, None)
 
     def register(self, live: LiveTraining | None = None) -> None:
         """Make the group known to torch again after a re-forming forgot it, and let the
