@@ -196,7 +196,10 @@ def check_kills(page: Page, worker_killed: float, node_killed: float, came_back:
     assert ("lost", b, died) in causes, causes
     assert any(start >= page.t(came_back) for _, _, start in causes), causes  # the return stopped the job too
     total = sum(float(gap.attrs["data-seconds"]) for gap in page.downtime)
-    assert page.summary()["downtime"] == f"{total:.2f} s in {len(page.downtime)} interruptions"
+    # The page rounds each interruption to 3 decimals and the total to 2: equal within rounding.
+    shown, _, rest = page.summary()["downtime"].partition(" s in ")
+    assert abs(float(shown) - total) <= 0.005 + 0.0005 * len(page.downtime), (shown, total)
+    assert rest == f"{len(page.downtime)} interruptions", rest
     [row] = page.svg.find_all("g", "downtime-row")
     assert f"not training: {total:.1f} s" in row.all_text()
     assert page.summary()["nodes"] == "3 came, 1 went without finishing"
