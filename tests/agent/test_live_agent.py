@@ -129,7 +129,7 @@ def test_a_crashed_worker_restarts_alone_and_heals_while_the_survivor_keeps_its_
 def test_a_lost_node_leaves_the_survivor_training_alone_and_heals_when_it_comes_back(procs, etcd_server, tmp_path,
                                                                                    start):
     # The survivor does not wait for a fresh process's start (issue 37): enough steps that it joins before the end.
-    total = 110 if start == "prewarm" else 300
+    total = 200 if start == "prewarm" else 300  # a new node's template imports torch too
     extra = START[start]
     rid = run_id()
     logs = {name: tmp_path / f"{name}.jsonl" for name in ("a", "b", "b2")}
