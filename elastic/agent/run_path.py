@@ -21,6 +21,11 @@ process group cannot finish before all of them started, and those are the ones i
 the lock cannot be had (no such directory, a file system without ``flock``), the worker exits as
 it did before.
 
+Then, where the script left its default process group, the bootstrap destroys it (after a
+collection, which frees what held it in reference cycles) while the interpreter still runs: a
+gloo thread that drops a collective's last work during finalization aborts the process the same
+way, and the barrier alone did not rule that out (a CI run saw it once).
+
 Stdlib only: the pre-warmed template (:mod:`elastic.agent.prewarm.template`) runs the same text.
 """
 
@@ -59,4 +64,13 @@ except SystemExit as _exit:
     if _exit.code not in (0, None):
         raise
 _wait()
+_dist = sys.modules.get('torch.distributed')
+if _dist is not None:
+    try:
+        if _dist.is_available() and _dist.is_initialized():
+            import gc
+            gc.collect()
+            _dist.destroy_process_group()
+    except Exception:
+        pass
 """
